@@ -1,0 +1,88 @@
+"""Shared defaults for every TinyStories variant (the paper's §6 setup); variant files override the norms."""
+
+import ml_collections
+
+# The paper's widths and step counts (PAPER.md §6); `cpu` is a preset that trains in minutes on 2 cores.
+SIZES = {
+    "1m": dict(D=64, steps=500_000),
+    "3m": dict(D=128, steps=500_000),
+    "9m": dict(D=256, steps=750_000),
+    "30m": dict(D=512, steps=1_000_000),
+    "cpu": dict(D=64, steps=300),
+}
+VARIANTS = {  # (internal norm, final norm, aux loss on by default)
+    "baseline": ("plain", "plain", False),
+    "internal_taper": ("taper", "plain", True),
+    "final_taper": ("plain", "taper", False),  # the paper's unanchored ablation; aux=1 anchors it
+    "all_taper": ("taper", "taper", True),
+}
+
+
+def parse_arg(arg: str | None) -> dict[str, str]:
+  """Parses `size=9m,aux=0,seed=3` into a dict; unknown keys are an error."""
+  known = {"size", "aux", "seed"}
+  out: dict[str, str] = {}
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    if not sep or key not in known:
+      raise ValueError(f"bad config argument {item!r}: expected comma-separated key=value with keys {sorted(known)},"
+                       " e.g. --config=configs/all_taper.py:size=9m,aux=0,seed=3")
+    out[key] = value
+  return out
+
+
+def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collections.ConfigDict:
+  """The full config for `variant` with `size`, `aux` and `seed` taken from `arg`."""
+  args = parse_arg(arg)
+  size = args.get("size", "cpu")
+  if size not in SIZES:
+    raise ValueError(f"size={size!r} is not one of {sorted(SIZES)}")
+  if args.get("aux", "1") not in ("0", "1", "on", "off"):
+    raise ValueError(f"aux={args['aux']!r}: use aux=1 (on) or aux=0 (off)")
+  internal, final, aux_default = VARIANTS[variant]
+  aux = args["aux"] in ("1", "on") if "aux" in args else aux_default
+  try:
+    seed = int(args.get("seed", "0"))
+  except ValueError:
+    raise ValueError(f"seed={args['seed']!r} is not an integer") from None
+  steps = SIZES[size]["steps"]
+  cpu = size == "cpu"
+
+  c = ml_collections.ConfigDict()
+  c.variant = variant
+  c.size = size
+  c.seed = seed
+
+  c.model = ml_collections.ConfigDict(dict(
+      family="llama", V=2_000 if cpu else 10_000, D=SIZES[size]["D"], H=16, L=2 if cpu else 8, F=0,
+      T=128 if cpu else 512, internal_norm=internal, final_norm=final, eps=1e-5, rope_base=10_000.0,
+      tie_embeddings=True, logits_bias=False, init_std=0.02, dtype="float32", param_dtype="float32",
+      attention_impl=None, remat=False))
+  # Overridden to bfloat16 on accelerators unless set explicitly (see train.py).
+  c.model.dtype = "float32"
+
+  c.data = ml_collections.ConfigDict(dict(
+      source="synthetic" if cpu else "tinystories",  # synthetic | tinystories | text
+      data_dir="~/.cache/tapernorm_jax",  # prepared datasets and tokenizers are cached here
+      manual_dir="",  # TinyStoriesV2-GPT4-{train,valid}.txt when offline
+      text_train="", text_valid="", text_separator="<|endoftext|>",
+      synthetic_train_stories=20_000, synthetic_valid_stories=1_000, synthetic_seed=0,
+      vocab_size=c.model.get_ref("V"),
+      seq_len=c.model.get_ref("T"),
+  ))
+
+  c.opt = ml_collections.ConfigDict(dict(
+      lr=3e-3 if cpu else 3e-4, warmup_frac=0.05, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, clip=1.0))
+
+  c.taper = ml_collections.ConfigDict(dict(
+      gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
+      taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
+      mu=0.01, delta=1e-8, aux_weight=0.1 if aux else 0.0, fast_path=True))
+
+  c.train = ml_collections.ConfigDict(dict(
+      steps=steps, batch_size=16, log_every=10 if cpu else 100, diag_every=50 if cpu else 1_000,
+      eval_every=0, eval_batches=8 if cpu else 64))
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, distributed=False))
+  c.checkpoint = ml_collections.ConfigDict(dict(every=100 if cpu else 5_000, keep=3))
+  return c

@@ -1,0 +1,8 @@
+"""The paper's `final_taper` variant (PAPER.md §5); arguments: size=1m|3m|9m|30m|cpu, aux=0|1, seed=N."""
+
+from configs import base
+
+
+def get_config(arg: str | None = None):
+  """Config for final_taper; e.g. --config=configs/final_taper.py:size=9m,aux=0,seed=3."""
+  return base.get_config("final_taper", arg)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One entry point: sets up .venv on first use (or when pyproject.toml changes), then runs a task.
+#   ./dev.sh demo    train a CPU-sized model on the offline corpus
+#   ./dev.sh test    run the test suite (what CI runs)
+#   ./dev.sh python ARGS...   run the venv's python
+set -euo pipefail
+cd "$(dirname "$0")"
+
+pick_python() {
+  for p in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+    [ -n "$p" ] && command -v "$p" >/dev/null 2>&1 || continue
+    if "$p" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then echo "$p"; return; fi
+  done
+  echo "error: tapernorm_jax needs Python >= 3.11 (jax 0.10 requires it); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+}
+
+if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ]; then
+  py=$(pick_python)
+  echo "setting up .venv with $py (one-time, ~1 minute)..." >&2
+  "$py" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[test]'
+  touch .venv/.installed
+fi
+
+task=${1:-demo}; shift || true
+case "$task" in
+  demo) exec .venv/bin/python -m experiments.demo "$@" ;;
+  test) exec .venv/bin/python -m pytest -q "$@" ;;
+  python) exec .venv/bin/python "$@" ;;
+  *) echo "usage: ./dev.sh {demo|test|python} [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,278 @@
+"""The decoder-only pre-norm transformer: `llama` (RoPE, SwiGLU, RMS) and `gpt2` (learned positions, GELU, LN).
+
+`Transformer(cfg).apply(variables, tokens_BxL, gate=g)` returns logits `B×L×V`; with
+`return_hidden=True` it returns `(logits_BxLxV, h_BxLxD)`, `h` being the pre-logit residual
+stream (the input of the final norm). Parameters carry logical axis names (see
+`sharding.py`); the gate is a traced scalar shared by every tapered norm.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tapernorm_jax.norms import NORM_MODES, Norm, ScaleMonitor
+
+Array = jax.Array
+FAMILIES = ("llama", "gpt2")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Model hyperparameters: V vocab, D width, H heads, L layers, F MLP width (0: family default), T max length."""
+
+  family: str = "llama"
+  V: int = 10_000
+  D: int = 64
+  H: int = 16
+  L: int = 8
+  F: int = 0
+  T: int = 512
+  internal_norm: str = "plain"
+  final_norm: str = "plain"
+  eps: float = 1e-5
+  rope_base: float = 10_000.0
+  tie_embeddings: bool = True
+  logits_bias: bool = False
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention_impl: str | None = None
+  remat: bool = False
+
+  def __post_init__(self):
+    validate(self)
+
+  @property
+  def norm_kind(self) -> str:
+    """`rms` for llama, `ln` for gpt2."""
+    return "rms" if self.family == "llama" else "ln"
+
+  @property
+  def mlp_dim(self) -> int:
+    """F, or its family default: round(8D/3) for SwiGLU, 4D for GELU."""
+    if self.F:
+      return self.F
+    return round(8 * self.D / 3) if self.family == "llama" else 4 * self.D
+
+  @property
+  def compute_dtype(self) -> Any:
+    """The activation dtype as a jnp dtype."""
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_config(cls, cfg: "ModelConfig | Mapping[str, Any]") -> "ModelConfig":
+    """Builds from a ModelConfig, a dict or an ml_collections ConfigDict (`config.model`)."""
+    if isinstance(cfg, cls):
+      return cfg
+    items = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(items) - known)
+    if unknown:
+      raise ValueError(f"unknown model config field(s) {unknown}; known fields: {sorted(known)}")
+    return cls(**items)
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    """A copy with fields changed (validated again)."""
+    return dataclasses.replace(self, **changes)
+
+
+def validate(cfg: ModelConfig) -> None:
+  """Raises ValueError naming the first bad field; runs before anything is traced or compiled."""
+
+  def fail(field: str, problem: str) -> None:
+    raise ValueError(f"model.{field}={getattr(cfg, field)!r}: {problem}")
+
+  if cfg.family not in FAMILIES:
+    fail("family", f"unknown family; choose one of {FAMILIES}")
+  for field in ("V", "D", "H", "L", "T"):
+    if not isinstance(getattr(cfg, field), int) or getattr(cfg, field) <= 0:
+      fail(field, "must be a positive integer")
+  if not isinstance(cfg.F, int) or cfg.F < 0:
+    fail("F", "must be a non-negative integer (0 picks the family default)")
+  if cfg.D % cfg.H:
+    fail("H", f"the number of heads must divide model.D={cfg.D}")
+  if cfg.family == "llama" and (cfg.D // cfg.H) % 2:
+    fail("H", f"RoPE needs an even head dimension, but D/H = {cfg.D // cfg.H}")
+  for field in ("internal_norm", "final_norm"):
+    if getattr(cfg, field) not in NORM_MODES:
+      fail(field, f"unknown norm kind; choose one of {NORM_MODES}")
+  if not cfg.eps > 0:
+    fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
+  if not cfg.init_std > 0:
+    fail("init_std", "must be > 0")
+  for field in ("dtype", "param_dtype"):
+    if getattr(cfg, field) not in DTYPES:
+      fail(field, f"choose one of {DTYPES}")
+  if cfg.attention_impl not in (None, "xla", "cudnn"):
+    fail("attention_impl", "choose None (automatic), 'xla' or 'cudnn'")
+  if cfg.logits_bias and cfg.tie_embeddings:
+    fail("logits_bias", "a logits bias comes with an untied head; set model.tie_embeddings=False")
+
+
+def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
+           std: float | None, dtype: Any) -> Array:
+  """A parameter with logical axis names; normal(std) init, or zeros when std is None."""
+  init = nn.initializers.zeros if std is None else nn.initializers.normal(std)
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+def rope(x_BxLxHxK: Array, positions_BxL: Array, base: float) -> Array:
+  """Rotary position embedding (rotate-half form), computed in fp32."""
+  K = x_BxLxHxK.shape[-1]
+  freq_K2 = base ** (-jnp.arange(0, K, 2, dtype=jnp.float32) / K)
+  angle_BxLx1xK2 = positions_BxL[..., None, None].astype(jnp.float32) * freq_K2
+  sin, cos = jnp.sin(angle_BxLx1xK2), jnp.cos(angle_BxLx1xK2)
+  x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxLxHxK.dtype)
+
+
+class Attention(nn.Module):
+  """Causal multi-head self-attention through `jax.nn.dot_product_attention`."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, positions_BxL: Array) -> Array:
+    """Attends causally over the sequence; returns B×L×D."""
+    cfg, dt = self.cfg, self.cfg.compute_dtype
+    K = cfg.D // cfg.H
+    w_qkv_Dx3xHxK = _param(self, "qkv", (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
+                           cfg.param_dtype)
+    qkv_3xBxLxHxK = jnp.einsum("bld,dthk->tblhk", x_BxLxD.astype(dt), w_qkv_Dx3xHxK.astype(dt))
+    if cfg.family == "gpt2":
+      qkv_3xBxLxHxK += _param(self, "qkv_bias", (3, cfg.H, K), (None, "heads", "kv"), None,
+                              cfg.param_dtype).astype(dt)[:, None, None]
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_3xBxLxHxK
+    if cfg.family == "llama":
+      q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, cfg.rope_base)
+      k_BxLxHxK = rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
+    out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
+                                               implementation=cfg.attention_impl)
+    return self.project_out(out_BxLxHxK)
+
+  def project_out(self, out_BxLxHxK: Array) -> Array:
+    """The output projection H×K → D (with bias for gpt2)."""
+    cfg, dt = self.cfg, self.cfg.compute_dtype
+    K = cfg.D // cfg.H
+    w_out_HxKxD = _param(self, "out", (cfg.H, K, cfg.D), ("heads", "kv", "embed"),
+                         cfg.init_std / (2 * cfg.L) ** 0.5, cfg.param_dtype)
+    y_BxLxD = jnp.einsum("blhk,hkd->bld", out_BxLxHxK, w_out_HxKxD.astype(dt))
+    if cfg.family == "gpt2":
+      y_BxLxD += _param(self, "out_bias", (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
+    return y_BxLxD
+
+
+class Mlp(nn.Module):
+  """SwiGLU (`wi_0` gate, `wi_1` up) for llama, GELU-tanh with biases for gpt2."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array) -> Array:
+    """Position-wise feed-forward, B×L×D → B×L×D."""
+    cfg, dt = self.cfg, self.cfg.compute_dtype
+    F, x_BxLxD = cfg.mlp_dim, x_BxLxD.astype(dt)
+    dense_in = lambda name: x_BxLxD @ _param(self, name, (cfg.D, F), ("embed", "mlp"), cfg.init_std,
+                                             cfg.param_dtype).astype(dt)
+    if cfg.family == "llama":
+      hidden_BxLxF = nn.silu(dense_in("wi_0")) * dense_in("wi_1")
+    else:
+      bias_F = _param(self, "wi_bias", (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
+      hidden_BxLxF = nn.gelu(dense_in("wi") + bias_F, approximate=True)
+    w_out_FxD = _param(self, "wo", (F, cfg.D), ("mlp", "embed"), cfg.init_std / (2 * cfg.L) ** 0.5,
+                       cfg.param_dtype)
+    y_BxLxD = hidden_BxLxF @ w_out_FxD.astype(dt)
+    if cfg.family == "gpt2":
+      y_BxLxD += _param(self, "wo_bias", (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
+    return y_BxLxD
+
+
+class Block(nn.Module):
+  """Pre-norm block: h + Attn(NormA(h)), then + MLP(NormM(h))."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, h_BxLxD: Array, positions_BxL: Array, gate: Array) -> Array:
+    """One residual block; the residual stream is never rescaled."""
+    cfg = self.cfg
+    norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
+                             name=name)
+    h_BxLxD = h_BxLxD + Attention(cfg, name="attn")(norm("attn_norm")(h_BxLxD, gate), positions_BxL)
+    return h_BxLxD + Mlp(cfg, name="mlp")(norm("mlp_norm")(h_BxLxD, gate))
+
+
+class Transformer(nn.Module):
+  """Decoder-only pre-norm transformer; `cfg` may be a ModelConfig, a dict or a ConfigDict."""
+
+  cfg: Any
+
+  def __post_init__(self):
+    object.__setattr__(self, "cfg", ModelConfig.from_config(self.cfg))
+    super().__post_init__()
+
+  def setup(self):
+    cfg = self.cfg
+    block = nn.remat(Block) if cfg.remat else Block
+    self.embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+                                                                  ("vocab", "embed")), (cfg.V, cfg.D),
+                            cfg.param_dtype)
+    if cfg.family == "gpt2":
+      self.pos_embed = self.param("pos_embed", nn.with_logical_partitioning(
+          nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
+    self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.L)]
+    self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
+    self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
+    if not cfg.tie_embeddings:
+      self.head = self.param("head", nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+                                                                  ("embed", "vocab")), (cfg.D, cfg.V),
+                             cfg.param_dtype)
+    if cfg.logits_bias:
+      self.logits_bias = self.param("logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                                    (cfg.V,), cfg.param_dtype)
+
+  def __call__(self, tokens_BxL: Array, gate: Array | float = 1.0, *, positions_BxL: Array | None = None,
+               return_hidden: bool = False) -> Array | tuple[Array, Array]:
+    """Logits B×L×V (fp32); with `return_hidden` also the pre-logit residual stream h (B×L×D)."""
+    h_BxLxD = self.hidden(tokens_BxL, gate, positions_BxL=positions_BxL)
+    logits_BxLxV = self.logits(h_BxLxD, gate)
+    return (logits_BxLxV, h_BxLxD) if return_hidden else logits_BxLxV
+
+  def hidden(self, tokens_BxL: Array, gate: Array | float = 1.0, *, positions_BxL: Array | None = None) -> Array:
+    """The pre-logit residual stream h (the input of the final norm)."""
+    cfg = self.cfg
+    if positions_BxL is None:
+      positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
+    gate = jnp.asarray(gate, jnp.float32)
+    h_BxLxD = jnp.take(self.embed, tokens_BxL, axis=0).astype(cfg.compute_dtype)
+    if cfg.family == "gpt2":
+      h_BxLxD += jnp.take(self.pos_embed, positions_BxL, axis=0).astype(cfg.compute_dtype)
+    for block in self.blocks:
+      h_BxLxD = block(h_BxLxD, positions_BxL, gate)
+    self.pre_logit(h_BxLxD)
+    return h_BxLxD
+
+  def logits(self, h_BxLxD: Array, gate: Array | float = 1.0) -> Array:
+    """Final norm and output head applied to the pre-logit state h; fp32 logits."""
+    cfg, dt = self.cfg, self.cfg.compute_dtype
+    x_BxLxD = self.final_norm(h_BxLxD, jnp.asarray(gate, jnp.float32)).astype(dt)
+    head_DxV = self.embed.T if cfg.tie_embeddings else self.head
+    logits_BxLxV = (x_BxLxD @ head_DxV.astype(dt)).astype(jnp.float32)
+    if cfg.logits_bias:
+      logits_BxLxV += self.logits_bias.astype(jnp.float32)
+    return logits_BxLxV
+
+
+def init(cfg: Any, rng: Array, batch: int = 1, length: int = 8) -> dict[str, Any]:
+  """Initial variables (params and calib), still boxed with their logical axis names."""
+  model = Transformer(cfg)
+  return model.init(rng, jnp.zeros((batch, min(length, model.cfg.T)), jnp.int32))
+
+
+def param_count(params: Any) -> int:
+  """Number of trainable scalars (γ̃ included)."""
+  return sum(x.size for x in jax.tree.leaves(nn.unbox(params)))
