@@ -79,7 +79,7 @@ class Norm(nn.Module):
 
     inv_s_BxLx1 = inv_scale(hbar_BxLxD, self.eps)
     normed_BxLxD = hbar_BxLxD * inv_s_BxLx1 * gamma_D
-    if self.is_mutable_collection(CALIB_STATS):
+    if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
       sq_BxL = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxLxD * gamma_D)), axis=-1)
       self.put_variable(CALIB_STATS, "num", jnp.mean(sq_BxL * inv_s_BxLx1[..., 0]))
       self.put_variable(CALIB_STATS, "den", jnp.mean(sq_BxL))
@@ -100,7 +100,7 @@ class ScaleMonitor(nn.Module):
     calib_scalar(self, "count", 0, jnp.int32)
     calib_scalar(self, "s_tgt", 0.0)
     s_BxL = pre_logit_scale(h_BxLxD, self.kind, self.eps)
-    if self.is_mutable_collection(CALIB_STATS):
+    if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
       self.put_variable(CALIB_STATS, "s", jnp.mean(jax.lax.stop_gradient(s_BxL)))
     return s_BxL
 
