@@ -1,0 +1,122 @@
+"""A SentencePiece tokenizer: trained on a corpus's training documents, saved with its settings.
+
+BPE with byte fallback, identity normalisation and `\\n` as a piece of its own, so that
+`decode(encode(text)) == text` for any text without leading or trailing spaces. Ids:
+0 = unk, 1 = bos, 2 = eos, 3 = `\\n`. Saving writes `tokenizer.model` and `tokenizer.json`
+(the settings); loading checks those settings against the ones asked for.
+"""
+
+import dataclasses
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+MODEL_FILE = "tokenizer.model"
+SETTINGS_FILE = "tokenizer.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+  """Everything that determines a trained tokenizer besides its training text."""
+
+  vocab_size: int
+  model_type: str = "bpe"
+  byte_fallback: bool = True
+  character_coverage: float = 0.9995
+  train_bytes: int = 100_000_000  # at most this much training text (the first documents) trains the model
+  version: int = 1  # bump when the training recipe changes
+
+  def to_dict(self) -> dict:
+    """The settings as a JSON-ready dict."""
+    return dataclasses.asdict(self)
+
+
+class TokenizerMismatchError(ValueError):
+  """A cached tokenizer was trained with other settings than the ones asked for."""
+
+
+class Tokenizer:
+  """A trained SentencePiece model with the project's encode/decode interface."""
+
+  def __init__(self, model_proto: bytes, settings: TokenizerSettings):
+    self.model_proto = model_proto
+    self.settings = settings
+    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.bos_id: int = self.sp.bos_id()
+    self.eos_id: int = self.sp.eos_id()
+    self.vocab_size: int = self.sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text` (no bos/eos added)."""
+    return self.sp.encode(text)
+
+  def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+    """Token ids of each text, encoded on `num_threads` threads (-1: all cores)."""
+    return self.sp.encode(list(texts), num_threads=num_threads)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """The text of `ids`; bos/eos/unk ids decode to nothing."""
+    return self.sp.decode([int(i) for i in ids])
+
+  def save(self, directory: Path) -> None:
+    """Writes the model and its settings into `directory`."""
+    directory = Path(directory)
+    (directory / MODEL_FILE).write_bytes(self.model_proto)
+    (directory / SETTINGS_FILE).write_text(json.dumps(self.settings.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def load(directory: Path, expected: TokenizerSettings) -> Tokenizer:
+  """The tokenizer saved in `directory`; a clear error if it was trained with settings other than `expected`."""
+  directory = Path(directory)
+  settings_path, model_path = directory / SETTINGS_FILE, directory / MODEL_FILE
+  if not settings_path.is_file() or not model_path.is_file():
+    raise FileNotFoundError(f"no tokenizer in {directory}: expected {MODEL_FILE} and {SETTINGS_FILE}")
+  saved = json.loads(settings_path.read_text())
+  if saved != expected.to_dict():
+    diff = {k: (saved.get(k), v) for k, v in expected.to_dict().items() if saved.get(k) != v}
+    diff |= {k: (v, None) for k, v in saved.items() if k not in diff and k not in expected.to_dict()}
+    details = ", ".join(f"{k}: cached {a!r} vs requested {b!r}" for k, (a, b) in sorted(diff.items()))
+    raise TokenizerMismatchError(
+        f"the cached tokenizer in {directory} was trained with different settings ({details}); "
+        f"delete {directory} to retrain it, or ask for the settings it was trained with")
+  tokenizer = Tokenizer(model_path.read_bytes(), expected)
+  if tokenizer.vocab_size != expected.vocab_size:
+    raise TokenizerMismatchError(
+        f"the cached tokenizer in {directory} has {tokenizer.vocab_size} pieces, not {expected.vocab_size}; delete it")
+  return tokenizer
+
+
+def take_bytes(documents: Iterable[str], budget: int) -> Iterator[str]:
+  """The first documents of `documents` whose UTF-8 sizes sum to at most `budget` (at least one)."""
+  used = 0
+  for doc in documents:
+    used += len(doc.encode("utf-8"))
+    if used > budget and used != len(doc.encode("utf-8")):
+      return
+    yield doc
+
+
+def train(documents: Iterable[str], settings: TokenizerSettings, corpus_name: str = "the corpus") -> Tokenizer:
+  """Trains a tokenizer on `documents` (a document is one SentencePiece sentence)."""
+  model = io.BytesIO()
+  texts = take_bytes(documents, settings.train_bytes)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=texts, model_writer=model, model_type=settings.model_type,
+        vocab_size=settings.vocab_size, byte_fallback=settings.byte_fallback,
+        character_coverage=settings.character_coverage, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, user_defined_symbols=["\n"], max_sentence_length=1 << 20,
+        unk_surface="\u2047", num_threads=2, minloglevel=2)
+  except RuntimeError as e:
+    if match := re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e)):
+      raise ValueError(
+          f"{corpus_name} is too small for a {match[1]}-piece tokenizer: its training text supports at most "
+          f"{match[2]} pieces; lower data.vocab_size (and model.V) or use more training text") from None
+    if "sentences_.empty()" in str(e):
+      raise ValueError(f"{corpus_name} has no training text to train a tokenizer on") from e
+    raise
+  return Tokenizer(model.getvalue(), settings)
