@@ -56,10 +56,9 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.model = ml_collections.ConfigDict(dict(
       family="llama", V=2_000 if cpu else 10_000, D=SIZES[size]["D"], H=16, L=2 if cpu else 8, F=0,
       T=128 if cpu else 512, internal_norm=internal, final_norm=final, eps=1e-5, rope_base=10_000.0,
-      tie_embeddings=True, logits_bias=False, init_std=0.02, dtype="float32", param_dtype="float32",
+      tie_embeddings=True, logits_bias=False, init_std=0.02, param_dtype="float32",
+      dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
       attention_impl=None, remat=False))
-  # Overridden to bfloat16 on accelerators unless set explicitly (see train.py).
-  c.model.dtype = "float32"
 
   c.data = ml_collections.ConfigDict(dict(
       source="synthetic" if cpu else "tinystories",  # synthetic | tinystories | text

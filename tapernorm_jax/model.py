@@ -17,7 +17,7 @@ from tapernorm_jax.norms import NORM_MODES, Norm, ScaleMonitor
 
 Array = jax.Array
 FAMILIES = ("llama", "gpt2")
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,9 @@ class ModelConfig:
 
   @property
   def compute_dtype(self) -> Any:
-    """The activation dtype as a jnp dtype."""
+    """The activation dtype; `auto` is bfloat16 on accelerators and float32 on CPU."""
+    if self.dtype == "auto":
+      return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     return jnp.dtype(self.dtype)
 
   @classmethod
@@ -104,9 +106,10 @@ def validate(cfg: ModelConfig) -> None:
     fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
   if not cfg.init_std > 0:
     fail("init_std", "must be > 0")
-  for field in ("dtype", "param_dtype"):
-    if getattr(cfg, field) not in DTYPES:
-      fail(field, f"choose one of {DTYPES}")
+  if cfg.dtype not in DTYPES:
+    fail("dtype", f"choose one of {DTYPES}")
+  if cfg.param_dtype not in DTYPES[1:]:
+    fail("param_dtype", f"choose one of {DTYPES[1:]}")
   if cfg.attention_impl not in (None, "xla", "cudnn"):
     fail("attention_impl", "choose None (automatic), 'xla' or 'cudnn'")
   if cfg.logits_bias and cfg.tie_embeddings:
