@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import grain
 import numpy as np
 
-from tapernorm_jax.data.prepare import Prepared, check_window
+from tapernorm_jax.data.cache import Prepared, check_window
 
 
 def gather_windows(starts_B: np.ndarray, tokens: np.ndarray, seq_len: int) -> np.ndarray:

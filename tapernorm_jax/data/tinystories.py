@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import tensorflow_datasets as tfds
+from etils import epath
 from tqdm import tqdm
 
 from tapernorm_jax.data import text_files
@@ -35,6 +36,12 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "TinyStoriesV2-GPT4 train/valid text files, split on <|endoftext|>."}
   MANUAL_DOWNLOAD_INSTRUCTIONS = f"Place {FILES['train']} and {FILES['validation']} in the manual directory."
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    """This file. (tfds 4.9.10's own lookup imports the `importlib_resources` backport, absent on Python >= 3.9.)"""
+    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     """Features and citation."""

@@ -94,9 +94,10 @@ def take_bytes(documents: Iterable[str], budget: int) -> Iterator[str]:
   """The first documents of `documents` whose UTF-8 sizes sum to at most `budget` (at least one)."""
   used = 0
   for doc in documents:
-    used += len(doc.encode("utf-8"))
-    if used > budget and used != len(doc.encode("utf-8")):
+    size = len(doc.encode("utf-8"))
+    if used and used + size > budget:
       return
+    used += size
     yield doc
 
 
