@@ -63,7 +63,6 @@ def test_config_dict_missing_optional_fields_uses_defaults(tmp_path):
   cfg = base.get_config("baseline").data
   cfg.data_dir = str(tmp_path)
   cfg.synthetic_train_stories, cfg.synthetic_valid_stories = 300, 30
-  cfg.unlock() if hasattr(cfg, "unlock") else None
   del cfg["text_train"], cfg["text_valid"], cfg["manual_dir"], cfg["synthetic_seed"]
   cfg.vocab_size = 500
   prepared = data.prepare(cfg)
