@@ -1,0 +1,38 @@
+"""Learning-rate and gate schedules: pure functions of the (traced) step."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class Phases:
+  """Step boundaries: LR warmup end, taper start (= gate warmup end, calibration) and taper end."""
+
+  steps: int
+  lr_warmup: int
+  taper_start: int
+  taper_end: int
+
+  @classmethod
+  def from_config(cls, cfg) -> "Phases":
+    """Resolves fractions and `taper_end=-1` (the last step) from a full config."""
+    steps = cfg.train.steps
+    taper_end = steps - 1 if cfg.taper.taper_end == -1 else cfg.taper.taper_end  # -1: g = 0 at the last step
+    return cls(steps=steps, lr_warmup=int(round(cfg.opt.warmup_frac * steps)),
+               taper_start=int(round(cfg.taper.gate_warmup_frac * steps)), taper_end=taper_end)
+
+
+def learning_rate(peak: float, phases: Phases) -> optax.Schedule:
+  """Linear warmup to `peak`, then cosine to 0 at the last step."""
+  return optax.warmup_cosine_decay_schedule(0.0, peak, max(phases.lr_warmup, 1), max(phases.steps, 2), 0.0)
+
+
+def gate(step: jax.Array | int, phases: Phases) -> jax.Array:
+  """1 before the taper start, half-cosine to 0 at the taper end, 0 after (PAPER.md §3)."""
+  step = jnp.asarray(step, jnp.float32)
+  span = max(phases.taper_end - phases.taper_start, 1)
+  progress = jnp.clip((step - phases.taper_start) / span, 0.0, 1.0)
+  return jnp.where(progress >= 1.0, 0.0, 0.5 * (1.0 + jnp.cos(jnp.pi * progress))).astype(jnp.float32)

@@ -1,0 +1,147 @@
+"""The jitted train step: calibration at the taper start, one compilation, the fast path, the optimiser."""
+
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import base
+from tapernorm_jax import calibration, sharding
+from tapernorm_jax.train import Trainer, make_optimizer
+from tapernorm_jax import schedules
+
+
+def tiny(variant: str = "all_taper", **overrides) -> "ml_collections.ConfigDict":
+  """A seconds-sized config: D=32, 2 layers, T=16, vocab 64, 12 steps, taper 3 → 9."""
+  cfg = base.get_config(variant)
+  cfg.model.update(D=32, H=4, L=2, T=16, V=64)
+  cfg.train.update(steps=12, batch_size=8)
+  cfg.taper.update(gate_warmup_frac=0.25, taper_end=9)
+  for key, value in overrides.items():
+    section, field = key.split("__")
+    cfg[section][field] = value
+  return cfg
+
+
+def batches(n: int, cfg, seed: int = 0) -> list[jax.Array]:
+  """Random token windows (B, T+1)."""
+  keys = jax.random.split(jax.random.key(seed), n)
+  return [jax.random.randint(k, (cfg.train.batch_size, cfg.model.T + 1), 0, cfg.model.V) for k in keys]
+
+
+@pytest.fixture(scope="module")
+def trainer():
+  return Trainer(tiny(), sharding.make_mesh())
+
+
+def test_calibration_at_the_taper_start(trainer):
+  state = trainer.init_state(0)
+  data = batches(5, trainer.cfg)
+  start = trainer.phases.taper_start
+  assert start == 3
+  for k in range(start):
+    state, _ = trainer.train_step(state, data[k])
+    assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == k + 1
+  before = jax.device_get(state)
+  expected_params, expected_calib = calibration.calibrate(before["params"], before["calib"], 0.01, 1e-8)
+  state, _ = trainer.train_step(state, data[start])
+  after = jax.device_get(state)
+  for path, c in calibration.layer_scalars(after["calib"], "c").items():
+    want = calibration.layer_scalars(expected_calib, "c")[path]
+    np.testing.assert_allclose(c, want, rtol=1e-6)
+    assert np.isfinite(c) and abs(c - 1.0) > 1e-3
+  np.testing.assert_allclose(after["calib"]["pre_logit"]["s_tgt"], expected_calib["pre_logit"]["s_tgt"], rtol=1e-6)
+  # γ̃ started this step as a copy of γ; EMAs are frozen from here on.
+  assert not np.allclose(before["params"]["block_0"]["attn_norm"]["scale_tilde"],
+                         before["params"]["block_0"]["attn_norm"]["scale"])
+  np.testing.assert_allclose(after["params"]["block_0"]["attn_norm"]["scale_tilde"],
+                             expected_params["block_0"]["attn_norm"]["scale"], atol=2 * trainer.lr(start) + 1e-7)
+  state, _ = trainer.train_step(state, data[start + 1])
+  assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == start
+  np.testing.assert_array_equal(state["calib"]["block_0"]["attn_norm"]["c"], after["calib"]["block_0"]["attn_norm"]["c"])
+
+
+def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trainer):
+  state = trainer.init_state(1)
+  gates, auxes = [], []
+  for k, batch in enumerate(batches(trainer.phases.taper_end, trainer.cfg, seed=1)):
+    state, m = trainer.train_step(state, batch)
+    gates.append(float(m["gate"]))
+    np.testing.assert_allclose(m["loss"], m["ce"] + (0.1 * m["aux"] if k >= trainer.phases.taper_start else 0),
+                               rtol=1e-6)
+  assert trainer.train_step._cache_size() == 1
+  np.testing.assert_allclose(gates, [float(schedules.gate(k, trainer.phases)) for k in range(len(gates))], atol=1e-6)
+  assert gates[0] == 1.0 and 0 < gates[-1] < 1
+
+
+def test_fast_step_equals_the_tapered_step_once_the_gate_is_zero(trainer):
+  state = trainer.init_state(2)
+  data = batches(trainer.phases.taper_end + 1, trainer.cfg, seed=2)
+  for batch in data[:-1]:
+    state, _ = trainer.train_step(state, batch)
+  assert trainer.uses_fast_step(trainer.phases.taper_end) and not trainer.uses_fast_step(trainer.phases.taper_end - 1)
+  copy = jax.tree.map(jnp.copy, state)
+  slow, m_slow = trainer.train_step(state, data[-1])
+  fast, m_fast = trainer.fast_train_step(copy, data[-1])
+  assert float(m_slow["gate"]) == 0.0
+  np.testing.assert_allclose(m_fast["loss"], m_slow["loss"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), fast, slow)
+
+
+def test_calibration_state_never_enters_the_optimiser(trainer):
+  state = trainer.init_state(0)
+  adam_mu = state["opt_state"][1][0].mu
+  assert jax.tree.structure(adam_mu) == jax.tree.structure(state["params"])
+  assert "calib" not in str(jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(state["opt_state"])[0][0][0]))
+
+
+def test_weight_decay_skips_norm_gains_and_scalars():
+  cfg = tiny(opt__weight_decay=0.1)
+  tx = make_optimizer(cfg, schedules.Phases.from_config(cfg))
+  params = {"w": jnp.ones((3, 4)), "scale": jnp.ones(4), "scale_tilde": jnp.ones(4)}
+  opt_state = tx.init(params)
+  for _ in range(3):  # past the first (lr = 0) step of the warmup
+    updates, opt_state = tx.update(jax.tree.map(jnp.zeros_like, params), opt_state, params)
+  assert float(jnp.abs(updates["w"]).max()) > 0
+  assert float(jnp.abs(updates["scale"]).max()) == 0 and float(jnp.abs(updates["scale_tilde"]).max()) == 0
+
+
+def test_sharded_fsdp_step_matches_a_single_device_step():
+  cfg = tiny()
+  one = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
+  eight = Trainer(cfg, sharding.make_mesh(data=2, fsdp=4))
+  s1, s8 = one.init_state(0), eight.init_state(0)
+  assert len(s8["params"]["block_0"]["mlp"]["wi_0"].sharding.device_set) == 8
+  for batch in batches(4, cfg, seed=3):
+    s1, m1 = one.train_step(s1, batch)
+    s8, m8 = eight.train_step(s8, jax.device_put(batch, eight.batch_sharding))
+    np.testing.assert_allclose(m1["loss"], m8["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(taper__gate_warmup_frac=0.9, taper__taper_end=5), "taper.gate_warmup_frac"),
+    (dict(taper__gate_warmup_frac=1.5), "taper.gate_warmup_frac"),
+    (dict(taper__taper_end=50), "taper.taper_end"),
+    (dict(taper__aux_weight=-0.1), "taper.aux_weight"),
+    (dict(taper__mu=0.0), "taper.mu"),
+    (dict(taper__mu=1.5), "taper.mu"),
+    (dict(train__batch_size=6), "train.batch_size"),
+    (dict(taper__gate_warmup_frac=0.0), "taper.gate_warmup_frac"),
+])
+def test_inconsistent_configs_fail_before_compiling(overrides, field):
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    Trainer(tiny(**overrides), sharding.make_mesh())
+
+
+def test_removing_the_final_anchor_without_aux_warns(caplog):
+  with caplog.at_level(logging.WARNING):
+    Trainer(tiny("final_taper", taper__aux_weight=0.0), sharding.make_mesh())
+  assert "logits may grow without bound" in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    Trainer(tiny("internal_taper"), sharding.make_mesh())
+  assert "logits may grow" not in caplog.text
