@@ -83,7 +83,9 @@ def test_split_shorter_than_a_window_is_a_clear_error():
   with pytest.raises(ValueError, match="fewer than one window"):
     data.train_iterator(ramp(n=T), 2, T, process_index=0, process_count=1)
   with pytest.raises(ValueError, match="validation split of ramp has 200 tokens, fewer than one window"):
-    next(data.eval_batches(ramp(), 2, 200, 1))
+    data.eval_batches(ramp(), 2, 200, 1)
+  with pytest.raises(ValueError, match="num_batches must be positive"):
+    data.eval_batches(ramp(), 2, T, 0)
 
 
 def test_eval_batches_are_fixed_non_overlapping_windows():

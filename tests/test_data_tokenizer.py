@@ -38,6 +38,11 @@ def test_training_is_deterministic(tok, docs):
   assert tokenizer_lib.train(docs, SETTINGS).model_proto == tok.model_proto
 
 
+def test_unigram_also_trains_and_round_trips(docs):
+  unigram = tokenizer_lib.train(docs, tokenizer_lib.TokenizerSettings(vocab_size=500, model_type="unigram"))
+  assert unigram.vocab_size == 500 and unigram.decode(unigram.encode(docs[0] + " 😀")) == docs[0] + " 😀"
+
+
 def test_save_load_and_settings_mismatch(tok, tmp_path):
   tok.save(tmp_path)
   assert tokenizer_lib.load(tmp_path, SETTINGS).encode("A cat.") == tok.encode("A cat.")

@@ -78,11 +78,12 @@ def eval_batches(prepared: Prepared, batch_size: int, seq_len: int, num_batches:
   The windows are spread evenly over the split; if it holds fewer than batch_size * num_batches
   windows, they repeat in order (every window is used equally often when the count divides).
   """
+  if batch_size <= 0 or num_batches <= 0:
+    raise ValueError(f"batch_size and num_batches must be positive, got {batch_size} and {num_batches}")
   check_window(prepared, split, seq_len)
   tokens = prepared.tokens(split)
-  starts = eval_starts(tokens.shape[0], seq_len, batch_size * num_batches)
-  for starts_B in starts.reshape(num_batches, batch_size):
-    yield gather_windows(starts_B, tokens, seq_len)
+  starts_NxB = eval_starts(tokens.shape[0], seq_len, batch_size * num_batches).reshape(num_batches, batch_size)
+  return (gather_windows(starts_B, tokens, seq_len) for starts_B in starts_NxB)
 
 
 class TimedIterator:

@@ -15,8 +15,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import tensorflow_datasets as tfds
 from etils import epath
+import tensorflow_datasets as tfds
 from tqdm import tqdm
 
 from tapernorm_jax.data import text_files
