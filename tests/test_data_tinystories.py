@@ -102,7 +102,7 @@ def test_manual_dir_without_the_files_is_named(tmp_path, monkeypatch):
 def test_empty_file_is_a_clear_error(tmp_path):
   manual = write_release(tmp_path / "manual", ["A story."], ["Another."])
   (manual / VALID).write_text("")
-  with pytest.raises(ValueError, match=f"{VALID} is empty"):
+  with pytest.raises(ValueError, match=f"validation file: these files are empty: .*{VALID}"):
     ts.ensure_prepared(tmp_path / "cache", str(manual))
 
 

@@ -8,6 +8,7 @@ shards; TFDS builds in an `incomplete.*` directory and renames it when done. Rea
 `tfds.data_source`.
 """
 
+import glob
 import logging
 import os
 import urllib.error
@@ -65,12 +66,8 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
 
 def check_raw_dir(directory: Path) -> None:
   """A clear error unless `directory` holds both raw files, non-empty."""
-  for name in FILES.values():
-    path = directory / name
-    if not path.is_file():
-      raise FileNotFoundError(f"{path} is missing (TinyStories needs {FILES['train']} and {FILES['validation']})")
-    if path.stat().st_size == 0:
-      raise ValueError(f"{path} is empty")
+  for split, name in FILES.items():
+    text_files.resolve(glob.escape(str(directory / name)), f"the TinyStories {split} file")
 
 
 def download_file(url: str, dest: Path) -> None:
