@@ -51,6 +51,11 @@ def test_save_load_and_settings_mismatch(tok, tmp_path):
   (tmp_path / tokenizer_lib.SETTINGS_FILE).write_text(json.dumps(SETTINGS.to_dict() | {"model_type": "unigram"}))
   with pytest.raises(tokenizer_lib.TokenizerMismatchError, match="model_type"):
     tokenizer_lib.load(tmp_path, SETTINGS)
+  tok.save(tmp_path)
+  smaller = tokenizer_lib.train(stories.generate(100), tokenizer_lib.TokenizerSettings(vocab_size=400))
+  (tmp_path / tokenizer_lib.MODEL_FILE).write_bytes(smaller.model_proto)  # settings say 500, the model has 400
+  with pytest.raises(tokenizer_lib.TokenizerMismatchError, match="has 400 pieces, not 500"):
+    tokenizer_lib.load(tmp_path, SETTINGS)
   with pytest.raises(FileNotFoundError, match="no tokenizer"):
     tokenizer_lib.load(tmp_path / "missing", SETTINGS)
 

@@ -89,7 +89,7 @@ def write_stream(documents: Iterable[str], tokenizer: tokenizer_lib.Tokenizer, p
   num_docs = num_tokens = 0
   with open(path, "wb") as f, tqdm(total=total, desc=desc, unit=" docs", mininterval=1.0) as bar:
     for block in blocks(documents, ENCODE_BLOCK):
-      encoded = tokenizer.encode_batch(block, num_threads=os.cpu_count() or 1)
+      encoded = tokenizer.encode_batch(block)
       ids = np.fromiter(chain.from_iterable((bos, *doc, eos) for doc in encoded), dtype=dtype)
       f.write(ids.tobytes())
       num_docs += len(block)
@@ -98,8 +98,8 @@ def write_stream(documents: Iterable[str], tokenizer: tokenizer_lib.Tokenizer, p
   return num_docs, num_tokens
 
 
-def build(directory: Path, corpus: corpora.Corpus, settings: tokenizer_lib.TokenizerSettings) -> dict:
-  """Trains the tokenizer and writes both token streams and `meta.json` into `directory`; returns the meta."""
+def build(directory: Path, corpus: corpora.Corpus, settings: tokenizer_lib.TokenizerSettings) -> None:
+  """Trains the tokenizer and writes both token streams and `meta.json` into `directory`."""
   t0 = time.perf_counter()
   log.info("training a %d-piece tokenizer on %s", settings.vocab_size, corpus.name)
   tokenizer = tokenizer_lib.train(corpus.documents("train"), settings, corpus.name)
@@ -118,7 +118,6 @@ def build(directory: Path, corpus: corpora.Corpus, settings: tokenizer_lib.Token
               dtype=token_dtype(tokenizer.vocab_size).str,
               splits=splits, timings=timings, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
   (directory / META).write_text(json.dumps(meta, indent=2) + "\n")
-  return meta
 
 
 def load(directory: Path, settings: tokenizer_lib.TokenizerSettings) -> Prepared:
@@ -139,6 +138,8 @@ def load(directory: Path, settings: tokenizer_lib.TokenizerSettings) -> Prepared
 def build_atomically(final: Path, corpus: corpora.Corpus, settings: tokenizer_lib.TokenizerSettings) -> None:
   """Builds into a temporary sibling of `final`, marks it complete and renames it into place."""
   final.parent.mkdir(parents=True, exist_ok=True)
+  if (final / COMPLETE).exists():  # another process finished it meanwhile
+    return
   if final.exists():  # no COMPLETE marker: left by something other than this function; never trusted
     log.warning("removing incomplete prepared data at %s", final)
     shutil.rmtree(final)
@@ -169,10 +170,7 @@ def prepare(cfg: Any) -> Prepared:
   if not (directory / COMPLETE).exists():
     log.info("preparing %s into %s", corpus.name, directory)
     build_atomically(directory, corpus, settings)
-  prepared = load(directory, settings)
-  if prepared.vocab_size != vocab_size:
-    raise ValueError(f"the tokenizer of {prepared.name} has {prepared.vocab_size} ids but data.vocab_size is "
-                     f"{vocab_size}; delete {directory} to rebuild it")
+  prepared = load(directory, settings)  # its tokenizer has exactly `vocab_size` ids, or this raises
   seq_len = corpora.setting(cfg, "seq_len")
   if seq_len:
     for split in corpora.SPLITS:
