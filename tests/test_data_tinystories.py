@@ -85,7 +85,9 @@ def test_offline_without_manual_dir_names_everything(tmp_path, monkeypatch):
   with pytest.raises(RuntimeError) as info:
     ts.ensure_prepared(tmp_path / "cache", "")
   message = str(info.value)
-  for needle in (ts.BASE_URL + TRAIN, "no manual directory", "data.manual_dir", TRAIN, VALID, "source=synthetic"):
+  downloads = str(tmp_path / "cache" / "downloads" / "tinystories")
+  for needle in (ts.BASE_URL + TRAIN, "no manual directory", downloads, "data.manual_dir", TRAIN, VALID,
+                 "source=synthetic"):
     assert needle in message
   assert not (tmp_path / "cache" / "tfds" / ts.NAME / "1.0.0").exists()
 
