@@ -98,9 +98,9 @@ def raw_dir(data_dir: Path, manual_dir: str = "") -> Path:
         log.info("downloading %s", url)
         download_file(url, downloads / name)
   except (urllib.error.URLError, OSError) as e:
-    looked = f"the manual directory {manual}" if manual else "no manual directory (data.manual_dir is not set)"
+    looked = f"the manual directory {manual} and {downloads}" if manual else f"{downloads} (data.manual_dir is not set)"
     raise RuntimeError(
-        f"could not download TinyStories: fetching {url} failed ({e}). Looked in {looked} and in {downloads}. "
+        f"could not download TinyStories: fetching {url} failed ({e}). Looked in {looked}. "
         f"Offline, put {FILES['train']} and {FILES['validation']} in a directory and pass "
         f"--config.data.manual_dir=DIR, or train on the offline corpus with --config.data.source=synthetic."
     ) from None
