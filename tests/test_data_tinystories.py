@@ -66,7 +66,8 @@ def test_download_path_with_a_file_url(tmp_path, monkeypatch):
 
 
 def test_prepare_tinystories_end_to_end(tmp_path):
-  manual = write_release(tmp_path / "manual", list(stories.generate(300)), list(stories.generate(30, split="validation")))
+  train, valid = list(stories.generate(300)), list(stories.generate(30, split="validation"))
+  manual = write_release(tmp_path / "manual", train, valid)
   cfg = dict(source="tinystories", data_dir=str(tmp_path / "cache"), manual_dir=str(manual), vocab_size=500, seq_len=64)
   prepared = data.prepare(cfg)
   assert prepared.name == "tinystories"

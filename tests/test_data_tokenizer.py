@@ -20,7 +20,8 @@ def tok(docs) -> tokenizer_lib.Tokenizer:
 
 
 def test_round_trip_is_lossless(tok, docs):
-  texts = [*docs[:5], "Line one.\n\nLine  two,\ttabbed.", "Curly “quotes”, é, 日本, 😀 and \x00 bytes", " spaced "]
+  texts = [*docs[:5], "Line one.\n\nLine  two,\ttabbed.", "Curly “quotes”, é, 日本, 😀 and \x00 bytes",
+           " spaced "]
   for text in texts:
     ids = tok.encode(text)
     assert all(0 <= i < tok.vocab_size for i in ids)

@@ -54,6 +54,8 @@ OBJECTS = (  # (noun, adjectives that fit it)
     ("boat", ("little", "blue", "wooden", "fast", "white")),
     ("crayon", ("purple", "green", "small", "bright", "new")),
 )
+Place = tuple[str, str, tuple[str, ...]]
+Thing = tuple[str, str]  # (noun, adjective)
 FOODS = ("an apple", "a cookie", "some bread", "a carrot", "some berries", "a sandwich", "some cheese", "a banana")
 WEATHER = ("the sun was warm", "the sky was blue", "the wind was soft", "the air smelled sweet", "it was a bright day")
 HAPPY = ("happy", "glad", "excited", "proud", "joyful")
@@ -111,7 +113,7 @@ def character(rng: random.Random, avoid: str = "") -> Character:
   return Character(name, f"{article(trait)} {trait} {animal} named {name}", *pron)
 
 
-def thing(rng: random.Random) -> tuple[str, str]:
+def thing(rng: random.Random) -> Thing:
   """An object as (noun, adjective)."""
   noun, adjectives = rng.choice(OBJECTS)
   return noun, rng.choice(adjectives)
@@ -128,7 +130,7 @@ def opening(rng: random.Random, hero: Character) -> str:
   ))
 
 
-def plot_lost(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_lost(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The hero loses a treasured object and a friend helps to find it."""
   noun, adj = obj
   name, prep, spots = place
@@ -146,7 +148,7 @@ def plot_lost(rng: random.Random, hero: Character, friend: Character, place: tup
   ]
 
 
-def plot_stuck(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_stuck(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The hero's object gets stuck up high and the two solve it together."""
   noun, adj = obj
   name, prep, _ = place
@@ -161,7 +163,7 @@ def plot_stuck(rng: random.Random, hero: Character, friend: Character, place: tu
   ]
 
 
-def plot_share(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_share(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The hero does not want to share, then learns to."""
   noun, adj = obj
   name, prep, _ = place
@@ -176,7 +178,7 @@ def plot_share(rng: random.Random, hero: Character, friend: Character, place: tu
   ]
 
 
-def plot_surprise(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_surprise(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The hero prepares a surprise for a friend."""
   noun, adj = obj
   food = rng.choice(FOODS)
@@ -191,7 +193,7 @@ def plot_surprise(rng: random.Random, hero: Character, friend: Character, place:
   ]
 
 
-def plot_storm(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_storm(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """A storm scares the hero and a friend keeps them company."""
   name, prep, spots = place
   return [
@@ -205,7 +207,7 @@ def plot_storm(rng: random.Random, hero: Character, friend: Character, place: tu
   ]
 
 
-def plot_new_friend(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_new_friend(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The shy hero meets someone new."""
   noun, adj = obj
   name, prep, spots = place
@@ -220,7 +222,7 @@ def plot_new_friend(rng: random.Random, hero: Character, friend: Character, plac
   ]
 
 
-def plot_listen(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_listen(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The hero ignores a warning, gets into trouble, and says sorry."""
   noun, adj = obj
   name, prep, _ = place
@@ -235,7 +237,7 @@ def plot_listen(rng: random.Random, hero: Character, friend: Character, place: t
   ]
 
 
-def plot_help_animal(rng: random.Random, hero: Character, friend: Character, place: tuple, obj: tuple[str, str]) -> list[str]:
+def plot_help_animal(rng: random.Random, hero: Character, friend: Character, place: Place, obj: Thing) -> list[str]:
   """The hero finds a hungry little animal and helps it."""
   name, prep, spots = place
   animal = rng.choice(ANIMALS)

@@ -21,7 +21,8 @@ def resolve(pattern: str, what: str = "text files") -> list[Path]:
   expanded = os.path.expanduser(pattern)
   paths = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
   if not paths:
-    raise FileNotFoundError(f"{what}: no file matches {pattern!r}" + (f" (expanded to {expanded!r})" if expanded != pattern else ""))
+    shown = f"{pattern!r}" + (f" (expanded to {expanded!r})" if expanded != pattern else "")
+    raise FileNotFoundError(f"{what}: no file matches {shown}")
   empty = [str(p) for p in paths if p.stat().st_size == 0]
   if empty:
     raise ValueError(f"{what}: these files are empty: {', '.join(empty)}")
