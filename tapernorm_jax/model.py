@@ -4,6 +4,11 @@
 `return_hidden=True` it returns `(logits_BxLxV, h_BxLxD)`, `h` being the pre-logit residual
 stream (the input of the final norm). Parameters carry logical axis names (see
 `sharding.py`); the gate is a traced scalar shared by every tapered norm.
+
+`Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
+at per-row offsets, writes their keys and values into a preallocated cache (one
+`{"k", "v"}` dict of B×S×H×K arrays per layer; slot = position) and returns the new pre-logit
+states with the updated cache.
 """
 
 import dataclasses
@@ -16,6 +21,7 @@ import jax.numpy as jnp
 from tapernorm_jax.norms import NORM_MODES, Norm, ScaleMonitor
 
 Array = jax.Array
+LayerCache = dict[str, Array]  # {"k": B×S×H×K, "v": B×S×H×K}, slot s holds position s
 FAMILIES = ("llama", "gpt2")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
@@ -123,24 +129,31 @@ def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
+def write_cache(cache_BxSxHxK: Array, new_BxLxHxK: Array, index_B: Array) -> Array:
+  """Writes row b's L new entries at slots index_B[b] … index_B[b] + L − 1 (in place under jit)."""
+  update = lambda c_SxHxK, x_LxHxK, i: jax.lax.dynamic_update_slice_in_dim(c_SxHxK, x_LxHxK, i, axis=0)
+  return jax.vmap(update)(cache_BxSxHxK, new_BxLxHxK.astype(cache_BxSxHxK.dtype), index_B)
+
+
 def rope(x_BxLxHxK: Array, positions_BxL: Array, base: float) -> Array:
-  """Rotary position embedding (rotate-half form), computed in fp32."""
-  K = x_BxLxHxK.shape[-1]
-  freq_K2 = base ** (-jnp.arange(0, K, 2, dtype=jnp.float32) / K)
-  angle_BxLx1xK2 = positions_BxL[..., None, None].astype(jnp.float32) * freq_K2
+  """Rotary position embedding (rotate-half form), computed in fp32 (fp64 for fp64 inputs)."""
+  K, ct = x_BxLxHxK.shape[-1], jnp.promote_types(x_BxLxHxK.dtype, jnp.float32)
+  freq_K2 = base ** (-jnp.arange(0, K, 2, dtype=ct) / K)
+  angle_BxLx1xK2 = positions_BxL[..., None, None].astype(ct) * freq_K2
   sin, cos = jnp.sin(angle_BxLx1xK2), jnp.cos(angle_BxLx1xK2)
-  x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
+  x1, x2 = jnp.split(x_BxLxHxK.astype(ct), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxLxHxK.dtype)
 
 
 class Attention(nn.Module):
-  """Causal multi-head self-attention through `jax.nn.dot_product_attention`."""
+  """Causal multi-head self-attention through `jax.nn.dot_product_attention`, optionally over a KV cache."""
 
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, positions_BxL: Array) -> Array:
-    """Attends causally over the sequence; returns B×L×D."""
+  def __call__(self, x_BxLxD: Array, positions_BxL: Array, cache: LayerCache | None = None,
+               index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
+    """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×L×D, cache)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     K = cfg.D // cfg.H
     w_qkv_Dx3xHxK = _param(self, "qkv", (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
@@ -153,9 +166,16 @@ class Attention(nn.Module):
     if cfg.family == "llama":
       q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, cfg.rope_base)
       k_BxLxHxK = rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
-    out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
+    if cache is None:
+      out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
+                                                 implementation=cfg.attention_impl)
+      return self.project_out(out_BxLxHxK)
+    cache = {"k": write_cache(cache["k"], k_BxLxHxK, index_B), "v": write_cache(cache["v"], v_BxLxHxK, index_B)}
+    S = cache["k"].shape[1]
+    visible_Bx1xLxS = (jnp.arange(S)[None, None, None, :] <= positions_BxL[:, None, :, None])
+    out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, cache["k"], cache["v"], mask=visible_Bx1xLxS,
                                                implementation=cfg.attention_impl)
-    return self.project_out(out_BxLxHxK)
+    return self.project_out(out_BxLxHxK), cache
 
   def project_out(self, out_BxLxHxK: Array) -> Array:
     """The output projection H×K → D (with bias for gpt2)."""
@@ -200,13 +220,17 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, h_BxLxD: Array, positions_BxL: Array, gate: Array) -> Array:
-    """One residual block; the residual stream is never rescaled."""
+  def __call__(self, h_BxLxD: Array, positions_BxL: Array, gate: Array, cache: LayerCache | None = None,
+               index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
+    """One residual block; with `cache` also returns the layer's updated KV cache."""
     cfg = self.cfg
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
-    h_BxLxD = h_BxLxD + Attention(cfg, name="attn")(norm("attn_norm")(h_BxLxD, gate), positions_BxL)
-    return h_BxLxD + Mlp(cfg, name="mlp")(norm("mlp_norm")(h_BxLxD, gate))
+    attn = Attention(cfg, name="attn")(norm("attn_norm")(h_BxLxD, gate), positions_BxL, cache, index_B)
+    attn_BxLxD, cache = attn if cache is not None else (attn, None)
+    h_BxLxD = h_BxLxD + attn_BxLxD
+    h_BxLxD = h_BxLxD + Mlp(cfg, name="mlp")(norm("mlp_norm")(h_BxLxD, gate))
+    return h_BxLxD if cache is None else (h_BxLxD, cache)
 
 
 class Transformer(nn.Module):
@@ -247,26 +271,46 @@ class Transformer(nn.Module):
 
   def hidden(self, tokens_BxL: Array, gate: Array | float = 1.0, *, positions_BxL: Array | None = None) -> Array:
     """The pre-logit residual stream h (the input of the final norm)."""
-    cfg = self.cfg
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
     gate = jnp.asarray(gate, jnp.float32)
-    h_BxLxD = jnp.take(self.embed, tokens_BxL, axis=0).astype(cfg.compute_dtype)
-    if cfg.family == "gpt2":
-      h_BxLxD += jnp.take(self.pos_embed, positions_BxL, axis=0).astype(cfg.compute_dtype)
+    h_BxLxD = self.embed_tokens(tokens_BxL, positions_BxL)
     for block in self.blocks:
       h_BxLxD = block(h_BxLxD, positions_BxL, gate)
     self.pre_logit(h_BxLxD)
     return h_BxLxD
 
+  def decode(self, tokens_BxQ: Array, cache: list[LayerCache], index_B: Array,
+             gate: Array | float = 1.0) -> tuple[Array, list[LayerCache]]:
+    """Runs Q new tokens per row at positions index_B + 0…Q−1 over the KV cache; returns (h_BxQxD, cache)."""
+    if len(cache) != self.cfg.L:
+      raise ValueError(f"the cache has {len(cache)} layers, the model {self.cfg.L}")
+    positions_BxQ = index_B[:, None] + jnp.arange(tokens_BxQ.shape[1])[None, :]
+    gate = jnp.asarray(gate, jnp.float32)
+    h_BxQxD = self.embed_tokens(tokens_BxQ, positions_BxQ)
+    new_cache = []
+    for block, layer_cache in zip(self.blocks, cache):
+      h_BxQxD, layer_cache = block(h_BxQxD, positions_BxQ, gate, layer_cache, index_B)
+      new_cache.append(layer_cache)
+    return h_BxQxD, new_cache
+
+  def embed_tokens(self, tokens_BxL: Array, positions_BxL: Array) -> Array:
+    """Token embeddings (plus learned positions for gpt2) in the compute dtype."""
+    cfg = self.cfg
+    h_BxLxD = jnp.take(self.embed, tokens_BxL, axis=0).astype(cfg.compute_dtype)
+    if cfg.family == "gpt2":
+      h_BxLxD += jnp.take(self.pos_embed, positions_BxL, axis=0).astype(cfg.compute_dtype)
+    return h_BxLxD
+
   def logits(self, h_BxLxD: Array, gate: Array | float = 1.0) -> Array:
-    """Final norm and output head applied to the pre-logit state h; fp32 logits."""
+    """Final norm and output head applied to the pre-logit state h; fp32 logits (fp64 for fp64 models)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
+    out_dt = jnp.promote_types(dt, jnp.float32)
     x_BxLxD = self.final_norm(h_BxLxD, jnp.asarray(gate, jnp.float32)).astype(dt)
     head_DxV = self.embed.T if cfg.tie_embeddings else self.head
-    logits_BxLxV = (x_BxLxD @ head_DxV.astype(dt)).astype(jnp.float32)
+    logits_BxLxV = (x_BxLxD @ head_DxV.astype(dt)).astype(out_dt)
     if cfg.logits_bias:
-      logits_BxLxV += self.logits_bias.astype(jnp.float32)
+      logits_BxLxV += self.logits_bias.astype(out_dt)
     return logits_BxLxV
 
 

@@ -1,0 +1,156 @@
+"""Fold: the g = 0 map of every TaperNorm layer absorbed into the next linear layer (PAPER.md §3, step 4).
+
+A pure function from variables to variables. At g = 0 a tapered norm is `h ↦ h·A + β`, with
+`A = c·diag(γ̃)` (RMS) or `A = c·(I − 11ᵀ/d)·diag(γ̃)` (LN, β its bias). The layer that reads
+it, `x ↦ x·W + b`, becomes `h ↦ h·(A·W) + (β·W + b)` and the norm becomes `identity`:
+
+    internal norms  →  attention `qkv` (+ `qkv_bias`), MLP `wi_0` and `wi_1` (SwiGLU) or `wi` (+ `wi_bias`)
+    final norm      →  an untied `head` (D, V), plus `logits_bias` (V,) for LN
+
+Norms in the `taper` and `scale` forms fold (they share variables and the same g = 0 map);
+`plain` norms are left as they are. Folded weights keep their shapes, dtypes, logical axes
+and, for sharded inputs, their shardings; the new head is placed by the sharding rules.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+from jax.sharding import NamedSharding
+
+from tapernorm_jax import sharding
+from tapernorm_jax.model import ModelConfig, init
+
+PyTree = Any
+Path = tuple[str, ...]
+FOLDABLE = ("taper", "scale")  # norm forms whose g = 0 map is linear in h and folds
+
+
+def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
+  """Folds every tapered norm into the next projection; returns (folded variables, folded config)."""
+  cfg = ModelConfig.from_config(model_cfg)
+  internal, final = cfg.internal_norm in FOLDABLE, cfg.final_norm in FOLDABLE
+  if not (internal or final):
+    raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
+                     f"{cfg.final_norm!r}; fold needs TaperNorm layers (a norm in one of the forms {FOLDABLE})")
+  boxed = _is_boxed(variables)
+  plain = nn.unbox(variables)
+  check_matches(plain, cfg)
+  params = dict(traverse_util.flatten_dict(plain["params"]))
+  calib = dict(traverse_util.flatten_dict(plain["calib"]))
+  if internal:
+    for i in range(cfg.L):
+      block = (f"block_{i}",)
+      _fold_norm(params, calib, cfg, block + ("attn_norm",), block + ("attn", "qkv"), block + ("attn", "qkv_bias"))
+      for name in ("wi_0", "wi_1") if cfg.family == "llama" else ("wi",):
+        _fold_norm(params, calib, cfg, block + ("mlp_norm",), block + ("mlp", name), block + ("mlp", "wi_bias"))
+      _drop_norm(params, calib, block + ("attn_norm",))
+      _drop_norm(params, calib, block + ("mlp_norm",))
+  if final:
+    if cfg.tie_embeddings:
+      params[("head",)] = params[("embed",)].T
+    if cfg.norm_kind == "ln" and ("logits_bias",) not in params:
+      params[("logits_bias",)] = jnp.zeros((cfg.V,), params[("head",)].dtype)
+    _fold_norm(params, calib, cfg, ("final_norm",), ("head",), ("logits_bias",))
+    _drop_norm(params, calib, ("final_norm",))
+  folded_cfg = cfg.replace(
+      internal_norm="identity" if internal else cfg.internal_norm,
+      final_norm="identity" if final else cfg.final_norm,
+      tie_embeddings=cfg.tie_embeddings and not final,
+      logits_bias=cfg.logits_bias or (final and cfg.norm_kind == "ln"))
+  folded = {"params": traverse_util.unflatten_dict(params), "calib": traverse_util.unflatten_dict(calib)}
+  check_matches(folded, folded_cfg)
+  folded = _place_like(folded, plain, folded_cfg)
+  return (_rebox(folded, folded_cfg) if boxed else folded), folded_cfg
+
+
+def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tuple[jax.Array, jax.Array | None]:
+  """The g = 0 map of a tapered norm as (row scale c·γ̃, β or None); LN also centres (see `fold_linear`)."""
+  gamma_tilde_D = norm_params["scale_tilde"]
+  ct = jnp.promote_types(gamma_tilde_D.dtype, jnp.float32)
+  beta_D = norm_params["bias"].astype(ct) if kind == "ln" else None
+  return jnp.asarray(c, ct) * gamma_tilde_D.astype(ct), beta_D
+
+
+def fold_linear(w_DxN: jax.Array, b_N: jax.Array | None, row_scale_D: jax.Array, beta_D: jax.Array | None,
+                kind: str) -> tuple[jax.Array, jax.Array | None]:
+  """W' = A·W and b' = β·W + b for a weight whose first axis is the input width D (trailing axes any)."""
+  ct = jnp.promote_types(jnp.promote_types(w_DxN.dtype, jnp.float32), row_scale_D.dtype)
+  w = w_DxN.astype(ct)
+  folded_DxN = row_scale_D.astype(ct).reshape((-1,) + (1,) * (w.ndim - 1)) * w
+  if kind == "ln":  # (I − 11ᵀ/d)·M subtracts the mean over input rows
+    folded_DxN = folded_DxN - jnp.mean(folded_DxN, axis=0, keepdims=True)
+  new_b = b_N
+  if beta_D is not None:
+    shift_N = jnp.tensordot(beta_D.astype(ct), w, axes=1, precision=jax.lax.Precision.HIGHEST)
+    new_b = (shift_N if b_N is None else b_N.astype(ct) + shift_N).astype((w_DxN if b_N is None else b_N).dtype)
+  return folded_DxN.astype(w_DxN.dtype), new_b
+
+
+def check_matches(variables: PyTree, cfg: ModelConfig) -> None:
+  """Raises ValueError naming the differences if `variables` are not the params and calib of `cfg`."""
+  missing_collections = [c for c in ("params", "calib") if c not in variables]
+  if missing_collections:
+    raise ValueError(f"variables lack the collection(s) {missing_collections}; pass {{'params': ..., 'calib': ...}}")
+  expected = jax.eval_shape(lambda: nn.unbox(init(cfg, jax.random.key(0))))
+  problems = []
+  for collection in ("params", "calib"):
+    want = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(expected.get(collection, {})).items()}
+    have = {k: tuple(jnp.shape(v)) for k, v in traverse_util.flatten_dict(variables[collection]).items()}
+    problems += [f"{collection}/{'/'.join(k)} missing (expected shape {want[k]})" for k in sorted(set(want) - set(have))]
+    problems += [f"{collection}/{'/'.join(k)} is not in the model" for k in sorted(set(have) - set(want))]
+    problems += [f"{collection}/{'/'.join(k)} has shape {have[k]}, the model expects {want[k]}"
+                 for k in sorted(set(want) & set(have)) if want[k] != have[k]]
+  if problems:
+    shown = "; ".join(problems[:6]) + (f"; … {len(problems) - 6} more" if len(problems) > 6 else "")
+    raise ValueError(f"the variables do not match the model config (family={cfg.family}, D={cfg.D}, L={cfg.L}, "
+                     f"internal_norm={cfg.internal_norm}, final_norm={cfg.final_norm}, "
+                     f"tie_embeddings={cfg.tie_embeddings}): {shown}")
+
+
+def _fold_norm(params: dict[Path, jax.Array], calib: dict[Path, jax.Array], cfg: ModelConfig, norm: Path,
+               weight: Path, bias: Path) -> None:
+  """Folds the norm at path `norm` into `params[weight]` (and `params[bias]` when the norm has β)."""
+  norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == norm}
+  row_scale_D, beta_D = norm_map(norm_params, calib[norm + ("c",)], cfg.norm_kind)
+  params[weight], new_bias = fold_linear(params[weight], params.get(bias), row_scale_D, beta_D, cfg.norm_kind)
+  if new_bias is not None:
+    params[bias] = new_bias
+
+
+def _drop_norm(params: dict[Path, Any], calib: dict[Path, Any], norm: Path) -> None:
+  """Removes a folded norm's parameters and calibration scalars (an identity norm has none)."""
+  for tree in (params, calib):
+    for key in [k for k in tree if k[:-1] == norm]:
+      del tree[key]
+
+
+def _is_boxed(variables: PyTree) -> bool:
+  """Whether any leaf carries logical axis names (`nn.Partitioned`)."""
+  leaves = jax.tree.leaves(variables, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  return any(isinstance(x, nn.Partitioned) for x in leaves)
+
+
+def _rebox(folded: PyTree, cfg: ModelConfig) -> PyTree:
+  """Boxes the folded arrays with the folded model's logical axis names."""
+  abstract = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  return jax.tree.map(lambda box, x: box.replace_boxed(x) if is_box(box) else x, abstract, folded, is_leaf=is_box)
+
+
+def _place_like(folded: PyTree, original: PyTree, cfg: ModelConfig) -> PyTree:
+  """Kept leaves get their input sharding back; new leaves (the head) follow the rules on the input's mesh."""
+  flat_in = traverse_util.flatten_dict(original)
+  placed_in = {k: x for k, x in flat_in.items() if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)}
+  mesh = next((x.sharding.mesh for x in placed_in.values() if isinstance(x.sharding, NamedSharding)), None)
+  if mesh is None:
+    return folded
+  rules = traverse_util.flatten_dict(sharding.shardings(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), mesh))
+  placed = {}
+  for key, x in traverse_util.flatten_dict(folded).items():
+    old = placed_in.get(key)
+    target = old.sharding if old is not None and old.shape == x.shape else rules[key]
+    placed[key] = jax.device_put(x, target)
+  return traverse_util.unflatten_dict(placed)
