@@ -1,0 +1,148 @@
+"""The training job end to end on the offline corpus: results, metrics, resume, checkpoints, failures."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from configs import base
+from tapernorm_jax import loop, sharding
+from tapernorm_jax.checkpoint import Checkpointer
+from tapernorm_jax.metrics import read_jsonl
+from tapernorm_jax.train import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 24 steps: warmup and calibration EMAs over steps 0-5, taper 6 → 18, then the g = 0 fast step.
+TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
+        "train.batch_size": 8, "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 2,
+        "checkpoint.every": 6, "taper.gate_warmup_frac": 0.25, "taper.taper_end": 18, "opt.lr": 1e-3,
+        "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("data"))
+
+
+def config(data_dir: str, variant: str = "all_taper", **changes):
+  """The tiny config with `changes` (dotted keys) applied."""
+  cfg = base.get_config(variant)
+  for key, value in {**TINY, "data.data_dir": data_dir, **changes}.items():
+    section, field = key.split(".")
+    cfg[section][field] = value
+  return cfg
+
+
+def resume_in_fresh_process(workdir: str, data_dir: str, variant: str = "all_taper", **changes) -> None:
+  """Runs `python -m experiments.tinystories` with the tiny config in a new interpreter."""
+  flags = [f"--config.{k}={v}" for k, v in {**TINY, "data.data_dir": data_dir, **changes}.items()]
+  subprocess.run([sys.executable, "-m", "experiments.tinystories", f"--config=configs/{variant}.py",
+                  f"--workdir={workdir}", *flags], cwd=ROOT, check=True, capture_output=True, timeout=600)
+
+
+def losses(workdir: str) -> list[float]:
+  return [r["loss"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):
+  workdir = str(tmp_path_factory.mktemp("full"))
+  return workdir, loop.run(config(data_dir), workdir)
+
+
+def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
+  workdir, results = uninterrupted
+  records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in records] == list(range(24))
+  assert records[0]["gate"] == 1.0 and records[-1]["gate"] == 0.0
+  cs = [v for k, v in records[-1].items() if k.startswith("c/")]
+  assert len(cs) == 5 and all(np.isfinite(cs)) and all(abs(c - 1) > 1e-3 for c in cs)  # 4 internal + final
+  assert np.mean([r["ce"] for r in records[-4:]]) < np.mean([r["ce"] for r in records[:4]]) - 0.3
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved == json.loads(json.dumps(results))
+  assert np.isfinite(saved["final_val_loss"]) and saved["complete"] and saved["steps"] == 24
+  assert saved["corpus"].startswith("synthetic-stories") and saved["variant"] == "all_taper"
+  assert saved["tokens"] == 24 * 8 * 32
+  for key in ("logit_norm", "radial_grad", "s_mean", "s_tgt", "val_loss", "grad_norm/qkv", "grad_norm/mlp_out",
+              "tokens_per_s", "lr", "aux"):
+    assert key in records[7], key
+  tb = EventAccumulator(os.path.join(workdir, "tensorboard"))
+  tb.Reload()
+  assert [e.value for e in tb.Scalars("loss")] == pytest.approx([r["loss"] for r in records], rel=1e-6)
+  assert Checkpointer(os.path.join(workdir, "checkpoints")).all_steps() == [12, 18, 24]
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["model"]["D"] == 32
+
+
+@pytest.mark.parametrize("stop", [3, 12], ids=["stop-in-warmup", "stop-in-taper"])
+def test_resume_in_a_fresh_process_is_bit_identical(uninterrupted, data_dir, tmp_path, stop):
+  workdir = str(tmp_path)
+  first = loop.run(config(data_dir), workdir, stop_after=stop)
+  assert first["steps"] == stop and not os.path.exists(os.path.join(workdir, "results.json"))
+  resume_in_fresh_process(workdir, data_dir)
+  assert losses(workdir) == losses(uninterrupted[0])
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  assert results["resumed_from"] == stop and results["final_val_loss"] == uninterrupted[1]["final_val_loss"]
+
+
+def test_checkpoint_moves_between_8_devices_and_1(data_dir, tmp_path):
+  cfg = config(data_dir)
+  meshes = {"8": sharding.make_mesh(data=2, fsdp=4), "1": sharding.make_mesh(devices=jax.devices()[:1])}
+  for src, dst in (("8", "1"), ("1", "8")):
+    source, target = Trainer(cfg, meshes[src]), Trainer(cfg, meshes[dst])
+    state = source.init_state(0)
+    batch = jax.random.randint(jax.random.key(0), (8, 33), 0, 512)
+    state, _ = source.train_step(state, jax.device_put(batch, source.batch_sharding))
+    ckpt = Checkpointer(str(tmp_path / f"{src}to{dst}"))
+    ckpt.save(1, state, {"position": 1})
+    ckpt.wait()
+    restored, data_state = ckpt.restore(1, target.abstract_state())
+    ckpt.close()
+    assert data_state == {"position": 1}
+    leaf = restored["params"]["block_0"]["mlp"]["wi_0"]
+    assert len(leaf.sharding.device_set) == int(dst)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(state))
+
+
+def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(data_dir, tmp_path):
+  workdir = str(tmp_path)
+  changes = {"train.steps": 100_000, "taper.taper_end": -1, "checkpoint.every": 1, "checkpoint.keep": 1000,
+             "train.diag_every": 100_000}
+  flags = [f"--config.{k}={v}" for k, v in {**TINY, "data.data_dir": data_dir, **changes}.items()]
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py",
+                           f"--workdir={workdir}", *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  deadline = time.time() + 300
+  while time.time() < deadline and (not os.path.isdir(ckpt_dir) or len(os.listdir(ckpt_dir)) < 6):
+    assert proc.poll() is None, "the training process exited before it could be killed"
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)  # saves are continuous here, so this lands in or near one
+  proc.wait()
+  complete = Checkpointer(ckpt_dir).all_steps()
+  assert len(complete) >= 3
+  results = loop.run(config(data_dir, **changes), workdir, stop_after=complete[-1] + 2)
+  assert results["resumed_from"] == complete[-1] and results["steps"] == complete[-1] + 2
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(data_dir, tmp_path):
+  with pytest.raises(FloatingPointError, match=r"at step \d+; stopping\. Last good checkpoint: step \d+"):
+    loop.run(config(data_dir, **{"opt.lr": 1e30, "opt.clip": 1e30, "checkpoint.every": 1}), str(tmp_path))
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"))
+  cfg = config(data_dir)
+  state, _ = ckpt.restore(ckpt.latest_step(), Trainer(cfg, sharding.make_mesh()).abstract_state())
+  assert all(bool(np.all(np.isfinite(x))) for x in jax.tree.leaves(jax.device_get(state["params"])))
+
+
+def test_resuming_with_a_different_model_is_refused(uninterrupted, data_dir):
+  with pytest.raises(ValueError, match=r"model\.D: saved 32 vs now 48"):
+    loop.run(config(data_dir, **{"model.D": 48}), uninterrupted[0])
