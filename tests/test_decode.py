@@ -1,0 +1,139 @@
+"""KV-cache decoding: step-by-step logits equal the full forward; ragged prefill; the jitted sampling loop."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tapernorm_jax import decode
+from tapernorm_jax.fold import fold
+from tapernorm_jax.model import ModelConfig, Transformer, init
+
+FORMS = ("baseline", "unfused", "folded")
+
+
+def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
+  """Variables and config of a small model whose outputs depend on every parameter (γ̃, β, c ≠ defaults)."""
+  norm = {"baseline": "plain", "unfused": "scale", "folded": "taper"}[form]
+  cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
+                              init_std=0.2), **changes})
+  variables = nn.unbox(init(cfg, jax.random.key(0)))
+  keys = iter(jax.random.split(jax.random.key(1), 64))
+  bump = lambda path, x: (jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 2.0) if "'c'" in jax.tree_util.keystr(path)
+                          else x + 0.2 * jax.random.normal(next(keys), x.shape, x.dtype) if x.ndim == 1 else x)
+  variables = jax.tree_util.tree_map_with_path(bump, variables)
+  return fold(variables, cfg) if form == "folded" else (variables, cfg)
+
+
+def _rel_err(a: jax.Array, b: jax.Array) -> float:
+  return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(a)))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_step_by_step_decode_reproduces_the_full_forward(family, form):
+  variables, cfg = _model(family, form, T=12)
+  tokens_BxL = jax.random.randint(jax.random.key(2), (3, cfg.T), 0, cfg.V)
+  full_BxLxV = Transformer(cfg).apply(variables, tokens_BxL, gate=0.0)
+  step = jax.jit(lambda c, tok, i: decode.decode_step(variables, cfg, tok, i, c))
+  cache = decode.init_cache(cfg, 3, cfg.T)
+  for t in range(cfg.T):
+    logits_BxV, cache = step(cache, tokens_BxL[:, t], jnp.full((3,), t, jnp.int32))
+    assert _rel_err(full_BxLxV[:, t], logits_BxV) < 1e-5, t
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_ragged_prefill_then_decode_matches_the_forward_of_each_prompt(family):
+  variables, cfg = _model(family, "folded")
+  prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3, 5, 8, 9]]
+  prompt_BxP, lengths_B = decode.pad_prompts(prompts, pad_id=60)
+  cache = decode.init_cache(cfg, 3, 12)
+  logits_BxV, cache = decode.prefill(variables, cfg, prompt_BxP, lengths_B, cache)
+  nxt_B = jnp.asarray([7, 8, 9], jnp.int32)
+  logits2_BxV, _ = decode.decode_step(variables, cfg, nxt_B, jnp.asarray(lengths_B), cache)
+  extended_BxP, _ = decode.pad_prompts([p + [int(t)] for p, t in zip(prompts, nxt_B)])
+  full_BxPxV = Transformer(cfg).apply(variables, extended_BxP)  # causal: the padding after a prompt is never seen
+  for b, p in enumerate(prompts):
+    assert _rel_err(full_BxPxV[b, len(p) - 1], logits_BxV[b]) < 1e-5
+    assert _rel_err(full_BxPxV[b, len(p)], logits2_BxV[b]) < 1e-5
+
+
+def _greedy_by_full_forward(variables, cfg, prompts, n):
+  """Reference: greedy continuation recomputing the whole forward for every token."""
+  forward = jax.jit(lambda t: Transformer(cfg).apply(variables, t, gate=0.0))
+  out = []
+  for p in prompts:
+    seq = list(p)
+    for _ in range(n):
+      padded = np.zeros((1, cfg.T), np.int32)
+      padded[0, :len(seq)] = seq
+      seq.append(int(jnp.argmax(forward(padded)[0, len(seq) - 1])))
+    out.append(seq[len(p):])
+  return out
+
+
+@pytest.mark.parametrize("form", ["unfused", "folded"])
+def test_greedy_generation_of_a_ragged_batch_equals_recomputing_the_forward(form):
+  variables, cfg = _model("llama", form)
+  prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [6, 5], [3, 5, 8]]
+  prompt_BxP, lengths_B = decode.pad_prompts(prompts)
+  out_BxN = decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=10)
+  assert out_BxN.shape == (3, 10)
+  assert np.asarray(out_BxN).tolist() == _greedy_by_full_forward(variables, cfg, prompts, 10)
+
+
+def test_eos_stops_a_row_and_everything_after_it_is_eos():
+  variables, cfg = _model("gpt2", "folded")
+  prompt_BxP, lengths_B = decode.pad_prompts([[3, 1, 4, 1], [2, 7]])
+  free = np.asarray(decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=8))
+  eos = int(free[0, 2])
+  stopped = np.asarray(decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=8,
+                                       eos_id=eos))
+  for row_free, row, kept in zip(free, stopped, decode.trim(stopped, eos)):
+    first = list(row_free).index(eos) if eos in row_free else len(row_free)
+    np.testing.assert_array_equal(row[:first + 1], row_free[:first + 1])
+    assert (row[first:] == eos).all() and kept == list(row_free[:first + 1])
+
+
+def test_generation_is_one_compiled_while_loop():
+  variables, cfg = _model("llama", "folded")
+  run = lambda prompt: decode.generate(variables, cfg, *decode.pad_prompts(prompt), jax.random.key(0),
+                                       max_new_tokens=5, temperature=0.8, top_k=5)
+  before = decode.generate._cache_size()
+  run([[1, 2, 3], [4, 5, 6]])
+  run([[7, 8, 9], [1]])
+  assert decode.generate._cache_size() == before + 1
+  jaxpr = jax.make_jaxpr(lambda v, t, n: decode.generate(v, cfg, t, n, jax.random.key(0), max_new_tokens=5))(
+      variables, *decode.pad_prompts([[1, 2]]))
+  assert "while" in str(jaxpr)
+
+
+def test_sampling_greedy_temperature_and_top_k():
+  logits_BxV = jnp.log(jnp.asarray([[0.1, 0.2, 0.3, 0.4]] * 4000))
+  key = jax.random.key(0)
+  assert (decode.sample(logits_BxV, key) == 3).all()
+  assert (decode.sample(logits_BxV, key, temperature=1.0, top_k=1) == 3).all()
+  freq = np.bincount(np.asarray(decode.sample(logits_BxV, key, temperature=1.0)), minlength=4) / 4000
+  np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.03)
+  top2 = np.bincount(np.asarray(decode.sample(logits_BxV, key, temperature=1.0, top_k=2)), minlength=4) / 4000
+  np.testing.assert_allclose(top2, [0, 0, 3 / 7, 4 / 7], atol=0.03)
+  cold = np.bincount(np.asarray(decode.sample(logits_BxV, key, temperature=0.1)), minlength=4) / 4000
+  assert cold[3] > 0.9
+  np.testing.assert_array_equal(decode.sample(logits_BxV, key, 1.0), decode.sample(logits_BxV, key, 1.0))
+
+
+def test_remat_model_decodes_like_the_plain_one():
+  variables, cfg = _model("llama", "unfused")
+  prompt_BxP, lengths_B = decode.pad_prompts([[1, 2, 3, 4]])
+  args = (prompt_BxP, lengths_B, jax.random.key(0))
+  np.testing.assert_array_equal(decode.generate(variables, cfg, *args, max_new_tokens=4),
+                                decode.generate(variables, cfg.replace(remat=True), *args, max_new_tokens=4))
+
+
+def test_requests_past_the_learned_positions_are_refused():
+  variables, cfg = _model("gpt2", "baseline")
+  with pytest.raises(ValueError, match="exceeds model.T=24"):
+    decode.generate(variables, cfg, *decode.pad_prompts([[1] * 20]), jax.random.key(0), max_new_tokens=10)
+  with pytest.raises(ValueError, match="at least one token"):
+    decode.pad_prompts([[1], []])
