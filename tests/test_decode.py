@@ -20,8 +20,12 @@ def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
                               init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
   variables = nn.unbox(init(cfg, jax.random.key(0)))
   keys = iter(jax.random.split(jax.random.key(1), 64))
-  bump = lambda path, x: (jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 2.0) if "'c'" in jax.tree_util.keystr(path)
-                          else x + 0.2 * jax.random.normal(next(keys), x.shape, x.dtype) if x.ndim == 1 else x)
+
+  def bump(path, x):
+    if "'c'" in jax.tree_util.keystr(path):
+      return jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 2.0)
+    return x + 0.2 * jax.random.normal(next(keys), x.shape, x.dtype) if x.ndim == 1 else x
+
   variables = jax.tree_util.tree_map_with_path(bump, variables)
   return fold(variables, cfg) if form == "folded" else (variables, cfg)
 

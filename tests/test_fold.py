@@ -63,7 +63,8 @@ def test_folded_fp32_logits_equal_the_unfolded_model_at_gate_zero(family, varian
   tokens = _tokens(cfg)
   expected = Transformer(cfg).apply(variables, tokens, gate=0.0)
   folded, folded_cfg = fold(variables, cfg)
-  assert _rel_err(expected, Transformer(folded_cfg).apply(folded, tokens, gate=0.7)) < 1e-5  # the gate no longer matters
+  folded_logits = Transformer(folded_cfg).apply(folded, tokens, gate=0.7)  # the gate no longer matters
+  assert _rel_err(expected, folded_logits) < 1e-5
   tapered = [n for n in ("internal_norm", "final_norm") if getattr(cfg, n) != "plain"]
   assert all(getattr(folded_cfg, n) == "identity" for n in tapered)
   assert all(getattr(folded_cfg, n) == "plain" for n in ("internal_norm", "final_norm") if n not in tapered)
@@ -172,13 +173,12 @@ def _check_bf16_top1(family: str, variant: str) -> None:
   assert top1.size >= 1000 and float(jnp.mean(top1 == top1_folded)) >= 0.999
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_top1_tokens_agree_on_999_per_mille_of_positions(family):
-  _check_bf16_top1(family, "all_taper")
+def test_bf16_top1_tokens_agree_on_999_per_mille_of_positions():
+  _check_bf16_top1("llama", "all_taper")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["internal_taper", "final_taper", "all_taper_untied_bias"])
+@pytest.mark.parametrize("variant", ["internal_taper", "final_taper", "all_taper", "all_taper_untied_bias"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_top1_agreement_for_every_variant(family, variant):
   _check_bf16_top1(family, variant)

@@ -1,0 +1,140 @@
+"""A self-contained inference directory: (folded) variables, model config and tokenizer; no optimiser state.
+
+    DIR/config.json        {"format": "tapernorm_jax.export", "version": 1, "model": {...}, "folded": ..., ...}
+    DIR/variables/         Orbax checkpoint of {"params", "calib"} (plain arrays)
+    DIR/model.safetensors  the same arrays with flat names, e.g. `params.block_0.attn.qkv`
+    DIR/tokenizer.model    the SentencePiece model, when one is given
+
+Loading needs only `model.py` (and `sentencepiece` for the tokenizer): no training code.
+"""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import safetensors.flax
+import sentencepiece as spm
+from flax import traverse_util
+
+from tapernorm_jax import fold as fold_lib
+from tapernorm_jax.model import ModelConfig, init
+
+PyTree = Any
+FORMAT = "tapernorm_jax.export"
+VERSION = 1
+CONFIG_FILE = "config.json"
+VARIABLES_DIR = "variables"
+SAFETENSORS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.model"
+
+
+@dataclasses.dataclass
+class Exported:
+  """What an export directory holds, loaded."""
+
+  variables: PyTree  # {"params": ..., "calib": ...}
+  model_cfg: ModelConfig
+  tokenizer_path: Path | None
+  info: dict  # the whole config.json
+
+
+class Tokenizer:
+  """A SentencePiece model with the data pipeline's interface: encode, decode, bos_id, eos_id."""
+
+  def __init__(self, path: str | Path):
+    self.sp = spm.SentencePieceProcessor(model_file=str(path))
+    self.bos_id: int = self.sp.bos_id()
+    self.eos_id: int = self.sp.eos_id()
+    self.vocab_size: int = self.sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text` (no bos/eos added)."""
+    return self.sp.encode(text)
+
+  def decode(self, ids: list[int]) -> str:
+    """The text of `ids`."""
+    return self.sp.decode([int(i) for i in ids])
+
+
+def is_export(directory: str | Path) -> bool:
+  """Whether `directory` holds an export (rather than, say, a training workdir)."""
+  path = Path(directory) / CONFIG_FILE
+  return path.is_file() and json.loads(path.read_text()).get("format") == FORMAT
+
+
+def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool = True,
+         tokenizer_path: str | Path | None = None, extra: dict | None = None) -> Path:
+  """Writes the model (folded first when `fold` and it has tapered norms) as an export; returns the directory."""
+  cfg = ModelConfig.from_config(model_cfg)
+  variables = nn.unbox(variables)
+  variables = {"params": variables["params"], "calib": variables.get("calib", {})}
+  folded = fold and (cfg.internal_norm in fold_lib.FOLDABLE or cfg.final_norm in fold_lib.FOLDABLE)
+  if folded:
+    variables, cfg = fold_lib.fold(variables, cfg)
+  else:
+    fold_lib.check_matches(variables, cfg)
+  directory = Path(directory).absolute()
+  if directory.exists() and any(directory.iterdir()):
+    raise FileExistsError(f"{directory} exists and is not empty; choose a new export directory")
+  directory.mkdir(parents=True, exist_ok=True)
+  host = jax.tree.map(np.asarray, jax.device_get(variables))
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(directory / VARIABLES_DIR, host)
+  safetensors.flax.save_file(flatten(host), str(directory / SAFETENSORS_FILE), metadata={"format": FORMAT})
+  if tokenizer_path is not None:
+    shutil.copyfile(tokenizer_path, directory / TOKENIZER_FILE)
+  info = dict(format=FORMAT, version=VERSION, model=dataclasses.asdict(cfg), folded=folded,
+              tokenizer=TOKENIZER_FILE if tokenizer_path is not None else None, **(extra or {}))
+  (directory / CONFIG_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+  return directory
+
+
+def load(directory: str | Path, source: str = "orbax") -> Exported:
+  """Loads an export from its Orbax checkpoint (`source="orbax"`) or its safetensors file."""
+  directory = Path(directory).absolute()
+  if not is_export(directory):
+    raise FileNotFoundError(f"{directory} is not a {FORMAT} directory (no {CONFIG_FILE} with format={FORMAT!r})")
+  info = json.loads((directory / CONFIG_FILE).read_text())
+  if info["version"] != VERSION:
+    raise ValueError(f"{directory} is export version {info['version']}; this code reads version {VERSION}")
+  cfg = ModelConfig.from_config(info["model"])
+  if source == "orbax":
+    target = abstract_variables(cfg)
+    with ocp.StandardCheckpointer() as checkpointer:
+      variables = checkpointer.restore(directory / VARIABLES_DIR, target)
+  elif source == "safetensors":
+    variables = unflatten(safetensors.flax.load_file(str(directory / SAFETENSORS_FILE)))
+  else:
+    raise ValueError(f"source must be 'orbax' or 'safetensors', got {source!r}")
+  fold_lib.check_matches(variables, cfg)
+  tokenizer = directory / info["tokenizer"] if info.get("tokenizer") else None
+  return Exported(variables=variables, model_cfg=cfg, tokenizer_path=tokenizer, info=info)
+
+
+def abstract_variables(cfg: ModelConfig, device: jax.Device | None = None) -> PyTree:
+  """ShapeDtypeStructs of the model's params and calib, placed on one device (a restore target)."""
+  placement = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+  shapes = jax.eval_shape(lambda: nn.unbox(init(cfg, jax.random.key(0))))
+  shapes = {"params": shapes["params"], "calib": shapes.get("calib", {})}
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), shapes)
+
+
+def flatten(tree: PyTree) -> dict[str, Any]:
+  """Nested dict → flat names joined by dots (`params.block_0.attn.qkv`)."""
+  return {".".join(k): v for k, v in traverse_util.flatten_dict(tree).items()}
+
+
+def unflatten(flat: dict[str, Any]) -> PyTree:
+  """Flat dotted names → nested dict."""
+  return traverse_util.unflatten_dict({tuple(k.split(".")): v for k, v in flat.items()})
+
+
+def load_tokenizer(exported: Exported) -> Tokenizer | None:
+  """The export's tokenizer, if it carries one."""
+  return Tokenizer(exported.tokenizer_path) if exported.tokenizer_path is not None else None
