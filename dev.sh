@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point: sets up .venv on first use (or when pyproject.toml changes), then runs a task.
-#   ./dev.sh demo    train a CPU-sized model on the offline corpus
-#   ./dev.sh test    run the test suite (what CI runs)
+#   ./dev.sh train [FLAGS...]   train all_taper at the CPU preset on the offline corpus (flags go to the trainer)
+#   ./dev.sh test  [ARGS...]    run the test suite (what CI runs)
 #   ./dev.sh python ARGS...   run the venv's python
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,10 +24,10 @@ if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ]; then
   touch .venv/.installed
 fi
 
-task=${1:-demo}; shift || true
+task=${1:-train}; shift || true
 case "$task" in
-  demo) exec .venv/bin/python -m experiments.demo "$@" ;;
+  train) exec .venv/bin/python -m experiments.tinystories --config=configs/all_taper.py:size=cpu "$@" ;;
   test) exec .venv/bin/python -m pytest -q "$@" ;;
   python) exec .venv/bin/python "$@" ;;
-  *) echo "usage: ./dev.sh {demo|test|python} [args...]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh {train|test|python} [args...]" >&2; exit 2 ;;
 esac
