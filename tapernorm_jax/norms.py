@@ -25,6 +25,11 @@ CALIB_STATS = "calib_stats"  # this step's batch statistics, written when the co
 Array = jax.Array
 
 
+def stats_dtype(dtype: Any) -> Any:
+  """The dtype norm statistics are computed in: float32, or float64 for float64 inputs."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def centered(h_NxD: Array, kind: str) -> Array:
   """h for RMS, h − mean(h) for LN (along the feature axis)."""
   return h_NxD - jnp.mean(h_NxD, axis=-1, keepdims=True) if kind == "ln" else h_NxD
@@ -58,13 +63,13 @@ class Norm(nn.Module):
       raise ValueError(f"norm mode must be one of {NORM_MODES}, got {self.mode!r}")
     if self.mode == "identity":
       return x_BxLxD
-    D = x_BxLxD.shape[-1]
+    D, sdt = x_BxLxD.shape[-1], stats_dtype(x_BxLxD.dtype)
     feature_param = lambda name, init: self.param(
         name, nn.with_logical_partitioning(init, ("norm",)), (D,), self.param_dtype
-    ).astype(jnp.float32)
+    ).astype(sdt)
     gamma_D = feature_param("scale", nn.initializers.ones)
     beta_D = feature_param("bias", nn.initializers.zeros) if self.kind == "ln" else 0.0
-    hbar_BxLxD = centered(x_BxLxD.astype(jnp.float32), self.kind)
+    hbar_BxLxD = centered(x_BxLxD.astype(sdt), self.kind)
     if self.mode == "plain":
       return (hbar_BxLxD * inv_scale(hbar_BxLxD, self.eps) * gamma_D + beta_D).astype(self.dtype)
 
@@ -83,7 +88,7 @@ class Norm(nn.Module):
       sq_BxL = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxLxD * gamma_D)), axis=-1)
       self.put_variable(CALIB_STATS, "num", jnp.mean(sq_BxL * inv_s_BxLx1[..., 0]))
       self.put_variable(CALIB_STATS, "den", jnp.mean(sq_BxL))
-    gate = jnp.asarray(gate, jnp.float32)
+    gate = jnp.asarray(gate, sdt)
     return (beta_D + gate * normed_BxLxD + (1.0 - gate) * fixed_BxLxD).astype(self.dtype)
 
 
@@ -106,6 +111,6 @@ class ScaleMonitor(nn.Module):
 
 
 def pre_logit_scale(h_BxLxD: Array, kind: str, eps: float) -> Array:
-  """s(h) per token: r(h) for RMS models, σ_h for LN models, in fp32."""
-  hbar = centered(h_BxLxD.astype(jnp.float32), kind)
+  """s(h) per token: r(h) for RMS models, σ_h for LN models, in fp32 (fp64 for fp64 inputs)."""
+  hbar = centered(h_BxLxD.astype(stats_dtype(h_BxLxD.dtype)), kind)
   return jnp.sqrt(jnp.mean(jnp.square(hbar), axis=-1) + eps)
