@@ -30,7 +30,8 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 100, "Tokens to generate per p
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype (default: float32 on CPU, bfloat16 on accelerators).")
+_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype (default: the model config's; `auto` is bfloat16 on "
+                             "accelerators, float32 on CPU).")
 _NO_FOLD = flags.DEFINE_bool("no_fold", False, "Run the unfolded model at g = 0 instead of folding it.")
 _EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Also write the (folded) model as an export here.")
 
@@ -94,11 +95,6 @@ def fold_if_tapered(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelC
   return variables, cfg
 
 
-def default_dtype() -> str:
-  """float32 on CPU, bfloat16 on accelerators."""
-  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
-
-
 def encode_prompts(loaded: Loaded, texts: list[str], token_lists: list[str]) -> list[list[int]]:
   """Token ids per prompt: text through the tokenizer (after bos, as in training), or explicit ids."""
   prompts = [[int(t) for t in s.split(",") if t.strip()] for s in token_lists]
@@ -132,7 +128,8 @@ def main(argv: list[str]) -> None:
   if _EXPORT_DIR.value:
     out = export.save(_EXPORT_DIR.value, variables, cfg, fold=False, tokenizer_path=loaded.tokenizer_path)
     print(f"exported to {out}")
-  cfg = cfg.replace(dtype=_DTYPE.value or default_dtype())
+  if _DTYPE.value:
+    cfg = cfg.replace(dtype=_DTYPE.value)
   prompts = encode_prompts(loaded, _PROMPT.value, _TOKENS.value)
   tok = loaded.tokenizer
   eos_id = tok.eos_id if tok is not None else None

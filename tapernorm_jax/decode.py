@@ -26,10 +26,9 @@ Cache = list[LayerCache]
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
-  """A zeroed cache of `length` slots per row: one {"k", "v"} dict of B×S×H×K arrays per layer."""
-  K, dtype = cfg.D // cfg.H, dtype or cfg.compute_dtype
-  zeros = lambda: jnp.zeros((batch, length, cfg.H, K), dtype)
-  return [{"k": zeros(), "v": zeros()} for _ in range(cfg.L)]
+  """A zeroed cache of `length` slots per row: per layer {"k": N×K×S, "v": N×S×K}, N = B·H (model.LayerCache)."""
+  N, K, dtype = batch * cfg.H, cfg.D // cfg.H, dtype or cfg.compute_dtype
+  return [{"k": jnp.zeros((N, K, length), dtype), "v": jnp.zeros((N, length, K), dtype)} for _ in range(cfg.L)]
 
 
 def cache_bytes(cache: Cache) -> int:

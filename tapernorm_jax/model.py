@@ -7,7 +7,7 @@ stream (the input of the final norm). Parameters carry logical axis names (see
 
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
-`{"k", "v"}` dict of B×S×H×K arrays per layer; slot = position) and returns the new pre-logit
+`{"k": (B·H)×K×S, "v": (B·H)×S×K}` dict per layer; slot = position) and returns the new pre-logit
 states with the updated cache.
 """
 
@@ -21,7 +21,12 @@ import jax.numpy as jnp
 from tapernorm_jax.norms import NORM_MODES, Norm, ScaleMonitor
 
 Array = jax.Array
-LayerCache = dict[str, Array]  # {"k": B×S×H×K, "v": B×S×H×K}, slot s holds position s
+# {"k": N×K×S, "v": N×S×K} with N = B·H (row b, head h at n = b·H + h); slot s holds position s. This is
+# how the two attention matmuls read them (one batch axis, then contracted, then kept). Any other layout
+# costs XLA:CPU a copy of the whole cache per layer and decode step: a transposed copy for other axis
+# orders, and for separate B and H axes (merged by a reshape before the matmul) a duplicated in-place
+# update inside the decode loop.
+LayerCache = dict[str, Array]
 FAMILIES = ("llama", "gpt2")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
@@ -129,10 +134,30 @@ def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
-def write_cache(cache_BxSxHxK: Array, new_BxLxHxK: Array, index_B: Array) -> Array:
-  """Writes row b's L new entries at slots index_B[b] … index_B[b] + L − 1 (in place under jit)."""
-  update = lambda c_SxHxK, x_LxHxK, i: jax.lax.dynamic_update_slice_in_dim(c_SxHxK, x_LxHxK, i, axis=0)
-  return jax.vmap(update)(cache_BxSxHxK, new_BxLxHxK.astype(cache_BxSxHxK.dtype), index_B)
+def write_cache(cache: Array, new_BxLxHxK: Array, index_B: Array, keys: bool) -> Array:
+  """Writes row b's L entries at slots index_B[b] … + L − 1 of a key (N×K×S) or value (N×S×K) cache."""
+  B, L, H, K = new_BxLxHxK.shape
+  new_BxHxLxK = jnp.swapaxes(new_BxLxHxK, 1, 2).astype(cache.dtype)
+  zero = jnp.zeros((), index_B.dtype)
+  for b in range(B):  # one in-place update per row (a vmapped update is a scatter, copied whole per step)
+    if keys:
+      cache = jax.lax.dynamic_update_slice(cache, jnp.swapaxes(new_BxHxLxK[b], 1, 2), (b * H, zero, index_B[b]))
+    else:
+      cache = jax.lax.dynamic_update_slice(cache, new_BxHxLxK[b], (b * H, index_B[b], zero))
+  return cache
+
+
+def cached_attention(q_BxLxHxK: Array, k_NxKxS: Array, v_NxSxK: Array, positions_BxL: Array) -> Array:
+  """Softmax attention (fp32 scores) of L queries over the cache; a query at position p sees slots ≤ p."""
+  B, L, H, K = q_BxLxHxK.shape
+  S = k_NxKxS.shape[-1]
+  q_NxLxK = jnp.swapaxes(q_BxLxHxK, 1, 2).reshape(B * H, L, K)
+  scores_NxLxS = jnp.einsum("nlk,nks->nls", q_NxLxK, k_NxKxS).astype(jnp.float32) * K**-0.5
+  visible_NxLxS = jnp.arange(S)[None, None, :] <= jnp.repeat(positions_BxL, H, axis=0)[:, :, None]
+  scores_NxLxS = jnp.where(visible_NxLxS, scores_NxLxS, jnp.finfo(jnp.float32).min)
+  probs_NxLxS = jax.nn.softmax(scores_NxLxS, axis=-1).astype(v_NxSxK.dtype)
+  out_NxLxK = jnp.einsum("nls,nsk->nlk", probs_NxLxS, v_NxSxK)
+  return jnp.swapaxes(out_NxLxK.reshape(B, H, L, K), 1, 2)
 
 
 def rope(x_BxLxHxK: Array, positions_BxL: Array, base: float) -> Array:
@@ -158,11 +183,12 @@ class Attention(nn.Module):
     K = cfg.D // cfg.H
     w_qkv_Dx3xHxK = _param(self, "qkv", (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
                            cfg.param_dtype)
-    qkv_3xBxLxHxK = jnp.einsum("bld,dthk->tblhk", x_BxLxD.astype(dt), w_qkv_Dx3xHxK.astype(dt))
+    # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the whole kernel.
+    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD.astype(dt), w_qkv_Dx3xHxK.astype(dt))
     if cfg.family == "gpt2":
-      qkv_3xBxLxHxK += _param(self, "qkv_bias", (3, cfg.H, K), (None, "heads", "kv"), None,
-                              cfg.param_dtype).astype(dt)[:, None, None]
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv_3xBxLxHxK
+      qkv_BxLx3xHxK += _param(self, "qkv_bias", (3, cfg.H, K), (None, "heads", "kv"), None,
+                              cfg.param_dtype).astype(dt)
+    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i] for i in range(3))
     if cfg.family == "llama":
       q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, cfg.rope_base)
       k_BxLxHxK = rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
@@ -170,11 +196,9 @@ class Attention(nn.Module):
       out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
                                                  implementation=cfg.attention_impl)
       return self.project_out(out_BxLxHxK)
-    cache = {"k": write_cache(cache["k"], k_BxLxHxK, index_B), "v": write_cache(cache["v"], v_BxLxHxK, index_B)}
-    S = cache["k"].shape[1]
-    visible_Bx1xLxS = (jnp.arange(S)[None, None, None, :] <= positions_BxL[:, None, :, None])
-    out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, cache["k"], cache["v"], mask=visible_Bx1xLxS,
-                                               implementation=cfg.attention_impl)
+    cache = {"k": write_cache(cache["k"], k_BxLxHxK, index_B, keys=True),
+             "v": write_cache(cache["v"], v_BxLxHxK, index_B, keys=False)}
+    out_BxLxHxK = cached_attention(q_BxLxHxK, cache["k"], cache["v"], positions_BxL)
     return self.project_out(out_BxLxHxK), cache
 
   def project_out(self, out_BxLxHxK: Array) -> Array:
@@ -307,8 +331,10 @@ class Transformer(nn.Module):
     cfg, dt = self.cfg, self.cfg.compute_dtype
     out_dt = jnp.promote_types(dt, jnp.float32)
     x_BxLxD = self.final_norm(h_BxLxD, jnp.asarray(gate, jnp.float32)).astype(dt)
-    head_DxV = self.embed.T if cfg.tie_embeddings else self.head
-    logits_BxLxV = (x_BxLxD @ head_DxV.astype(dt)).astype(out_dt)
+    if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
+      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, self.embed.astype(dt)).astype(out_dt)
+    else:
+      logits_BxLxV = (x_BxLxD @ self.head.astype(dt)).astype(out_dt)
     if cfg.logits_bias:
       logits_BxLxV += self.logits_bias.astype(out_dt)
     return logits_BxLxV
