@@ -35,13 +35,15 @@ CASES = (  # (label, variant, which step)
 )
 
 
-def run_steps(step_fn, state, batch, steps: int) -> tuple[float, dict, dict]:
-  """Runs `steps` steps; returns (seconds per step, new state, last metrics)."""
-  t0 = time.perf_counter()
+def run_steps(step_fn, state, batch, steps: int) -> tuple[list[float], dict, dict]:
+  """Runs `steps` steps, each timed to completion; returns (seconds per step, new state, last metrics)."""
+  times = []
   for _ in range(steps):
+    t0 = time.perf_counter()
     state, metrics = step_fn(state, batch)
-  jax.block_until_ready(state)
-  return (time.perf_counter() - t0) / steps, state, metrics
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t0)
+  return times, state, metrics
 
 
 def bench_size(size: str, mesh) -> list[dict]:
@@ -63,12 +65,12 @@ def bench_size(size: str, mesh) -> list[dict]:
   for _ in range(_REPEATS.value):  # interleaved, so machine noise hits every case alike
     for case in cases:
       seconds, case["state"], case["metrics"] = run_steps(case["fn"], case["state"], case["batch"], _STEPS.value)
-      case["times"].append(seconds)
+      case["times"] += seconds
   rows = []
   for case in cases:
     med = statistics.median(case["times"])
     rows.append({"size": size, "case": case["label"], "gate": float(case["metrics"]["gate"]), "step_s": med,
-                 "spread_s": max(case["times"]) - min(case["times"]), "tokens_per_s": _BATCH.value * _SEQ.value / med,
+                 "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))), "tokens_per_s": _BATCH.value * _SEQ.value / med,
                  "compilations": case["fn"]._cache_size(), "vs_baseline": None})
     rows[-1]["vs_baseline"] = rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(f"{size:>4} {case['label']:<28} gate={rows[-1]['gate']:.3f} {med * 1e3:9.1f} ms/step "
@@ -98,7 +100,7 @@ def main(argv: list[str]) -> None:
   rows = [row for size in _SIZES.value for row in bench_size(size, mesh)]
   loader_s = loader_rate(_SEQ.value, _BATCH.value)
   lines = [f"Train-step throughput, {hardware}, batch {_BATCH.value} × {_SEQ.value} tokens, "
-           f"median of {_REPEATS.value} × {_STEPS.value} steps", "",
+           f"median (± interquartile range) of {_REPEATS.value} interleaved rounds × {_STEPS.value} steps", "",
            "| size | step | gate | ms/step | tokens/s | vs baseline |", "|---|---|---|---|---|---|"]
   lines += [f"| {r['size']} | {r['case']} | {r['gate']:.2f} | {r['step_s'] * 1e3:.1f} ± {r['spread_s'] * 1e3:.1f} | "
             f"{r['tokens_per_s']:.0f} | {r['vs_baseline']:.3f}× |" for r in rows]

@@ -98,6 +98,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
       f"{jax.default_backend()} devices, writing to {workdir}")
 
   pending: list[tuple[int, dict]] = []
+  val_loss = {"step": -1, "value": math.nan}
   clock = {"t": time.time(), "wait": 0.0, "steps": 0}
   bar = tqdm(total=steps, initial=start, disable=pi != 0, mininterval=1.0, dynamic_ncols=True,
              desc=f"{cfg.variant} [{prepared.name}]")
@@ -131,7 +132,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     clock["steps"] += 1
     done = k + 1
     if done % cfg.train.diag_every == 0 or done == steps:
-      metrics = {**metrics, **trainer.diagnostics(state, batch), "val_loss": evaluate(trainer, state, eval_batches)}
+      val_loss = {"step": done, "value": evaluate(trainer, state, eval_batches)}
+      metrics = {**metrics, **trainer.diagnostics(state, batch), "val_loss": val_loss["value"]}
     pending.append((k, metrics))
     bar.update(1)
     stopping = stop_after is not None and done >= stop_after
@@ -146,10 +148,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   ckpt.close()
   writer.close()
   done = int(jax.device_get(state["step"]))
+  if val_loss["step"] != done:
+    val_loss = {"step": done, "value": evaluate(trainer, state, eval_batches)}
   results = {
       "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": prepared.name,
       "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T,
-      "final_val_loss": evaluate(trainer, state, eval_batches), "val_gate": 0.0,
+      "final_val_loss": val_loss["value"], "val_gate": 0.0,
       "val_tokens": len(eval_batches) * B * T, "params": param_count(state["params"]),
       "wall_time_s": time.time() - t_start, "resumed_from": start, "devices": mesh.size,
       "backend": jax.default_backend(), "complete": done >= steps,

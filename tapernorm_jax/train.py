@@ -49,7 +49,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   ]
   for ok, field, problem in checks:
     if not ok:
-      raise ValueError(f"{field}={cfg[field.split('.')[0]][field.split('.')[1]]!r}: {problem}")
+      section, name = field.split(".")
+      raise ValueError(f"{field}={cfg[section][name]!r}: {problem}")
   if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:
     raise ValueError(f"taper.taper_end={cfg.taper.taper_end}: must be -1 (the last step) or in "
                      f"(0, train.steps={cfg.train.steps}]")
