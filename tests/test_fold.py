@@ -1,5 +1,6 @@
 """Fold: the folded model computes the g = 0 forward of the original, in fp32, fp64, bf16 and sharded."""
 
+import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,22 @@ VARIANTS = {  # name: (internal norm, final norm, extra config)
     "all_taper_untied": ("taper", "taper", dict(tie_embeddings=False)),
     "all_taper_untied_bias": ("taper", "taper", dict(tie_embeddings=False, logits_bias=True)),
 }
+
+
+def _init(cfg: ModelConfig, seed: int = 0):
+  """Boxed initial variables."""
+  return init(cfg, jax.random.key(seed))
+
+
+@functools.cache
+def _forward(cfg: ModelConfig):
+  """The model's jitted forward (one compilation per config)."""
+  return jax.jit(lambda v, t, g: Transformer(cfg).apply(v, t, gate=g))
+
+
+def _logits(cfg: ModelConfig, variables, tokens, gate: float = 0.0) -> jax.Array:
+  """The model's logits at `gate`."""
+  return _forward(cfg)(variables, tokens, jnp.float32(gate))
 
 
 def _cfg(family: str, variant: str, **changes) -> ModelConfig:
@@ -58,11 +75,11 @@ def _rel_err(a: jax.Array, b: jax.Array) -> float:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_fp32_logits_equal_the_unfolded_model_at_gate_zero(family, variant):
   cfg = _cfg(family, variant)
-  variables = perturbed(init(cfg, jax.random.key(0)))
+  variables = perturbed(_init(cfg))
   tokens = _tokens(cfg)
-  expected = Transformer(cfg).apply(variables, tokens, gate=0.0)
+  expected = _logits(cfg, variables, tokens, 0.0)
   folded, folded_cfg = fold(variables, cfg)
-  folded_logits = Transformer(folded_cfg).apply(folded, tokens, gate=0.7)  # the gate no longer matters
+  folded_logits = _logits(folded_cfg, folded, tokens, 0.7)  # the gate no longer matters
   assert _rel_err(expected, folded_logits) < 1e-5
   tapered = [n for n in ("internal_norm", "final_norm") if getattr(cfg, n) != "plain"]
   assert all(getattr(folded_cfg, n) == "identity" for n in tapered)
@@ -75,7 +92,7 @@ def test_folded_fp32_logits_equal_the_unfolded_model_at_gate_zero(family, varian
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_weights_keep_their_shapes_dtypes_and_logical_axes(family):
   cfg = _cfg(family, "all_taper")
-  boxed = init(cfg, jax.random.key(0))
+  boxed = _init(cfg)
   folded, folded_cfg = fold(boxed, cfg)
   before = nn.get_partition_spec(boxed)["params"]
   after = nn.get_partition_spec(folded)["params"]
@@ -93,7 +110,7 @@ def test_folded_weights_keep_their_shapes_dtypes_and_logical_axes(family):
 
 def test_fold_is_pure_and_jittable():
   cfg = _cfg("gpt2", "all_taper")
-  variables = perturbed(init(cfg, jax.random.key(0)))
+  variables = perturbed(_init(cfg))
   snapshot = jax.tree.map(np.asarray, variables)
   folded, folded_cfg = fold(variables, cfg)
   jax.tree.map(np.testing.assert_array_equal, variables, snapshot)
@@ -121,19 +138,21 @@ def test_fold_linear_is_exactly_A_W_in_float64(kind):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_fp64_logits_equal_the_unfolded_model_to_1e_12(family):
+  cfg32 = _cfg(family, "all_taper")
+  variables32 = perturbed(_init(cfg32))
   with jax.enable_x64(True):
-    cfg = _cfg(family, "all_taper", dtype="float64", param_dtype="float64")
-    variables = perturbed(init(cfg, jax.random.key(0)))
+    cfg = cfg32.replace(dtype="float64", param_dtype="float64")
+    variables = jax.tree.map(lambda x: x.astype(jnp.float64) if x.dtype == jnp.float32 else x, variables32)
     tokens = _tokens(cfg)
     folded, folded_cfg = fold(variables, cfg)
-    logits = Transformer(folded_cfg).apply(folded, tokens)
+    logits = _logits(folded_cfg, folded, tokens)
     assert logits.dtype == jnp.float64
-    assert _rel_err(Transformer(cfg).apply(variables, tokens, gate=0.0), logits) < 1e-12
+    assert _rel_err(_logits(cfg, variables, tokens, 0.0), logits) < 1e-12
 
 
 def _trained_bigram_model(cfg: ModelConfig, steps: int = 100):
   """A small model trained at g = 0 on a permutation bigram task, so its top-1 margins are realistic."""
-  variables = perturbed(init(cfg, jax.random.key(0)), seed=3)
+  variables = perturbed(_init(cfg), seed=3)
   perm = np.random.default_rng(0).permutation(cfg.V)
   rows = [np.arange(cfg.V)]
   for _ in range(cfg.T // 2):
@@ -156,8 +175,8 @@ def _check_bf16_top1(family: str, variant: str) -> None:
   cfg = _cfg(family, variant, V=64, T=32, dtype="bfloat16")
   variables, tokens = _trained_bigram_model(cfg)
   folded, folded_cfg = fold(variables, cfg)
-  top1 = jnp.argmax(Transformer(cfg).apply(variables, tokens, gate=0.0), -1)
-  top1_folded = jnp.argmax(Transformer(folded_cfg).apply(folded, tokens), -1)
+  top1 = jnp.argmax(_logits(cfg, variables, tokens, 0.0), -1)
+  top1_folded = jnp.argmax(_logits(folded_cfg, folded, tokens), -1)
   assert top1.size >= 1000 and float(jnp.mean(top1 == top1_folded)) >= 0.999
 
 
@@ -176,7 +195,7 @@ def test_bf16_top1_agreement_for_every_variant(family, variant):
 def test_sharded_params_fold_in_place(family):
   cfg = _cfg(family, "all_taper")
   mesh = sharding.make_mesh(data=1, fsdp=8)
-  boxed = init(cfg, jax.random.key(0))
+  boxed = _init(cfg)
   variables = perturbed(boxed)
   placed = jax.device_put(variables, sharding.shardings(boxed, mesh))
   folded, folded_cfg = fold(placed, cfg)
@@ -184,14 +203,14 @@ def test_sharded_params_fold_in_place(family):
   assert qkv_out.sharding == qkv_in.sharding and qkv_out.sharding.spec[0] == "fsdp"
   assert folded["params"]["head"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
   tokens = jax.device_put(_tokens(cfg, (8, 16)), sharding.batch_sharding(mesh))
-  logits = jax.jit(lambda v, t: Transformer(folded_cfg).apply(v, t))(folded, tokens)
-  assert _rel_err(Transformer(cfg).apply(variables, np.asarray(tokens), gate=0.0), logits) < 1e-5
+  logits = _logits(folded_cfg, folded, tokens)
+  assert _rel_err(_logits(cfg, variables, np.asarray(tokens), 0.0), logits) < 1e-5
 
 
 def test_baseline_model_is_a_clear_error():
   cfg = _cfg("llama", "all_taper", internal_norm="plain", final_norm="plain")
   with pytest.raises(ValueError, match="nothing to fold.*internal_norm='plain'"):
-    fold(init(cfg, jax.random.key(0)), cfg)
+    fold(_init(cfg), cfg)
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -204,10 +223,10 @@ def test_baseline_model_is_a_clear_error():
 def test_config_that_does_not_match_the_variables_is_a_clear_error(changes, message):
   cfg = _cfg("llama", "all_taper")
   with pytest.raises(ValueError, match="do not match the model config.*" + message):
-    fold(init(cfg, jax.random.key(0)), cfg.replace(**changes))
+    fold(_init(cfg), cfg.replace(**changes))
 
 
 def test_missing_calibration_collection_is_named():
   cfg = _cfg("llama", "all_taper")
   with pytest.raises(ValueError, match="calib"):
-    fold({"params": nn.unbox(init(cfg, jax.random.key(0)))["params"]}, cfg)
+    fold({"params": nn.unbox(_init(cfg))["params"]}, cfg)
