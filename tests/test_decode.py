@@ -158,3 +158,23 @@ def test_requests_past_the_learned_positions_are_refused():
     decode.generate(variables, cfg, *decode.pad_prompts([[1] * 20]), jax.random.key(0), max_new_tokens=10)
   with pytest.raises(ValueError, match="at least one token"):
     decode.pad_prompts([[1], []])
+
+
+def test_decode_benchmark_runs_every_form_on_the_same_weights():
+  from experiments import benchmark_decode as bench
+  cfg = bench.model_config("cpu", "internal_taper", "float32").replace(V=97, L=1)
+  forms = bench.make_forms(cfg, 0)
+  assert list(forms) == list(bench.FORMS)
+  embeds = [np.asarray(v["params"]["embed"]) for v, _ in forms.values()]
+  assert all(np.array_equal(e, embeds[0]) for e in embeds)  # one set of weights; only the norms differ
+  assert forms["identity"][1].internal_norm == forms["folded"][1].internal_norm == "identity"
+  s = bench.Settings(size="cpu", variant="internal_taper", modes=["forward", "decode"], batches=[1], lengths=[16],
+                     decode_batches=[2], prompt=8, new_tokens=4, repeats=1, warmup=1, min_sample_s=0.0,
+                     dtype="float32", seed=0)
+  results = {"date": "today", "hardware": bench.hardware(), "settings": vars(s), "params": 1,
+             "bandwidth": bench.read_bandwidth(1 << 20, repeats=1), "forward": bench.bench_forward(forms, s),
+             "decode": bench.bench_decode(forms, s)}
+  step = results["decode"][0]["forms"]["folded"]["bytes_per_step"]
+  assert step["cache"] == 2 * cfg.L * 2 * cfg.D * (8 + 4 - 1) * 4  # k and v, B = 2 rows, P + N − 1 slots, fp32
+  table = bench.markdown(results)
+  assert "| 1 | 16 |" in table and "| 2 | 8 | 4 |" in table
