@@ -44,21 +44,28 @@ FORMS = ("baseline", "unfused", "folded", "identity")
 PAPER = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
          (4, 128): (149.3, 169.3, 180.4), (4, 256): (290.5, 323.6, 344.9), (4, 512): (546.3, 588.1, 615.9)}
 
-_SIZE = flags.DEFINE_enum("size", "30m", list(base.SIZES), "Model size (the paper's 1m/3m/9m/30m, or the cpu preset).")
-_VARIANT = flags.DEFINE_enum("variant", "internal_taper", ["internal_taper", "all_taper"], "Which norms taper.")
-_MODES = flags.DEFINE_list("modes", ["forward", "decode"], "forward and/or decode.")
-_BATCHES = flags.DEFINE_list("batches", ["1", "4"], "Batch sizes of the forward mode.")
-_LENGTHS = flags.DEFINE_list("lengths", ["128", "256", "512"], "Sequence lengths T of the forward mode.")
-_DECODE_BATCHES = flags.DEFINE_list("decode_batches", ["1", "4"], "Batch sizes of the decode mode.")
-_PROMPT = flags.DEFINE_integer("prompt", 128, "Prompt length P of the decode mode.")
-_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Tokens N generated per row in the decode mode.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed samples per form and cell (median and spread reported).")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed calls per form and cell after compiling.")
-_MIN_SAMPLE_S = flags.DEFINE_float("min_sample_s", 1.0, "Each timed sample loops calls for at least this long.")
-_DTYPE = flags.DEFINE_string("dtype", None, "Compute and weight dtype (default: float32 on CPU, bfloat16 otherwise).")
-_QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")
-_OUT = flags.DEFINE_string("out", "runs/benchmark_decode", "Output directory for results.json and table.md.")
-_SEED = flags.DEFINE_integer("seed", 0, "Weight seed.")
+_FLAGS: dict[str, Any] = {}  # filled by define_flags() when run as a script; importing defines no flags
+
+
+def define_flags() -> dict[str, Any]:
+  """The command-line flags (defined only when run as a script, so other entry points can import this module)."""
+  return dict(
+      size=flags.DEFINE_enum("size", "30m", list(base.SIZES), "Model size (the paper's 1m/3m/9m/30m, or cpu)."),
+      variant=flags.DEFINE_enum("variant", "internal_taper", ["internal_taper", "all_taper"], "Which norms taper."),
+      modes=flags.DEFINE_list("modes", ["forward", "decode"], "forward and/or decode."),
+      batches=flags.DEFINE_list("batches", ["1", "4"], "Batch sizes of the forward mode."),
+      lengths=flags.DEFINE_list("lengths", ["128", "256", "512"], "Sequence lengths T of the forward mode."),
+      decode_batches=flags.DEFINE_list("decode_batches", ["1", "4"], "Batch sizes of the decode mode."),
+      prompt=flags.DEFINE_integer("prompt", 128, "Prompt length P of the decode mode."),
+      new_tokens=flags.DEFINE_integer("new_tokens", 128, "Tokens N generated per row in the decode mode."),
+      repeats=flags.DEFINE_integer("repeats", 7, "Timed samples per form and cell (median and spread reported)."),
+      warmup=flags.DEFINE_integer("warmup", 2, "Untimed calls per form and cell after compiling."),
+      min_sample_s=flags.DEFINE_float("min_sample_s", 1.0, "Each timed sample loops calls for at least this long."),
+      dtype=flags.DEFINE_string("dtype", None, "Compute and weight dtype (default: float32 on CPU, else bfloat16)."),
+      quick=flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens."),
+      out=flags.DEFINE_string("out", "runs/benchmark_decode", "Output directory for results.json and table.md."),
+      seed=flags.DEFINE_integer("seed", 0, "Weight seed."),
+  )
 
 
 @dataclasses.dataclass
@@ -82,12 +89,13 @@ class Settings:
 
 def settings_from_flags() -> Settings:
   """Flags (and the --quick preset) as Settings."""
-  s = Settings(size=_SIZE.value, variant=_VARIANT.value, modes=list(_MODES.value),
-               batches=[int(b) for b in _BATCHES.value], lengths=[int(t) for t in _LENGTHS.value],
-               decode_batches=[int(b) for b in _DECODE_BATCHES.value], prompt=_PROMPT.value,
-               new_tokens=_NEW_TOKENS.value, repeats=_REPEATS.value, warmup=_WARMUP.value,
-               min_sample_s=_MIN_SAMPLE_S.value, dtype=_DTYPE.value or default_dtype(), seed=_SEED.value)
-  if _QUICK.value:
+  f = {name: holder.value for name, holder in _FLAGS.items()}
+  s = Settings(size=f["size"], variant=f["variant"], modes=list(f["modes"]),
+               batches=[int(b) for b in f["batches"]], lengths=[int(t) for t in f["lengths"]],
+               decode_batches=[int(b) for b in f["decode_batches"]], prompt=f["prompt"],
+               new_tokens=f["new_tokens"], repeats=f["repeats"], warmup=f["warmup"],
+               min_sample_s=f["min_sample_s"], dtype=f["dtype"] or default_dtype(), seed=f["seed"])
+  if f["quick"]:
     s = dataclasses.replace(s, size="1m", batches=[1], lengths=[128], decode_batches=[1], prompt=32, new_tokens=32,
                             repeats=3, warmup=1, min_sample_s=0.05)
   unknown = set(s.modes) - {"forward", "decode"}
@@ -272,17 +280,34 @@ def log_row(title: str, row: dict, unit: str) -> None:
 
 
 def hardware() -> dict[str, Any]:
-  """What the numbers were measured on."""
+  """What the numbers were measured on (CPU model and last-level cache from Linux's /proc and /sys)."""
   device = jax.devices()[0]
   return {"backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
-          "device_count": jax.device_count(), "cpu": platform.processor() or platform.machine(),
-          "cpu_count": os.cpu_count(), "jax": jax.__version__, "python": platform.python_version()}
+          "device_count": jax.device_count(), "cpu": _read_first("/proc/cpuinfo", "model name") or platform.machine(),
+          "cpu_count": os.cpu_count(), "l3_cache": _read_first("/sys/devices/system/cpu/cpu0/cache/index3/size"),
+          "jax": jax.__version__, "python": platform.python_version()}
+
+
+def _read_first(path: str, key: str | None = None) -> str | None:
+  """The first line of a small system file (or the value of its first `key: value` line); None if absent."""
+  try:
+    with open(path) as f:
+      for line in f:
+        if key is None:
+          return line.strip()
+        if line.startswith(key):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    return None
+  return None
 
 
 def markdown(results: dict) -> str:
   """Tables laid out like PAPER.md §7 (k tokens/s, ratio to baseline), plus the decode roofline table."""
   hw, s = results["hardware"], results["settings"]
-  lines = [f"Measured {results['date']} on {hw['device']} ({hw['backend']}, {hw['cpu_count']} cores), "
+  where = (f"{hw['cpu']}, {hw['cpu_count']} cores, L3 {hw.get('l3_cache') or '?'}" if hw["backend"] == "cpu"
+           else f"{hw['device']} ({hw['backend']})")
+  lines = [f"Measured {results['date']} on {where}, "
            f"{s['size']} {s['variant']} model ({results['params']:,} parameters), {s['dtype']}, "
            f"median of {s['repeats']} interleaved runs (± half the min–max spread). "
            f"DRAM read bandwidth (jitted sum over {results['bandwidth']['bytes'] / 2**30:.0f} GiB): "
@@ -344,15 +369,17 @@ def main(argv: list[str]) -> None:
   if "decode" in s.modes:
     results["decode"] = bench_decode(forms, s)
   results["wall_s"] = time.time() - t0
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, "results.json"), "w") as f:
+  out = _FLAGS["out"].value
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
   table = markdown(results)
-  with open(os.path.join(_OUT.value, "table.md"), "w") as f:
+  with open(os.path.join(out, "table.md"), "w") as f:
     f.write(table + "\n")
   print("\n" + table)
-  print(f"wrote {os.path.join(_OUT.value, 'results.json')} and table.md ({results['wall_s']:.0f} s)")
+  print(f"wrote {os.path.join(out, 'results.json')} and table.md ({results['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":
+  _FLAGS.update(define_flags())
   app.run(main)

@@ -22,18 +22,25 @@ from tapernorm_jax.model import ModelConfig
 
 PyTree = Any
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory or export directory.", required=True)
-_PROMPT = flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for a batch.")
-_TOKENS = flags.DEFINE_multi_string("tokens", [], "Prompt as comma-separated token ids; repeat for a batch.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest).")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 100, "Tokens to generate per prompt.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy.")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype (default: the model config's; `auto` is bfloat16 on "
-                             "accelerators, float32 on CPU).")
-_NO_FOLD = flags.DEFINE_bool("no_fold", False, "Run the unfolded model at g = 0 instead of folding it.")
-_EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Also write the (folded) model as an export here.")
+_FLAGS: dict[str, Any] = {}  # filled by define_flags() when run as a script; importing defines no flags
+
+
+def define_flags() -> dict[str, Any]:
+  """The command-line flags (defined only when run as a script, so tests and other tools can import this module)."""
+  return dict(
+      workdir=flags.DEFINE_string("workdir", None, "Training run directory or export directory.", required=True),
+      prompt=flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for a batch."),
+      tokens=flags.DEFINE_multi_string("tokens", [], "Prompt as comma-separated token ids; repeat for a batch."),
+      step=flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest)."),
+      max_new_tokens=flags.DEFINE_integer("max_new_tokens", 100, "Tokens to generate per prompt."),
+      temperature=flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy."),
+      top_k=flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all)."),
+      seed=flags.DEFINE_integer("seed", 0, "Sampling seed."),
+      dtype=flags.DEFINE_string("dtype", None, "Compute dtype (default: the model config's; `auto` is bfloat16 on "
+                                "accelerators, float32 on CPU)."),
+      no_fold=flags.DEFINE_bool("no_fold", False, "Run the unfolded model at g = 0 instead of folding it."),
+      export_dir=flags.DEFINE_string("export_dir", None, "Also write the (folded) model as an export here."),
+  )
 
 
 @dataclasses.dataclass
@@ -121,19 +128,20 @@ def main(argv: list[str]) -> None:
   """Entry point."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  loaded = load(_WORKDIR.value, _STEP.value)
+  f = {name: holder.value for name, holder in _FLAGS.items()}
+  loaded = load(f["workdir"], f["step"])
   variables, cfg = loaded.variables, loaded.model_cfg
-  if not _NO_FOLD.value:
+  if not f["no_fold"]:
     variables, cfg = fold_if_tapered(variables, cfg)
-  if _EXPORT_DIR.value:
-    out = export.save(_EXPORT_DIR.value, variables, cfg, fold=False, tokenizer_path=loaded.tokenizer_path)
+  if f["export_dir"]:
+    out = export.save(f["export_dir"], variables, cfg, fold=False, tokenizer_path=loaded.tokenizer_path)
     print(f"exported to {out}")
-  if _DTYPE.value:
-    cfg = cfg.replace(dtype=_DTYPE.value)
-  prompts = encode_prompts(loaded, _PROMPT.value, _TOKENS.value)
+  if f["dtype"]:
+    cfg = cfg.replace(dtype=f["dtype"])
+  prompts = encode_prompts(loaded, f["prompt"], f["tokens"])
   tok = loaded.tokenizer
   eos_id = tok.eos_id if tok is not None else None
-  outputs = continue_prompts(variables, cfg, prompts, _MAX_NEW.value, _TEMPERATURE.value, _TOP_K.value, _SEED.value,
+  outputs = continue_prompts(variables, cfg, prompts, f["max_new_tokens"], f["temperature"], f["top_k"], f["seed"],
                              eos_id)
   for prompt, new in zip(prompts, outputs):
     if tok is None:
@@ -144,4 +152,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  _FLAGS.update(define_flags())
   app.run(main)
