@@ -1,6 +1,5 @@
 """KV-cache decoding: step-by-step logits equal the full forward; ragged prefill; the jitted sampling loop."""
 
-import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,25 +8,10 @@ import pytest
 
 from tapernorm_jax import decode
 from tapernorm_jax.fold import fold
-from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.model import ModelConfig
+from model_helpers import init_variables, logits_at
 
 FORMS = ("baseline", "unfused", "folded")
-
-
-def _init(cfg: ModelConfig, seed: int = 0):
-  """Boxed initial variables."""
-  return init(cfg, jax.random.key(seed))
-
-
-@functools.cache
-def _forward(cfg: ModelConfig):
-  """The model's jitted forward (one compilation per config)."""
-  return jax.jit(lambda v, t, g: Transformer(cfg).apply(v, t, gate=g))
-
-
-def _logits(cfg: ModelConfig, variables, tokens, gate: float = 0.0) -> jax.Array:
-  """The model's logits at `gate`."""
-  return _forward(cfg)(variables, tokens, jnp.float32(gate))
 
 
 def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
@@ -35,7 +19,7 @@ def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
   norm = {"baseline": "plain", "unfused": "scale", "folded": "taper"}[form]
   cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
                               init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
-  variables = nn.unbox(_init(cfg))
+  variables = nn.unbox(init_variables(cfg))
   keys = iter(jax.random.split(jax.random.key(1), 64))
 
   def bump(path, x):
@@ -56,7 +40,7 @@ def _rel_err(a: jax.Array, b: jax.Array) -> float:
 def test_step_by_step_decode_reproduces_the_full_forward(family, form):
   variables, cfg = _model(family, form, T=12)
   tokens_BxL = jax.random.randint(jax.random.key(2), (3, cfg.T), 0, cfg.V)
-  full_BxLxV = _logits(cfg, variables, tokens_BxL, 0.0)
+  full_BxLxV = logits_at(cfg, variables, tokens_BxL, 0.0)
   step = jax.jit(lambda c, tok, i: decode.decode_step(variables, cfg, tok, i, c))
   cache = decode.init_cache(cfg, 3, cfg.T)
   for t in range(cfg.T):
@@ -74,7 +58,7 @@ def test_ragged_prefill_then_decode_matches_the_forward_of_each_prompt(family):
   nxt_B = jnp.asarray([7, 8, 9], jnp.int32)
   logits2_BxV, _ = decode.decode_step(variables, cfg, nxt_B, jnp.asarray(lengths_B), cache)
   extended_BxP, _ = decode.pad_prompts([p + [int(t)] for p, t in zip(prompts, nxt_B)])
-  full_BxPxV = _logits(cfg, variables, extended_BxP)  # causal: the padding after a prompt is never seen
+  full_BxPxV = logits_at(cfg, variables, extended_BxP)  # causal: the padding after a prompt is never seen
   for b, p in enumerate(prompts):
     assert _rel_err(full_BxPxV[b, len(p) - 1], logits_BxV[b]) < 1e-5
     assert _rel_err(full_BxPxV[b, len(p)], logits2_BxV[b]) < 1e-5
@@ -82,7 +66,7 @@ def test_ragged_prefill_then_decode_matches_the_forward_of_each_prompt(family):
 
 def _greedy_by_full_forward(variables, cfg, prompts, n):
   """Reference: greedy continuation recomputing the whole forward for every token."""
-  forward = lambda t: _logits(cfg, variables, t, 0.0)
+  forward = lambda t: logits_at(cfg, variables, t, 0.0)
   out = []
   for p in prompts:
     seq = list(p)

@@ -1,6 +1,5 @@
 """Export round trip, the self-contained export directory, and generate.py's two ways in (export, checkpoint)."""
 
-import functools
 import io
 import json
 import os
@@ -9,7 +8,6 @@ import sys
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -20,7 +18,8 @@ from configs import base
 from experiments import generate
 from tapernorm_jax import decode, export
 from tapernorm_jax.fold import fold
-from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.model import ModelConfig
+from model_helpers import init_variables, logits_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = ["Once upon a time there was a little cat named Tom.", "Tom liked to play in the park with his red ball.",
@@ -32,29 +31,13 @@ TRAINING_ONLY = ["optax", "grain", "tensorflow_datasets", "tapernorm_jax.train",
                  "tapernorm_jax.schedules"]
 
 
-def _init(cfg: ModelConfig, seed: int = 0):
-  """Boxed initial variables."""
-  return init(cfg, jax.random.key(seed))
-
-
-@functools.cache
-def _forward(cfg: ModelConfig):
-  """The model's jitted forward (one compilation per config)."""
-  return jax.jit(lambda v, t, g: Transformer(cfg).apply(v, t, gate=g))
-
-
-def _logits(cfg: ModelConfig, variables, tokens, gate: float = 0.0) -> jax.Array:
-  """The model's logits at `gate`."""
-  return _forward(cfg)(variables, tokens, jnp.float32(gate))
-
-
 def _cfg(family: str = "llama", **changes) -> ModelConfig:
   return ModelConfig(**{**dict(family=family, V=V, D=32, H=4, L=2, T=32, internal_norm="taper", final_norm="taper",
                                init_std=0.2, tie_embeddings=False), **changes})
 
 
 def _variables(cfg: ModelConfig) -> dict:
-  variables = nn.unbox(_init(cfg))
+  variables = nn.unbox(init_variables(cfg))
   keys = iter(jax.random.split(jax.random.key(1), 64))
 
   def bump(path, x):
@@ -83,12 +66,12 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
   assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors", "tokenizer.model", "variables"]
   folded, folded_cfg = fold(variables, cfg)
   tokens_BxL = jax.random.randint(jax.random.key(3), (2, 12), 0, V)
-  reference = _logits(cfg, variables, tokens_BxL, 0.0)
+  reference = logits_at(cfg, variables, tokens_BxL, 0.0)
   for source in ("orbax", "safetensors"):
     loaded = export.load(directory, source)
     assert loaded.model_cfg == folded_cfg and loaded.info["folded"]
     jax.tree.map(np.testing.assert_array_equal, loaded.variables, folded)
-    np.testing.assert_allclose(_logits(loaded.model_cfg, loaded.variables, tokens_BxL), reference,
+    np.testing.assert_allclose(logits_at(loaded.model_cfg, loaded.variables, tokens_BxL), reference,
                                rtol=1e-5, atol=1e-5 * float(np.abs(reference).max()))
   with open(directory / "config.json") as f:
     assert json.load(f)["model"]["internal_norm"] == "identity"
@@ -98,7 +81,7 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
 
 def test_a_baseline_model_exports_unfolded(tmp_path):
   cfg = _cfg(internal_norm="plain", final_norm="plain")
-  loaded = export.load(export.save(tmp_path / "export", _init(cfg), cfg))
+  loaded = export.load(export.save(tmp_path / "export", init_variables(cfg), cfg))
   assert loaded.model_cfg == cfg and not loaded.info["folded"] and loaded.tokenizer_path is None
 
 

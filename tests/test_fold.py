@@ -1,6 +1,5 @@
 """Fold: the folded model computes the g = 0 forward of the original, in fp32, fp64, bf16 and sharded."""
 
-import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,8 @@ import pytest
 from tapernorm_jax import sharding
 from tapernorm_jax.fold import fold, fold_linear, norm_map
 from tapernorm_jax.losses import cross_entropy
-from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.model import ModelConfig, Transformer
+from model_helpers import init_variables, logits_at
 
 FAMILIES = ("llama", "gpt2")
 VARIANTS = {  # name: (internal norm, final norm, extra config)
@@ -22,22 +22,6 @@ VARIANTS = {  # name: (internal norm, final norm, extra config)
     "all_taper_untied": ("taper", "taper", dict(tie_embeddings=False)),
     "all_taper_untied_bias": ("taper", "taper", dict(tie_embeddings=False, logits_bias=True)),
 }
-
-
-def _init(cfg: ModelConfig, seed: int = 0):
-  """Boxed initial variables."""
-  return init(cfg, jax.random.key(seed))
-
-
-@functools.cache
-def _forward(cfg: ModelConfig):
-  """The model's jitted forward (one compilation per config)."""
-  return jax.jit(lambda v, t, g: Transformer(cfg).apply(v, t, gate=g))
-
-
-def _logits(cfg: ModelConfig, variables, tokens, gate: float = 0.0) -> jax.Array:
-  """The model's logits at `gate`."""
-  return _forward(cfg)(variables, tokens, jnp.float32(gate))
 
 
 def _cfg(family: str, variant: str, **changes) -> ModelConfig:
@@ -75,11 +59,11 @@ def _rel_err(a: jax.Array, b: jax.Array) -> float:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_fp32_logits_equal_the_unfolded_model_at_gate_zero(family, variant):
   cfg = _cfg(family, variant)
-  variables = perturbed(_init(cfg))
+  variables = perturbed(init_variables(cfg))
   tokens = _tokens(cfg)
-  expected = _logits(cfg, variables, tokens, 0.0)
+  expected = logits_at(cfg, variables, tokens, 0.0)
   folded, folded_cfg = fold(variables, cfg)
-  folded_logits = _logits(folded_cfg, folded, tokens, 0.7)  # the gate no longer matters
+  folded_logits = logits_at(folded_cfg, folded, tokens, 0.7)  # the gate no longer matters
   assert _rel_err(expected, folded_logits) < 1e-5
   tapered = [n for n in ("internal_norm", "final_norm") if getattr(cfg, n) != "plain"]
   assert all(getattr(folded_cfg, n) == "identity" for n in tapered)
@@ -92,7 +76,7 @@ def test_folded_fp32_logits_equal_the_unfolded_model_at_gate_zero(family, varian
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_weights_keep_their_shapes_dtypes_and_logical_axes(family):
   cfg = _cfg(family, "all_taper")
-  boxed = _init(cfg)
+  boxed = init_variables(cfg)
   folded, folded_cfg = fold(boxed, cfg)
   before = nn.get_partition_spec(boxed)["params"]
   after = nn.get_partition_spec(folded)["params"]
@@ -110,7 +94,7 @@ def test_folded_weights_keep_their_shapes_dtypes_and_logical_axes(family):
 
 def test_fold_is_pure_and_jittable():
   cfg = _cfg("gpt2", "all_taper")
-  variables = perturbed(_init(cfg))
+  variables = perturbed(init_variables(cfg))
   snapshot = jax.tree.map(np.asarray, variables)
   folded, folded_cfg = fold(variables, cfg)
   jax.tree.map(np.testing.assert_array_equal, variables, snapshot)
@@ -139,20 +123,20 @@ def test_fold_linear_is_exactly_A_W_in_float64(kind):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_fp64_logits_equal_the_unfolded_model_to_1e_12(family):
   cfg32 = _cfg(family, "all_taper")
-  variables32 = perturbed(_init(cfg32))
+  variables32 = perturbed(init_variables(cfg32))
   with jax.enable_x64(True):
     cfg = cfg32.replace(dtype="float64", param_dtype="float64")
     variables = jax.tree.map(lambda x: x.astype(jnp.float64) if x.dtype == jnp.float32 else x, variables32)
     tokens = _tokens(cfg)
     folded, folded_cfg = fold(variables, cfg)
-    logits = _logits(folded_cfg, folded, tokens)
+    logits = logits_at(folded_cfg, folded, tokens)
     assert logits.dtype == jnp.float64
-    assert _rel_err(_logits(cfg, variables, tokens, 0.0), logits) < 1e-12
+    assert _rel_err(logits_at(cfg, variables, tokens, 0.0), logits) < 1e-12
 
 
 def _trained_bigram_model(cfg: ModelConfig, steps: int = 100):
   """A small model trained at g = 0 on a permutation bigram task, so its top-1 margins are realistic."""
-  variables = perturbed(_init(cfg), seed=3)
+  variables = perturbed(init_variables(cfg), seed=3)
   perm = np.random.default_rng(0).permutation(cfg.V)
   rows = [np.arange(cfg.V)]
   for _ in range(cfg.T // 2):
@@ -175,8 +159,8 @@ def _check_bf16_top1(family: str, variant: str) -> None:
   cfg = _cfg(family, variant, V=64, T=32, dtype="bfloat16")
   variables, tokens = _trained_bigram_model(cfg)
   folded, folded_cfg = fold(variables, cfg)
-  top1 = jnp.argmax(_logits(cfg, variables, tokens, 0.0), -1)
-  top1_folded = jnp.argmax(_logits(folded_cfg, folded, tokens), -1)
+  top1 = jnp.argmax(logits_at(cfg, variables, tokens, 0.0), -1)
+  top1_folded = jnp.argmax(logits_at(folded_cfg, folded, tokens), -1)
   assert top1.size >= 1000 and float(jnp.mean(top1 == top1_folded)) >= 0.999
 
 
@@ -195,7 +179,7 @@ def test_bf16_top1_agreement_for_every_variant(family, variant):
 def test_sharded_params_fold_in_place(family):
   cfg = _cfg(family, "all_taper")
   mesh = sharding.make_mesh(data=1, fsdp=8)
-  boxed = _init(cfg)
+  boxed = init_variables(cfg)
   variables = perturbed(boxed)
   placed = jax.device_put(variables, sharding.shardings(boxed, mesh))
   folded, folded_cfg = fold(placed, cfg)
@@ -203,14 +187,14 @@ def test_sharded_params_fold_in_place(family):
   assert qkv_out.sharding == qkv_in.sharding and qkv_out.sharding.spec[0] == "fsdp"
   assert folded["params"]["head"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
   tokens = jax.device_put(_tokens(cfg, (8, 16)), sharding.batch_sharding(mesh))
-  logits = _logits(folded_cfg, folded, tokens)
-  assert _rel_err(_logits(cfg, variables, np.asarray(tokens), 0.0), logits) < 1e-5
+  logits = logits_at(folded_cfg, folded, tokens)
+  assert _rel_err(logits_at(cfg, variables, np.asarray(tokens), 0.0), logits) < 1e-5
 
 
 def test_baseline_model_is_a_clear_error():
   cfg = _cfg("llama", "all_taper", internal_norm="plain", final_norm="plain")
   with pytest.raises(ValueError, match="nothing to fold.*internal_norm='plain'"):
-    fold(_init(cfg), cfg)
+    fold(init_variables(cfg), cfg)
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -223,10 +207,10 @@ def test_baseline_model_is_a_clear_error():
 def test_config_that_does_not_match_the_variables_is_a_clear_error(changes, message):
   cfg = _cfg("llama", "all_taper")
   with pytest.raises(ValueError, match="do not match the model config.*" + message):
-    fold(_init(cfg), cfg.replace(**changes))
+    fold(init_variables(cfg), cfg.replace(**changes))
 
 
 def test_missing_calibration_collection_is_named():
   cfg = _cfg("llama", "all_taper")
   with pytest.raises(ValueError, match="calib"):
-    fold({"params": nn.unbox(_init(cfg))["params"]}, cfg)
+    fold({"params": nn.unbox(init_variables(cfg))["params"]}, cfg)

@@ -2,20 +2,17 @@
 
 import logging
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from configs import base
-from tapernorm_jax import calibration, sharding
+from tapernorm_jax import calibration, schedules, sharding
 from tapernorm_jax.train import Trainer, make_optimizer
-from tapernorm_jax import schedules
 
 
-def tiny(variant: str = "all_taper", **overrides) -> "ml_collections.ConfigDict":
+def tiny(variant: str = "all_taper", **overrides):
   """A seconds-sized config: D=32, 2 layers, T=16, vocab 64, 12 steps, taper 3 → 9."""
   cfg = base.get_config(variant)
   cfg.model.update(D=32, H=4, L=2, T=16, V=64)
@@ -67,7 +64,7 @@ def test_calibration_at_the_taper_start(trainer):
 
 def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trainer):
   state = trainer.init_state(1)
-  gates, auxes = [], []
+  gates = []
   for k, batch in enumerate(batches(trainer.phases.taper_end, trainer.cfg, seed=1)):
     state, m = trainer.train_step(state, batch)
     gates.append(float(m["gate"]))

@@ -201,7 +201,7 @@ def plot_storm(rng: random.Random, hero: Character, friend: Character, place: Pl
       f"Big drops of rain began to fall, and there was a loud boom. {hero.name} felt {rng.choice(SAD[3:] + SAD[:2])}.",
       f"\"I don't like storms,\" {hero.name} {rng.choice(('whispered', 'said'))}. "
       f"\"Let's hide under {rng.choice(spots)},\" said {friend.name}. \"I will stay with you.\"",
-      f"They sat close together and sang a silly song until the rain stopped.",
+      "They sat close together and sang a silly song until the rain stopped.",
       f"Soon the sun came out and they saw a big rainbow. \"That was not so bad,\" {hero.name} said with a smile. "
       f"{cap(hero.he)} learned that {MORALS[3]}.",
   ]
