@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 import jax
 import orbax.checkpoint as ocp
 
@@ -128,6 +128,7 @@ def main(argv: list[str]) -> None:
   """Entry point."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
   f = {name: holder.value for name, holder in _FLAGS.items()}
   loaded = load(f["workdir"], f["step"])
   variables, cfg = loaded.variables, loaded.model_cfg

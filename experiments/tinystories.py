@@ -7,7 +7,7 @@ resolved config and checkpoints to --workdir; running the same command again res
 import json
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
@@ -28,6 +28,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cfg = _CONFIG.value
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
   if cfg.mesh.distributed:
     jax.distributed.initialize()
   workdir = _WORKDIR.value or default_workdir(cfg)
