@@ -1,6 +1,5 @@
 """KV-cache decoding: step-by-step logits equal the full forward; ragged prefill; the jitted sampling loop."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 from tapernorm_jax import decode
 from tapernorm_jax.fold import fold
 from tapernorm_jax.model import ModelConfig
-from model_helpers import init_variables, logits_at
+from model_helpers import logits_at, perturbed_variables
 
 FORMS = ("baseline", "unfused", "folded")
 
@@ -19,15 +18,7 @@ def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
   norm = {"baseline": "plain", "unfused": "scale", "folded": "taper"}[form]
   cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
                               init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
-  variables = nn.unbox(init_variables(cfg))
-  keys = iter(jax.random.split(jax.random.key(1), 64))
-
-  def bump(path, x):
-    if "'c'" in jax.tree_util.keystr(path):
-      return jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 2.0)
-    return x + 0.2 * jax.random.normal(next(keys), x.shape, x.dtype) if x.ndim == 1 else x
-
-  variables = jax.tree_util.tree_map_with_path(bump, variables)
+  variables = perturbed_variables(cfg)
   return fold(variables, cfg) if form == "folded" else (variables, cfg)
 
 

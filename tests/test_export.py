@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -19,7 +18,7 @@ from experiments import generate
 from tapernorm_jax import decode, export
 from tapernorm_jax.fold import fold
 from tapernorm_jax.model import ModelConfig
-from model_helpers import init_variables, logits_at
+from model_helpers import init_variables, logits_at, perturbed_variables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = ["Once upon a time there was a little cat named Tom.", "Tom liked to play in the park with his red ball.",
@@ -36,18 +35,6 @@ def _cfg(family: str = "llama", **changes) -> ModelConfig:
                                init_std=0.2, tie_embeddings=False), **changes})
 
 
-def _variables(cfg: ModelConfig) -> dict:
-  variables = nn.unbox(init_variables(cfg))
-  keys = iter(jax.random.split(jax.random.key(1), 64))
-
-  def bump(path, x):
-    if "'c'" in jax.tree_util.keystr(path):
-      return jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 2.0)
-    return x + 0.2 * jax.random.normal(next(keys), x.shape, x.dtype) if x.ndim == 1 else x
-
-  return jax.tree_util.tree_map_with_path(bump, variables)
-
-
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory) -> str:
   model = io.BytesIO()
@@ -61,7 +48,7 @@ def tokenizer_file(tmp_path_factory) -> str:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, tokenizer_file):
   cfg = _cfg(family)
-  variables = _variables(cfg)
+  variables = perturbed_variables(cfg)
   directory = export.save(tmp_path / "export", variables, cfg, tokenizer_path=tokenizer_file)
   assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors", "tokenizer.model", "variables"]
   folded, folded_cfg = fold(variables, cfg)
@@ -90,16 +77,16 @@ def test_export_errors_are_clear(tmp_path):
   (tmp_path / "busy").mkdir()
   (tmp_path / "busy" / "x").write_text("x")
   with pytest.raises(FileExistsError, match="not empty"):
-    export.save(tmp_path / "busy", _variables(cfg), cfg)
+    export.save(tmp_path / "busy", perturbed_variables(cfg), cfg)
   with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.export directory"):
     export.load(tmp_path)
   with pytest.raises(ValueError, match="do not match the model config"):
-    export.save(tmp_path / "bad", _variables(cfg), cfg.replace(D=64, internal_norm="plain", final_norm="plain"))
+    export.save(tmp_path / "bad", perturbed_variables(cfg), cfg.replace(D=64, internal_norm="plain", final_norm="plain"))
 
 
 def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, tokenizer_file):
   cfg = _cfg()
-  variables = _variables(cfg)
+  variables = perturbed_variables(cfg)
   directory = export.save(tmp_path / "export", variables, cfg, tokenizer_path=tokenizer_file)
   blocker = f"import sys\nfor m in {TRAINING_ONLY!r}:\n  sys.modules[m] = None\n"
   script = blocker + ("import runpy\nsys.argv = ['generate', '--workdir={d}', '--prompt=Once upon a time', "
@@ -133,7 +120,7 @@ def _write_training_checkpoint(workdir, cfg: ModelConfig, variables, step: int) 
 
 def test_generate_restores_params_and_calib_from_the_latest_training_checkpoint(tmp_path):
   cfg = _cfg()
-  old, new = _variables(cfg), _variables(cfg.replace(init_std=0.3))
+  old, new = perturbed_variables(cfg), perturbed_variables(cfg.replace(init_std=0.3))
   _write_training_checkpoint(tmp_path, cfg, old, 10)
   _write_training_checkpoint(tmp_path, cfg, new, 20)
   restored, run_cfg = generate.load_checkpoint(str(tmp_path))
