@@ -15,6 +15,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from tapernorm_jax.tokenizer import SentencePiece
+
 MODEL_FILE = "tokenizer.model"
 SETTINGS_FILE = "tokenizer.json"
 
@@ -39,28 +41,16 @@ class TokenizerMismatchError(ValueError):
   """A cached tokenizer was trained with other settings than the ones asked for."""
 
 
-class Tokenizer:
-  """A trained SentencePiece model with the project's encode/decode interface."""
+class Tokenizer(SentencePiece):
+  """A trained SentencePiece model together with the settings it was trained with."""
 
   def __init__(self, model_proto: bytes, settings: TokenizerSettings):
-    self.model_proto = model_proto
+    super().__init__(model_proto)
     self.settings = settings
-    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
-    self.bos_id: int = self.sp.bos_id()
-    self.eos_id: int = self.sp.eos_id()
-    self.vocab_size: int = self.sp.get_piece_size()
-
-  def encode(self, text: str) -> list[int]:
-    """Token ids of `text` (no bos/eos added)."""
-    return self.sp.encode(text)
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
     """Token ids of each text, encoded on `num_threads` threads (-1: all cores)."""
     return self.sp.encode(list(texts), num_threads=num_threads)
-
-  def decode(self, ids: Iterable[int]) -> str:
-    """The text of `ids`; bos/eos/unk ids decode to nothing."""
-    return self.sp.decode([int(i) for i in ids])
 
   def save(self, directory: Path) -> None:
     """Writes the model and its settings into `directory`."""
