@@ -36,7 +36,7 @@ import numpy as np
 from configs import base
 from tapernorm_jax import decode
 from tapernorm_jax.fold import fold
-from tapernorm_jax.model import ModelConfig, Transformer, init, param_count
+from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, init, param_count
 
 PyTree = Any
 FORMS = ("baseline", "unfused", "folded", "identity")
@@ -142,7 +142,7 @@ def make_forms(cfg: ModelConfig, seed: int) -> dict[str, tuple[PyTree, ModelConf
 
 def select(variables: PyTree, cfg: ModelConfig) -> PyTree:
   """The subset of `variables` that the model `cfg` reads (so each form gets exactly its own weights)."""
-  shapes = jax.eval_shape(lambda: nn.unbox(init(cfg, jax.random.key(0))))
+  shapes = nn.unbox(abstract_variables(cfg))
   return _subset(variables, shapes)
 
 

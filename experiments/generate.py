@@ -67,7 +67,7 @@ def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict
     if step is None or step not in manager.all_steps():
       raise FileNotFoundError(f"no checkpoint {'at step ' + str(step) if step is not None else ''} in "
                               f"{workdir}/checkpoints (steps: {sorted(manager.all_steps())})")
-    target = export.abstract_variables(model_cfg)
+    target = export.restore_target(model_cfg)
     restored = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
                                      partial_restore=True)))
@@ -97,7 +97,7 @@ def load(path: str, step: int | None = None) -> Loaded:
 
 def fold_if_tapered(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelConfig]:
   """Folds a model with tapered norms (its g = 0 forward); other models come back unchanged."""
-  if cfg.internal_norm in fold_lib.FOLDABLE or cfg.final_norm in fold_lib.FOLDABLE:
+  if fold_lib.has_tapered_norms(cfg):
     return fold_lib.fold(variables, cfg)
   return variables, cfg
 

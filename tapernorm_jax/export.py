@@ -19,11 +19,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import safetensors.flax
-import sentencepiece as spm
 from flax import traverse_util
 
 from tapernorm_jax import fold as fold_lib
-from tapernorm_jax.model import ModelConfig, init
+from tapernorm_jax import model
+from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.tokenizer import SentencePiece
 
 PyTree = Any
 FORMAT = "tapernorm_jax.export"
@@ -44,24 +45,6 @@ class Exported:
   info: dict  # the whole config.json
 
 
-class Tokenizer:
-  """A SentencePiece model with the data pipeline's interface: encode, decode, bos_id, eos_id."""
-
-  def __init__(self, path: str | Path):
-    self.sp = spm.SentencePieceProcessor(model_file=str(path))
-    self.bos_id: int = self.sp.bos_id()
-    self.eos_id: int = self.sp.eos_id()
-    self.vocab_size: int = self.sp.get_piece_size()
-
-  def encode(self, text: str) -> list[int]:
-    """Token ids of `text` (no bos/eos added)."""
-    return self.sp.encode(text)
-
-  def decode(self, ids: list[int]) -> str:
-    """The text of `ids`."""
-    return self.sp.decode([int(i) for i in ids])
-
-
 def is_export(directory: str | Path) -> bool:
   """Whether `directory` holds an export (rather than, say, a training workdir)."""
   path = Path(directory) / CONFIG_FILE
@@ -74,7 +57,7 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
   cfg = ModelConfig.from_config(model_cfg)
   variables = nn.unbox(variables)
   variables = {"params": variables["params"], "calib": variables.get("calib", {})}
-  folded = fold and (cfg.internal_norm in fold_lib.FOLDABLE or cfg.final_norm in fold_lib.FOLDABLE)
+  folded = fold and fold_lib.has_tapered_norms(cfg)
   if folded:
     variables, cfg = fold_lib.fold(variables, cfg)
   else:
@@ -105,7 +88,7 @@ def load(directory: str | Path, source: str = "orbax") -> Exported:
     raise ValueError(f"{directory} is export version {info['version']}; this code reads version {VERSION}")
   cfg = ModelConfig.from_config(info["model"])
   if source == "orbax":
-    target = abstract_variables(cfg)
+    target = restore_target(cfg)
     with ocp.StandardCheckpointer() as checkpointer:
       variables = checkpointer.restore(directory / VARIABLES_DIR, target)
   elif source == "safetensors":
@@ -117,10 +100,10 @@ def load(directory: str | Path, source: str = "orbax") -> Exported:
   return Exported(variables=variables, model_cfg=cfg, tokenizer_path=tokenizer, info=info)
 
 
-def abstract_variables(cfg: ModelConfig, device: jax.Device | None = None) -> PyTree:
+def restore_target(cfg: ModelConfig, device: jax.Device | None = None) -> PyTree:
   """ShapeDtypeStructs of the model's params and calib, placed on one device (a restore target)."""
   placement = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
-  shapes = jax.eval_shape(lambda: nn.unbox(init(cfg, jax.random.key(0))))
+  shapes = nn.unbox(model.abstract_variables(cfg))
   shapes = {"params": shapes["params"], "calib": shapes.get("calib", {})}
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), shapes)
 
@@ -135,6 +118,6 @@ def unflatten(flat: dict[str, Any]) -> PyTree:
   return traverse_util.unflatten_dict({tuple(k.split(".")): v for k, v in flat.items()})
 
 
-def load_tokenizer(exported: Exported) -> Tokenizer | None:
+def load_tokenizer(exported: Exported) -> SentencePiece | None:
   """The export's tokenizer, if it carries one."""
-  return Tokenizer(exported.tokenizer_path) if exported.tokenizer_path is not None else None
+  return SentencePiece.from_file(exported.tokenizer_path) if exported.tokenizer_path is not None else None

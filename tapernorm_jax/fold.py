@@ -21,18 +21,23 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 
 from tapernorm_jax import sharding
-from tapernorm_jax.model import ModelConfig, init
+from tapernorm_jax.model import ModelConfig, abstract_variables
 
 PyTree = Any
 Path = tuple[str, ...]
 FOLDABLE = ("taper", "scale")  # norm forms whose g = 0 map is linear in h and folds
 
 
+def has_tapered_norms(cfg: ModelConfig) -> bool:
+  """Whether any norm of `cfg` is in a form that folds."""
+  return cfg.internal_norm in FOLDABLE or cfg.final_norm in FOLDABLE
+
+
 def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
   """Folds every tapered norm into the next projection; returns (folded variables, folded config)."""
   cfg = ModelConfig.from_config(model_cfg)
   internal, final = cfg.internal_norm in FOLDABLE, cfg.final_norm in FOLDABLE
-  if not (internal or final):
+  if not has_tapered_norms(cfg):
     raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
                      f"{cfg.final_norm!r}; fold needs TaperNorm layers (a norm in one of the forms {FOLDABLE})")
   boxed = _is_boxed(variables)
@@ -94,7 +99,7 @@ def check_matches(variables: PyTree, cfg: ModelConfig) -> None:
   missing_collections = [c for c in ("params", "calib") if c not in variables]
   if missing_collections:
     raise ValueError(f"variables lack the collection(s) {missing_collections}; pass {{'params': ..., 'calib': ...}}")
-  expected = jax.eval_shape(lambda: nn.unbox(init(cfg, jax.random.key(0))))
+  expected = nn.unbox(abstract_variables(cfg))
   problems = []
   for collection in ("params", "calib"):
     want = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(expected.get(collection, {})).items()}
@@ -136,7 +141,7 @@ def _is_boxed(variables: PyTree) -> bool:
 
 def _rebox(folded: PyTree, cfg: ModelConfig) -> PyTree:
   """Boxes the folded arrays with the folded model's logical axis names."""
-  abstract = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
+  abstract = abstract_variables(cfg)
   is_box = lambda x: isinstance(x, nn.Partitioned)
   return jax.tree.map(lambda box, x: box.replace_boxed(x) if is_box(box) else x, abstract, folded, is_leaf=is_box)
 
@@ -148,7 +153,7 @@ def _place_like(folded: PyTree, original: PyTree, cfg: ModelConfig) -> PyTree:
   mesh = next((x.sharding.mesh for x in placed_in.values() if isinstance(x.sharding, NamedSharding)), None)
   if mesh is None:
     return folded
-  rules = traverse_util.flatten_dict(sharding.shardings(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), mesh))
+  rules = traverse_util.flatten_dict(sharding.shardings(abstract_variables(cfg), mesh))
   placed = {}
   for key, x in traverse_util.flatten_dict(folded).items():
     old = placed_in.get(key)

@@ -346,6 +346,11 @@ def init(cfg: Any, rng: Array, batch: int = 1, length: int = 8) -> dict[str, Any
   return model.init(rng, jnp.zeros((batch, min(length, model.cfg.T)), jnp.int32))
 
 
+def abstract_variables(cfg: Any) -> dict[str, Any]:
+  """The variables `init` would make, as boxed ShapeDtypeStructs (nothing is computed)."""
+  return jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
+
+
 def param_count(params: Any) -> int:
   """Number of trainable scalars (γ̃ included)."""
   return sum(x.size for x in jax.tree.leaves(nn.unbox(params)))
