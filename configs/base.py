@@ -1,8 +1,13 @@
-"""Shared defaults for every TinyStories variant (the paper's §6 setup); variant files override the norms."""
+"""Shared defaults for every TinyStories variant (the paper's setup, docs/method.md §8); variant files set the norms."""
+
+import difflib
+from typing import Any
 
 import ml_collections
 
-# The paper's widths and step counts (PAPER.md §6); `cpu` is a preset that trains in minutes on 2 cores.
+from tapernorm_jax.data import corpora
+
+# The paper's widths and step counts (docs/method.md §8); `cpu` is a preset that trains in minutes on 2 cores.
 SIZES = {
     "1m": dict(D=64, steps=500_000),
     "3m": dict(D=128, steps=500_000),
@@ -60,15 +65,9 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
       attention_impl=None, remat=False))
 
-  c.data = ml_collections.ConfigDict(dict(
-      source="synthetic" if cpu else "tinystories",  # synthetic | tinystories | text
-      data_dir="~/.cache/tapernorm_jax",  # prepared datasets and tokenizers are cached here
-      manual_dir="",  # TinyStoriesV2-GPT4-{train,valid}.txt when offline
-      text_train="", text_valid="", text_separator="<|endoftext|>",
-      synthetic_train_stories=20_000, synthetic_valid_stories=1_000, synthetic_seed=0,
-      vocab_size=c.model.get_ref("V"),
-      seq_len=c.model.get_ref("T"),
-  ))
+  c.data = ml_collections.ConfigDict(dict(  # every field and its meaning: tapernorm_jax/data/corpora.py DEFAULTS
+      corpora.DEFAULTS, source="synthetic" if cpu else "tinystories", vocab_size=c.model.get_ref("V"),
+      seq_len=c.model.get_ref("T")))
 
   c.opt = ml_collections.ConfigDict(dict(
       lr=3e-3 if cpu else 3e-4, warmup_frac=0.05, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, clip=1.0))
@@ -80,8 +79,35 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c.train = ml_collections.ConfigDict(dict(
       steps=steps, batch_size=16, log_every=10 if cpu else 100, diag_every=50 if cpu else 1_000,
-      eval_every=0, eval_batches=8 if cpu else 64))
+      eval_batches=8 if cpu else 64,
+      profile_steps=0,  # > 0: trace this many steps with jax.profiler into <workdir>/profile (TensorBoard/Perfetto)
+      profile_start=10))  # the first traced step (past compilation)
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, distributed=False))
   c.checkpoint = ml_collections.ConfigDict(dict(every=100 if cpu else 5_000, keep=3))
   return c
+
+
+def override(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> ml_collections.ConfigDict:
+  """Sets dotted fields (`{"train.steps": 600}`, as `--config.train.steps=600` would); unknown fields are an error."""
+  for dotted, value in changes.items():
+    *sections, field = dotted.split(".")
+    node = cfg
+    for name in sections:
+      node = node[name] if name in node and isinstance(node[name], ml_collections.ConfigDict) else None
+      if node is None:
+        break
+    if node is None or field not in node:
+      known = [".".join(path) for path in _field_paths(cfg)]
+      hint = difflib.get_close_matches(dotted, known, n=1)
+      raise ValueError(f"config field {dotted!r} does not exist" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    node[field] = value
+  return cfg
+
+
+def _field_paths(cfg: ml_collections.ConfigDict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+  """Every leaf field of `cfg` as a path."""
+  paths = []
+  for name, value in cfg.items():
+    paths += _field_paths(value, prefix + (name,)) if isinstance(value, ml_collections.ConfigDict) else [prefix + (name,)]
+  return paths

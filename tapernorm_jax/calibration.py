@@ -1,16 +1,19 @@
-"""Calibration of TaperNorm: EMA statistics, c* = num/(den + δ), γ̃ ← γ and s_tgt, as pure functions.
+"""Calibration of TaperNorm: EMA statistics, c* = num/(den + δ), γ̃ ← γ and s_tgt, as pure functions (docs/method.md §3).
 
-The `calib` collection holds, per tapered layer, `num`, `den`, `count` and `c`, and at the
-model level (`pre_logit`) `s`, `count` and `s_tgt`. A forward pass with `calib_stats`
-mutable returns this step's batch statistics under the same paths; `ema_update` folds
-them in. Every function here maps plain (unboxed) pytrees to new pytrees.
+The `calib` collection holds, per tapered norm, `num`, `den`, `count` and `c`, and at the
+model level (`pre_logit`) `s`, `count` and `s_tgt` (paths: `layout.py`). A forward pass with
+`calib_stats` mutable returns this step's batch statistics under the same paths; `ema_update`
+folds them in. Every function here maps plain (unboxed) pytrees to new pytrees.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
+
+from tapernorm_jax import layout
 
 PyTree = Any
 
@@ -25,7 +28,7 @@ def ema_update(calib: PyTree, stats: PyTree, mu: float, active: jax.Array | bool
       raise KeyError(f"statistic {'/'.join(key)} has no calibration entry; the model and its calib state differ")
     new[key] = flat_calib[key] + mu * (x - flat_calib[key])
   for node in {key[:-1] for key in flat_stats}:
-    new[node + ("count",)] = flat_calib[node + ("count",)] + 1
+    new[node + (layout.COUNT,)] = flat_calib[node + (layout.COUNT,)] + 1
   new = {k: jnp.where(active, v, flat_calib[k]) for k, v in new.items()}
   return traverse_util.unflatten_dict(new)
 
@@ -36,29 +39,41 @@ def debiased(value: jax.Array, count: jax.Array, mu: float) -> jax.Array:
   return jnp.where(count > 0, value / jnp.where(count > 0, correction, 1.0), 0.0)
 
 
-def calibrate(params: PyTree, calib: PyTree, mu: float, delta: float) -> tuple[PyTree, PyTree]:
-  """Sets c* = num/(den + δ) and γ̃ ← γ in every tapered layer and freezes s_tgt; returns (params, calib)."""
+def calibrate(params: PyTree, calib: PyTree, norms: Sequence[layout.Path], mu: float,
+              delta: float) -> tuple[PyTree, PyTree]:
+  """The taper start: `calibrate_norms` and `freeze_scale_target` on a whole model; returns (params, calib)."""
+  params, calib = calibrate_norms(params, calib, norms, mu, delta)
+  return params, freeze_scale_target(calib, mu)
+
+
+def calibrate_norms(params: PyTree, calib: PyTree, norms: Sequence[layout.Path], mu: float,
+                    delta: float) -> tuple[PyTree, PyTree]:
+  """Sets c* = num/(den + δ) from the debiased EMAs and γ̃ ← γ in each norm of `norms`; returns (params, calib)."""
   flat_params = traverse_util.flatten_dict(params)
   flat_calib = dict(traverse_util.flatten_dict(calib))
-  nodes = {key[:-1] for key in flat_calib}
-  for node in nodes:
-    count = flat_calib[node + ("count",)]
-    if node + ("c",) in flat_calib:
-      num = debiased(flat_calib[node + ("num",)], count, mu)
-      den = debiased(flat_calib[node + ("den",)], count, mu)
-      flat_calib[node + ("c",)] = num / (den + delta)
-      flat_params[node + ("scale_tilde",)] = flat_params[node + ("scale",)]
-    if node + ("s_tgt",) in flat_calib:
-      flat_calib[node + ("s_tgt",)] = debiased(flat_calib[node + ("s",)], count, mu)
+  for norm in norms:
+    count = flat_calib[norm + (layout.COUNT,)]
+    num = debiased(flat_calib[norm + (layout.NUM,)], count, mu)
+    den = debiased(flat_calib[norm + (layout.DEN,)], count, mu)
+    flat_calib[norm + (layout.C,)] = num / (den + delta)
+    flat_params[norm + (layout.GAMMA_TILDE,)] = flat_params[norm + (layout.GAMMA,)]
   return traverse_util.unflatten_dict(flat_params), traverse_util.unflatten_dict(flat_calib)
 
 
-def layer_scalars(calib: PyTree, name: str) -> dict[str, jax.Array]:
-  """Every calibration scalar called `name` (e.g. `c`), keyed by its layer path."""
+def freeze_scale_target(calib: PyTree, mu: float) -> PyTree:
+  """Sets s_tgt to the debiased EMA of the pre-logit scale s(h)."""
+  flat = dict(traverse_util.flatten_dict(calib))
+  monitor = (layout.PRE_LOGIT,)
+  flat[layout.S_TGT_PATH] = debiased(flat[monitor + (layout.S,)], flat[monitor + (layout.COUNT,)], mu)
+  return traverse_util.unflatten_dict(flat)
+
+
+def norm_scalars(calib: PyTree, norms: Sequence[layout.Path], name: str) -> dict[str, jax.Array]:
+  """The calibration scalar `name` (e.g. `c`) of each norm in `norms`, keyed by its path joined with '/'."""
   flat = traverse_util.flatten_dict(calib)
-  return {"/".join(key[:-1]): v for key, v in flat.items() if key[-1] == name}
+  return {"/".join(norm): flat[norm + (name,)] for norm in norms}
 
 
 def s_target(calib: PyTree) -> jax.Array:
   """The frozen pre-logit scale target s_tgt."""
-  return calib["pre_logit"]["s_tgt"]
+  return traverse_util.flatten_dict(calib)[layout.S_TGT_PATH]

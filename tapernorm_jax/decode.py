@@ -26,9 +26,9 @@ Cache = list[LayerCache]
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
-  """A zeroed cache of `length` slots per row: per layer {"k": N×K×S, "v": N×S×K}, N = B·H (model.LayerCache)."""
-  N, K, dtype = batch * cfg.H, cfg.D // cfg.H, dtype or cfg.compute_dtype
-  return [{"k": jnp.zeros((N, K, length), dtype), "v": jnp.zeros((N, length, K), dtype)} for _ in range(cfg.L)]
+  """A zeroed cache of `length` slots per row: per layer {"k": BH×K×S, "v": BH×S×K}, BH = B·H (model.LayerCache)."""
+  BH, K, dtype = batch * cfg.H, cfg.D // cfg.H, dtype or cfg.compute_dtype
+  return [{"k": jnp.zeros((BH, K, length), dtype), "v": jnp.zeros((BH, length, K), dtype)} for _ in range(cfg.L)]
 
 
 def cache_bytes(cache: Cache) -> int:
@@ -60,9 +60,9 @@ def sample(logits_BxV: Array, key: Array, temperature: float = 0.0, top_k: int =
     return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   logits_BxV = logits_BxV.astype(jnp.float32) / temperature
   if top_k > 0:
-    top_BxK, ids_BxK = jax.lax.top_k(logits_BxV, top_k)
-    choice_B = jax.random.categorical(key, top_BxK, axis=-1)
-    return jnp.take_along_axis(ids_BxK, choice_B[:, None], axis=-1)[:, 0].astype(jnp.int32)
+    top_logits_BxTopK, top_ids_BxTopK = jax.lax.top_k(logits_BxV, top_k)
+    choice_B = jax.random.categorical(key, top_logits_BxTopK, axis=-1)
+    return jnp.take_along_axis(top_ids_BxTopK, choice_B[:, None], axis=-1)[:, 0].astype(jnp.int32)
   return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
 
 

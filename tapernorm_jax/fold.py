@@ -1,4 +1,4 @@
-"""Fold: the g = 0 map of every TaperNorm layer absorbed into the next linear layer (PAPER.md §3, step 4).
+"""Fold: the g = 0 map of every TaperNorm layer absorbed into the next linear layer (docs/method.md §6).
 
 A pure function from variables to variables. At g = 0 a tapered norm is `h ↦ h·A + β`, with
 `A = c·diag(γ̃)` (RMS) or `A = c·(I − 11ᵀ/d)·diag(γ̃)` (LN, β its bias). The layer that reads
@@ -7,7 +7,7 @@ it, `x ↦ x·W + b`, becomes `h ↦ h·(A·W) + (β·W + b)` and the norm becom
     internal norms  →  attention `qkv` (+ `qkv_bias`), MLP `wi_0` and `wi_1` (SwiGLU) or `wi` (+ `wi_bias`)
     final norm      →  an untied `head` (D, V), plus `logits_bias` (V,) for LN
 
-Norms in the `taper` and `scale` forms fold (they share variables and the same g = 0 map);
+Norms in the `taper` and `fixed` forms fold (they share variables and the same g = 0 map);
 `plain` norms are left as they are. Folded weights keep their shapes, dtypes, logical axes
 and, for sharded inputs, their shardings; the new head is placed by the sharding rules.
 """
@@ -20,46 +20,36 @@ import jax.numpy as jnp
 from flax import traverse_util
 from jax.sharding import NamedSharding
 
-from tapernorm_jax import sharding
+from tapernorm_jax import layout, sharding
+from tapernorm_jax.layout import Path
 from tapernorm_jax.model import ModelConfig, abstract_variables
 
 PyTree = Any
-Path = tuple[str, ...]
-FOLDABLE = ("taper", "scale")  # norm forms whose g = 0 map is linear in h and folds
-
-
-def has_tapered_norms(cfg: ModelConfig) -> bool:
-  """Whether any norm of `cfg` is in a form that folds."""
-  return cfg.internal_norm in FOLDABLE or cfg.final_norm in FOLDABLE
 
 
 def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
   """Folds every tapered norm into the next projection; returns (folded variables, folded config)."""
   cfg = ModelConfig.from_config(model_cfg)
-  internal, final = cfg.internal_norm in FOLDABLE, cfg.final_norm in FOLDABLE
-  if not has_tapered_norms(cfg):
+  internal, final = cfg.internal_norm in layout.CALIBRATED_MODES, cfg.final_norm in layout.CALIBRATED_MODES
+  if not cfg.tapered:
     raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
-                     f"{cfg.final_norm!r}; fold needs TaperNorm layers (a norm in one of the forms {FOLDABLE})")
+                     f"{cfg.final_norm!r}; fold needs TaperNorm layers (a norm in one of the forms "
+                     f"{layout.CALIBRATED_MODES})")
   boxed = _is_boxed(variables)
   plain = nn.unbox(variables)
   check_matches(plain, cfg)
   params = dict(traverse_util.flatten_dict(plain["params"]))
   calib = dict(traverse_util.flatten_dict(plain["calib"]))
-  if internal:
-    for i in range(cfg.L):
-      block = (f"block_{i}",)
-      _fold_norm(params, calib, cfg, block + ("attn_norm",), block + ("attn", "qkv"), block + ("attn", "qkv_bias"))
-      for name in ("wi_0", "wi_1") if cfg.family == "llama" else ("wi",):
-        _fold_norm(params, calib, cfg, block + ("mlp_norm",), block + ("mlp", name), block + ("mlp", "wi_bias"))
-      _drop_norm(params, calib, block + ("attn_norm",))
-      _drop_norm(params, calib, block + ("mlp_norm",))
-  if final:
-    if cfg.tie_embeddings:
-      params[("head",)] = params[("embed",)].T
-    if cfg.norm_kind == "ln" and ("logits_bias",) not in params:
-      params[("logits_bias",)] = jnp.zeros((cfg.V,), params[("head",)].dtype)
-    _fold_norm(params, calib, cfg, ("final_norm",), ("head",), ("logits_bias",))
-    _drop_norm(params, calib, ("final_norm",))
+  head, logits_bias = (layout.HEAD,), (layout.LOGITS_BIAS,)
+  if final and cfg.tie_embeddings:  # the head becomes a matrix of its own
+    params[head] = params[(layout.EMBED,)].T
+  if final and cfg.norm_kind == "ln" and logits_bias not in params:
+    params[logits_bias] = jnp.zeros((cfg.V,), params[head].dtype)
+  for site in layout.norm_sites(cfg):
+    if internal if site.internal else final:
+      for weight in site.weights:
+        _fold_norm(params, calib, cfg, site.norm, weight, site.bias)
+      _drop_norm(params, calib, site.norm)
   folded_cfg = cfg.replace(
       internal_norm="identity" if internal else cfg.internal_norm,
       final_norm="identity" if final else cfg.final_norm,
@@ -73,25 +63,25 @@ def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
 
 def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tuple[jax.Array, jax.Array | None]:
   """The g = 0 map of a tapered norm as (row scale c·γ̃, β or None); LN also centres (see `fold_linear`)."""
-  gamma_tilde_D = norm_params["scale_tilde"]
+  gamma_tilde_D = norm_params[layout.GAMMA_TILDE]
   ct = jnp.promote_types(gamma_tilde_D.dtype, jnp.float32)
-  beta_D = norm_params["bias"].astype(ct) if kind == "ln" else None
+  beta_D = norm_params[layout.BETA].astype(ct) if kind == "ln" else None
   return jnp.asarray(c, ct) * gamma_tilde_D.astype(ct), beta_D
 
 
-def fold_linear(w_DxN: jax.Array, b_N: jax.Array | None, row_scale_D: jax.Array, beta_D: jax.Array | None,
+def fold_linear(w_DxO: jax.Array, b_O: jax.Array | None, row_scale_D: jax.Array, beta_D: jax.Array | None,
                 kind: str) -> tuple[jax.Array, jax.Array | None]:
-  """W' = A·W and b' = β·W + b for a weight whose first axis is the input width D (trailing axes any)."""
-  ct = jnp.promote_types(jnp.promote_types(w_DxN.dtype, jnp.float32), row_scale_D.dtype)
-  w = w_DxN.astype(ct)
-  folded_DxN = row_scale_D.astype(ct).reshape((-1,) + (1,) * (w.ndim - 1)) * w
+  """W' = A·W and b' = β·W + b for a weight whose first axis is the input width D (O: any trailing axes)."""
+  ct = jnp.promote_types(jnp.promote_types(w_DxO.dtype, jnp.float32), row_scale_D.dtype)
+  w = w_DxO.astype(ct)
+  folded_DxO = row_scale_D.astype(ct).reshape((-1,) + (1,) * (w.ndim - 1)) * w
   if kind == "ln":  # (I − 11ᵀ/d)·M subtracts the mean over input rows
-    folded_DxN = folded_DxN - jnp.mean(folded_DxN, axis=0, keepdims=True)
-  new_b = b_N
+    folded_DxO = folded_DxO - jnp.mean(folded_DxO, axis=0, keepdims=True)
+  new_b = b_O
   if beta_D is not None:
-    shift_N = jnp.tensordot(beta_D.astype(ct), w, axes=1, precision=jax.lax.Precision.HIGHEST)
-    new_b = (shift_N if b_N is None else b_N.astype(ct) + shift_N).astype((w_DxN if b_N is None else b_N).dtype)
-  return folded_DxN.astype(w_DxN.dtype), new_b
+    shift_O = jnp.tensordot(beta_D.astype(ct), w, axes=1, precision=jax.lax.Precision.HIGHEST)
+    new_b = (shift_O if b_O is None else b_O.astype(ct) + shift_O).astype((w_DxO if b_O is None else b_O).dtype)
+  return folded_DxO.astype(w_DxO.dtype), new_b
 
 
 def check_matches(variables: PyTree, cfg: ModelConfig) -> None:
@@ -120,7 +110,7 @@ def _fold_norm(params: dict[Path, jax.Array], calib: dict[Path, jax.Array], cfg:
                weight: Path, bias: Path) -> None:
   """Folds the norm at path `norm` into `params[weight]` (and `params[bias]` when the norm has β)."""
   norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == norm}
-  row_scale_D, beta_D = norm_map(norm_params, calib[norm + ("c",)], cfg.norm_kind)
+  row_scale_D, beta_D = norm_map(norm_params, calib[norm + (layout.C,)], cfg.norm_kind)
   params[weight], new_bias = fold_linear(params[weight], params.get(bias), row_scale_D, beta_D, cfg.norm_kind)
   if new_bias is not None:
     params[bias] = new_bias

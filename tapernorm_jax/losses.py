@@ -1,4 +1,4 @@
-"""Cross-entropy, the fixed-target scale loss, and the scale-anchoring diagnostics."""
+"""Cross-entropy, the fixed-target scale loss, and the scale-anchoring diagnostics (docs/method.md §5)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,22 +9,22 @@ from tapernorm_jax.norms import pre_logit_scale
 Array = jax.Array
 
 
-def cross_entropy(logits_BxLxV: Array, targets_BxL: Array) -> Array:
+def cross_entropy(logits_BxTxV: Array, targets_BxT: Array) -> Array:
   """Mean token cross-entropy in nats, computed in fp32."""
-  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV.astype(jnp.float32), targets_BxL))
+  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT))
 
 
-def scale_loss(h_BxLxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
+def scale_loss(h_BxTxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
   """The fixed-target scale loss without λ: mean over tokens of (s(h) − s_tgt)²."""
-  return jnp.mean(jnp.square(pre_logit_scale(h_BxLxD, kind, eps) - s_tgt))
+  return jnp.mean(jnp.square(pre_logit_scale(h_BxTxD, kind, eps) - s_tgt))
 
 
-def radial_gradient(grad_BxLxD: Array, h_BxLxD: Array) -> Array:
+def radial_gradient(grad_BxTxD: Array, h_BxTxD: Array) -> Array:
   """Mean over tokens of ⟨∇_h ℓ, h⟩ / ‖h‖: the loss gradient's component along the pre-logit state."""
-  grad, h = grad_BxLxD.astype(jnp.float32), h_BxLxD.astype(jnp.float32)
+  grad, h = grad_BxTxD.astype(jnp.float32), h_BxTxD.astype(jnp.float32)
   return jnp.mean(jnp.sum(grad * h, axis=-1) / jnp.maximum(jnp.linalg.norm(h, axis=-1), 1e-12))
 
 
-def logit_norm(logits_BxLxV: Array) -> Array:
+def logit_norm(logits_BxTxV: Array) -> Array:
   """Mean L2 norm of the logit vectors."""
-  return jnp.mean(jnp.linalg.norm(logits_BxLxV.astype(jnp.float32), axis=-1))
+  return jnp.mean(jnp.linalg.norm(logits_BxTxV.astype(jnp.float32), axis=-1))

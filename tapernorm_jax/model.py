@@ -1,27 +1,33 @@
 """The decoder-only pre-norm transformer: `llama` (RoPE, SwiGLU, RMS) and `gpt2` (learned positions, GELU, LN).
 
-`Transformer(cfg).apply(variables, tokens_BxL, gate=g)` returns logits `B×L×V`; with
-`return_hidden=True` it returns `(logits_BxLxV, h_BxLxD)`, `h` being the pre-logit residual
+Shape letters: B batch, T sequence length (model.T the longest), D width, H heads, K = D/H head
+width, F MLP width, V vocabulary, S cache slots, BH cache rows (B·H). `cfg.L` is the number of
+layers. Variable names and paths come from `layout.py`.
+
+`Transformer(cfg).apply(variables, tokens_BxT, gate=g)` returns logits `B×T×V`; with
+`return_hidden=True` it returns `(logits_BxTxV, h_BxTxD)`, `h` being the pre-logit residual
 stream (the input of the final norm). Parameters carry logical axis names (see
 `sharding.py`); the gate is a traced scalar shared by every tapered norm.
 
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
-`{"k": (B·H)×K×S, "v": (B·H)×S×K}` dict per layer; slot = position) and returns the new pre-logit
+`{"k": BH×K×S, "v": BH×S×K}` dict per layer; slot = position) and returns the new pre-logit
 states with the updated cache.
 """
 
 import dataclasses
+import warnings
 from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tapernorm_jax.norms import NORM_MODES, Norm, ScaleMonitor
+from tapernorm_jax import layout
+from tapernorm_jax.norms import NORM_MODES, RENAMED_MODES, Norm, ScaleMonitor
 
 Array = jax.Array
-# {"k": N×K×S, "v": N×S×K} with N = B·H (row b, head h at n = b·H + h); slot s holds position s. This is
+# {"k": BH×K×S, "v": BH×S×K}, rows BH = B·H (row b, head h at b·H + h); slot s holds position s. This is
 # how the two attention matmuls read them (one batch axis, then contracted, then kept). Any other layout
 # costs XLA:CPU a copy of the whole cache per layer and decode step: a transposed copy for other axis
 # orders, and for separate B and H axes (merged by a reshape before the matmul) a duplicated in-place
@@ -55,6 +61,12 @@ class ModelConfig:
   remat: bool = False
 
   def __post_init__(self):
+    for field in ("internal_norm", "final_norm"):
+      old = getattr(self, field)
+      if old in RENAMED_MODES:  # configs written before the rename carry the old name
+        warnings.warn(f"model.{field}={old!r} is deprecated; it is now called {RENAMED_MODES[old]!r}",
+                      DeprecationWarning, stacklevel=3)
+        object.__setattr__(self, field, RENAMED_MODES[old])
     validate(self)
 
   @property
@@ -92,6 +104,16 @@ class ModelConfig:
     """A copy with fields changed (validated again)."""
     return dataclasses.replace(self, **changes)
 
+  def fixed_form(self) -> "ModelConfig":
+    """The g = 0 model: every `taper` norm in its `fixed` form (the same variables)."""
+    swap = lambda mode: "fixed" if mode == "taper" else mode
+    return self.replace(internal_norm=swap(self.internal_norm), final_norm=swap(self.final_norm))
+
+  @property
+  def tapered(self) -> bool:
+    """Whether any norm is in a calibrated form (`taper` or `fixed`): it has c and γ̃ and folds."""
+    return self.internal_norm in layout.CALIBRATED_MODES or self.final_norm in layout.CALIBRATED_MODES
+
 
 def validate(cfg: ModelConfig) -> None:
   """Raises ValueError naming the first bad field; runs before anything is traced or compiled."""
@@ -112,7 +134,7 @@ def validate(cfg: ModelConfig) -> None:
     fail("H", f"RoPE needs an even head dimension, but D/H = {cfg.D // cfg.H}")
   for field in ("internal_norm", "final_norm"):
     if getattr(cfg, field) not in NORM_MODES:
-      fail(field, f"unknown norm kind; choose one of {NORM_MODES}")
+      fail(field, f"unknown norm mode; choose one of {NORM_MODES}")
   if not cfg.eps > 0:
     fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
   if not cfg.init_std > 0:
@@ -134,10 +156,10 @@ def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
-def write_cache(cache: Array, new_BxLxHxK: Array, index_B: Array, keys: bool) -> Array:
-  """Writes row b's L entries at slots index_B[b] … + L − 1 of a key (N×K×S) or value (N×S×K) cache."""
-  B, L, H, K = new_BxLxHxK.shape
-  new_BxHxLxK = jnp.swapaxes(new_BxLxHxK, 1, 2).astype(cache.dtype)
+def write_cache(cache: Array, new_BxTxHxK: Array, index_B: Array, keys: bool) -> Array:
+  """Writes row b's T entries at slots index_B[b] … + T − 1 of a key (BH×K×S) or value (BH×S×K) cache."""
+  B, T, H, K = new_BxTxHxK.shape
+  new_BxHxLxK = jnp.swapaxes(new_BxTxHxK, 1, 2).astype(cache.dtype)
   zero = jnp.zeros((), index_B.dtype)
   for b in range(B):  # one in-place update per row (a vmapped update is a scatter, copied whole per step)
     if keys:
@@ -147,27 +169,27 @@ def write_cache(cache: Array, new_BxLxHxK: Array, index_B: Array, keys: bool) ->
   return cache
 
 
-def cached_attention(q_BxLxHxK: Array, k_NxKxS: Array, v_NxSxK: Array, positions_BxL: Array) -> Array:
-  """Softmax attention (fp32 scores) of L queries over the cache; a query at position p sees slots ≤ p."""
-  B, L, H, K = q_BxLxHxK.shape
-  S = k_NxKxS.shape[-1]
-  q_NxLxK = jnp.swapaxes(q_BxLxHxK, 1, 2).reshape(B * H, L, K)
-  scores_NxLxS = jnp.einsum("nlk,nks->nls", q_NxLxK, k_NxKxS).astype(jnp.float32) * K**-0.5
-  visible_NxLxS = jnp.arange(S)[None, None, :] <= jnp.repeat(positions_BxL, H, axis=0)[:, :, None]
-  scores_NxLxS = jnp.where(visible_NxLxS, scores_NxLxS, jnp.finfo(jnp.float32).min)
-  probs_NxLxS = jax.nn.softmax(scores_NxLxS, axis=-1).astype(v_NxSxK.dtype)
-  out_NxLxK = jnp.einsum("nls,nsk->nlk", probs_NxLxS, v_NxSxK)
-  return jnp.swapaxes(out_NxLxK.reshape(B, H, L, K), 1, 2)
+def cached_attention(q_BxTxHxK: Array, k_BHxKxS: Array, v_BHxSxK: Array, positions_BxT: Array) -> Array:
+  """Softmax attention (fp32 scores) of T queries over the cache; a query at position p sees slots ≤ p."""
+  B, T, H, K = q_BxTxHxK.shape
+  S = k_BHxKxS.shape[-1]
+  q_BHxTxK = jnp.swapaxes(q_BxTxHxK, 1, 2).reshape(B * H, T, K)
+  scores_BHxTxS = jnp.einsum("nlk,nks->nls", q_BHxTxK, k_BHxKxS).astype(jnp.float32) * K**-0.5
+  visible_BHxTxS = jnp.arange(S)[None, None, :] <= jnp.repeat(positions_BxT, H, axis=0)[:, :, None]
+  scores_BHxTxS = jnp.where(visible_BHxTxS, scores_BHxTxS, jnp.finfo(jnp.float32).min)
+  probs_BHxTxS = jax.nn.softmax(scores_BHxTxS, axis=-1).astype(v_BHxSxK.dtype)
+  out_BHxTxK = jnp.einsum("nls,nsk->nlk", probs_BHxTxS, v_BHxSxK)
+  return jnp.swapaxes(out_BHxTxK.reshape(B, H, T, K), 1, 2)
 
 
-def rope(x_BxLxHxK: Array, positions_BxL: Array, base: float) -> Array:
+def rope(x_BxTxHxK: Array, positions_BxT: Array, base: float) -> Array:
   """Rotary position embedding (rotate-half form), computed in fp32 (fp64 for fp64 inputs)."""
-  K, ct = x_BxLxHxK.shape[-1], jnp.promote_types(x_BxLxHxK.dtype, jnp.float32)
+  K, ct = x_BxTxHxK.shape[-1], jnp.promote_types(x_BxTxHxK.dtype, jnp.float32)
   freq_K2 = base ** (-jnp.arange(0, K, 2, dtype=ct) / K)
-  angle_BxLx1xK2 = positions_BxL[..., None, None].astype(ct) * freq_K2
-  sin, cos = jnp.sin(angle_BxLx1xK2), jnp.cos(angle_BxLx1xK2)
-  x1, x2 = jnp.split(x_BxLxHxK.astype(ct), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxLxHxK.dtype)
+  angle_BxTx1xK2 = positions_BxT[..., None, None].astype(ct) * freq_K2
+  sin, cos = jnp.sin(angle_BxTx1xK2), jnp.cos(angle_BxTx1xK2)
+  x1, x2 = jnp.split(x_BxTxHxK.astype(ct), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxTxHxK.dtype)
 
 
 class Attention(nn.Module):
@@ -176,41 +198,41 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, positions_BxL: Array, cache: LayerCache | None = None,
+  def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
                index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
-    """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×L×D, cache)."""
+    """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×T×D, cache)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     K = cfg.D // cfg.H
-    w_qkv_Dx3xHxK = _param(self, "qkv", (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
+    w_qkv_Dx3xHxK = _param(self, layout.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
                            cfg.param_dtype)
     # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the whole kernel.
-    qkv_BxLx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxLxD.astype(dt), w_qkv_Dx3xHxK.astype(dt))
+    qkv_BxTx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxTxD.astype(dt), w_qkv_Dx3xHxK.astype(dt))
     if cfg.family == "gpt2":
-      qkv_BxLx3xHxK += _param(self, "qkv_bias", (3, cfg.H, K), (None, "heads", "kv"), None,
+      qkv_BxTx3xHxK += _param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None,
                               cfg.param_dtype).astype(dt)
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i] for i in range(3))
+    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
     if cfg.family == "llama":
-      q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, cfg.rope_base)
-      k_BxLxHxK = rope(k_BxLxHxK, positions_BxL, cfg.rope_base)
+      q_BxTxHxK = rope(q_BxTxHxK, positions_BxT, cfg.rope_base)
+      k_BxTxHxK = rope(k_BxTxHxK, positions_BxT, cfg.rope_base)
     if cache is None:
-      out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, is_causal=True,
+      out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True,
                                                  implementation=cfg.attention_impl)
-      return self.project_out(out_BxLxHxK)
-    cache = {"k": write_cache(cache["k"], k_BxLxHxK, index_B, keys=True),
-             "v": write_cache(cache["v"], v_BxLxHxK, index_B, keys=False)}
-    out_BxLxHxK = cached_attention(q_BxLxHxK, cache["k"], cache["v"], positions_BxL)
-    return self.project_out(out_BxLxHxK), cache
+      return self.project_out(out_BxTxHxK)
+    cache = {"k": write_cache(cache["k"], k_BxTxHxK, index_B, keys=True),
+             "v": write_cache(cache["v"], v_BxTxHxK, index_B, keys=False)}
+    out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
+    return self.project_out(out_BxTxHxK), cache
 
-  def project_out(self, out_BxLxHxK: Array) -> Array:
+  def project_out(self, out_BxTxHxK: Array) -> Array:
     """The output projection H×K → D (with bias for gpt2)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     K = cfg.D // cfg.H
-    w_out_HxKxD = _param(self, "out", (cfg.H, K, cfg.D), ("heads", "kv", "embed"),
+    w_out_HxKxD = _param(self, layout.ATTN_OUT, (cfg.H, K, cfg.D), ("heads", "kv", "embed"),
                          cfg.init_std / (2 * cfg.L) ** 0.5, cfg.param_dtype)
-    y_BxLxD = jnp.einsum("blhk,hkd->bld", out_BxLxHxK, w_out_HxKxD.astype(dt))
+    y_BxTxD = jnp.einsum("blhk,hkd->bld", out_BxTxHxK, w_out_HxKxD.astype(dt))
     if cfg.family == "gpt2":
-      y_BxLxD += _param(self, "out_bias", (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
-    return y_BxLxD
+      y_BxTxD += _param(self, layout.ATTN_OUT_BIAS, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
+    return y_BxTxD
 
 
 class Mlp(nn.Module):
@@ -219,23 +241,23 @@ class Mlp(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array) -> Array:
-    """Position-wise feed-forward, B×L×D → B×L×D."""
+  def __call__(self, x_BxTxD: Array) -> Array:
+    """Position-wise feed-forward, B×T×D → B×T×D."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
-    F, x_BxLxD = cfg.mlp_dim, x_BxLxD.astype(dt)
-    dense_in = lambda name: x_BxLxD @ _param(self, name, (cfg.D, F), ("embed", "mlp"), cfg.init_std,
+    F, x_BxTxD = cfg.mlp_dim, x_BxTxD.astype(dt)
+    dense_in = lambda name: x_BxTxD @ _param(self, name, (cfg.D, F), ("embed", "mlp"), cfg.init_std,
                                              cfg.param_dtype).astype(dt)
     if cfg.family == "llama":
-      hidden_BxLxF = nn.silu(dense_in("wi_0")) * dense_in("wi_1")
+      hidden_BxTxF = nn.silu(dense_in(layout.WI_GATE)) * dense_in(layout.WI_UP)
     else:
-      bias_F = _param(self, "wi_bias", (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
-      hidden_BxLxF = nn.gelu(dense_in("wi") + bias_F, approximate=True)
-    w_out_FxD = _param(self, "wo", (F, cfg.D), ("mlp", "embed"), cfg.init_std / (2 * cfg.L) ** 0.5,
+      bias_F = _param(self, layout.WI_BIAS, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
+      hidden_BxTxF = nn.gelu(dense_in(layout.WI) + bias_F, approximate=True)
+    w_out_FxD = _param(self, layout.WO, (F, cfg.D), ("mlp", "embed"), cfg.init_std / (2 * cfg.L) ** 0.5,
                        cfg.param_dtype)
-    y_BxLxD = hidden_BxLxF @ w_out_FxD.astype(dt)
+    y_BxTxD = hidden_BxTxF @ w_out_FxD.astype(dt)
     if cfg.family == "gpt2":
-      y_BxLxD += _param(self, "wo_bias", (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
-    return y_BxLxD
+      y_BxTxD += _param(self, layout.WO_BIAS, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
+    return y_BxTxD
 
 
 class Block(nn.Module):
@@ -244,17 +266,17 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, h_BxLxD: Array, positions_BxL: Array, gate: Array, cache: LayerCache | None = None,
+  def __call__(self, h_BxTxD: Array, positions_BxT: Array, gate: Array, cache: LayerCache | None = None,
                index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
     """One residual block; with `cache` also returns the layer's updated KV cache."""
     cfg = self.cfg
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
-    attn = Attention(cfg, name="attn")(norm("attn_norm")(h_BxLxD, gate), positions_BxL, cache, index_B)
-    attn_BxLxD, cache = attn if cache is not None else (attn, None)
-    h_BxLxD = h_BxLxD + attn_BxLxD
-    h_BxLxD = h_BxLxD + Mlp(cfg, name="mlp")(norm("mlp_norm")(h_BxLxD, gate))
-    return h_BxLxD if cache is None else (h_BxLxD, cache)
+    attn = Attention(cfg, name=layout.ATTN)(norm(layout.ATTN_NORM)(h_BxTxD, gate), positions_BxT, cache, index_B)
+    attn_BxTxD, cache = attn if cache is not None else (attn, None)
+    h_BxTxD = h_BxTxD + attn_BxTxD
+    h_BxTxD = h_BxTxD + Mlp(cfg, name=layout.MLP)(norm(layout.MLP_NORM)(h_BxTxD, gate))
+    return h_BxTxD if cache is None else (h_BxTxD, cache)
 
 
 class Transformer(nn.Module):
@@ -266,43 +288,46 @@ class Transformer(nn.Module):
     object.__setattr__(self, "cfg", ModelConfig.from_config(self.cfg))
     super().__post_init__()
 
-  def setup(self):
+  def setup(self):  # attribute names are the layout's: embed, pos_embed, final_norm, pre_logit, head, logits_bias
     cfg = self.cfg
     block = nn.remat(Block) if cfg.remat else Block
-    self.embed = self.param("embed", nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+    self.embed = self.param(layout.EMBED, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
                                                                   ("vocab", "embed")), (cfg.V, cfg.D),
                             cfg.param_dtype)
     if cfg.family == "gpt2":
-      self.pos_embed = self.param("pos_embed", nn.with_logical_partitioning(
+      self.pos_embed = self.param(layout.POS_EMBED, nn.with_logical_partitioning(
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
-    self.blocks = [block(cfg, name=f"block_{i}") for i in range(cfg.L)]
+    self.blocks = [block(cfg, name=layout.block(i)) for i in range(cfg.L)]
     self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:
-      self.head = self.param("head", nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+      self.head = self.param(layout.HEAD, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
                                                                   ("embed", "vocab")), (cfg.D, cfg.V),
                              cfg.param_dtype)
     if cfg.logits_bias:
-      self.logits_bias = self.param("logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+      self.logits_bias = self.param(layout.LOGITS_BIAS, nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                                     (cfg.V,), cfg.param_dtype)
 
-  def __call__(self, tokens_BxL: Array, gate: Array | float = 1.0, *, positions_BxL: Array | None = None,
+  def __call__(self, tokens_BxT: Array, gate: Array | float = 1.0, *, positions_BxT: Array | None = None,
                return_hidden: bool = False) -> Array | tuple[Array, Array]:
-    """Logits B×L×V (fp32); with `return_hidden` also the pre-logit residual stream h (B×L×D)."""
-    h_BxLxD = self.hidden(tokens_BxL, gate, positions_BxL=positions_BxL)
-    logits_BxLxV = self.logits(h_BxLxD, gate)
-    return (logits_BxLxV, h_BxLxD) if return_hidden else logits_BxLxV
+    """Logits B×T×V (fp32); with `return_hidden` also the pre-logit residual stream h (B×T×D)."""
+    h_BxTxD = self.hidden(tokens_BxT, gate, positions_BxT=positions_BxT)
+    logits_BxTxV = self.logits(h_BxTxD, gate)
+    return (logits_BxTxV, h_BxTxD) if return_hidden else logits_BxTxV
 
-  def hidden(self, tokens_BxL: Array, gate: Array | float = 1.0, *, positions_BxL: Array | None = None) -> Array:
+  def hidden(self, tokens_BxT: Array, gate: Array | float = 1.0, *, positions_BxT: Array | None = None) -> Array:
     """The pre-logit residual stream h (the input of the final norm)."""
-    if positions_BxL is None:
-      positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
+    if positions_BxT is None:
+      if self.cfg.family == "gpt2" and tokens_BxT.shape[1] > self.cfg.T:
+        raise ValueError(f"tokens_BxT has length {tokens_BxT.shape[1]} > model.T={self.cfg.T}, the number of learned "
+                         "positions of a gpt2 model; cut the input or use a model with a larger T")
+      positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     gate = jnp.asarray(gate, jnp.float32)
-    h_BxLxD = self.embed_tokens(tokens_BxL, positions_BxL)
+    h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
     for block in self.blocks:
-      h_BxLxD = block(h_BxLxD, positions_BxL, gate)
-    self.pre_logit(h_BxLxD)
-    return h_BxLxD
+      h_BxTxD = block(h_BxTxD, positions_BxT, gate)
+    self.pre_logit(h_BxTxD)
+    return h_BxTxD
 
   def decode(self, tokens_BxQ: Array, cache: list[LayerCache], index_B: Array,
              gate: Array | float = 1.0) -> tuple[Array, list[LayerCache]]:
@@ -318,26 +343,26 @@ class Transformer(nn.Module):
       new_cache.append(layer_cache)
     return h_BxQxD, new_cache
 
-  def embed_tokens(self, tokens_BxL: Array, positions_BxL: Array) -> Array:
+  def embed_tokens(self, tokens_BxT: Array, positions_BxT: Array) -> Array:
     """Token embeddings (plus learned positions for gpt2) in the compute dtype."""
     cfg = self.cfg
-    h_BxLxD = jnp.take(self.embed, tokens_BxL, axis=0).astype(cfg.compute_dtype)
+    h_BxTxD = jnp.take(self.embed, tokens_BxT, axis=0).astype(cfg.compute_dtype)
     if cfg.family == "gpt2":
-      h_BxLxD += jnp.take(self.pos_embed, positions_BxL, axis=0).astype(cfg.compute_dtype)
-    return h_BxLxD
+      h_BxTxD += jnp.take(self.pos_embed, positions_BxT, axis=0).astype(cfg.compute_dtype)
+    return h_BxTxD
 
-  def logits(self, h_BxLxD: Array, gate: Array | float = 1.0) -> Array:
+  def logits(self, h_BxTxD: Array, gate: Array | float = 1.0) -> Array:
     """Final norm and output head applied to the pre-logit state h; fp32 logits (fp64 for fp64 models)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     out_dt = jnp.promote_types(dt, jnp.float32)
-    x_BxLxD = self.final_norm(h_BxLxD, jnp.asarray(gate, jnp.float32)).astype(dt)
+    x_BxTxD = self.final_norm(h_BxTxD, jnp.asarray(gate, jnp.float32)).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
-      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, self.embed.astype(dt)).astype(out_dt)
+      logits_BxTxV = jnp.einsum("bld,vd->blv", x_BxTxD, self.embed.astype(dt)).astype(out_dt)
     else:
-      logits_BxLxV = (x_BxLxD @ self.head.astype(dt)).astype(out_dt)
+      logits_BxTxV = (x_BxTxD @ self.head.astype(dt)).astype(out_dt)
     if cfg.logits_bias:
-      logits_BxLxV += self.logits_bias.astype(out_dt)
-    return logits_BxLxV
+      logits_BxTxV += self.logits_bias.astype(out_dt)
+    return logits_BxTxV
 
 
 def init(cfg: Any, rng: Array, batch: int = 1, length: int = 8) -> dict[str, Any]:

@@ -1,14 +1,17 @@
-"""RMSNorm, LayerNorm and TaperNorm (RMS and LN kinds), with their fixed g = 0 and identity forms.
+"""RMSNorm, LayerNorm and TaperNorm (RMS and LN kinds), with their fixed g = 0 and identity forms (docs/method.md §2).
 
 One module, `Norm`, covers every form so that the forms share parameter and calibration
-names: a `taper` layer's variables load unchanged into a `scale` layer (the g = 0 map) and
+names: a `taper` layer's variables load unchanged into a `fixed` layer (the g = 0 map) and
 fold into the next projection. Statistics are computed in fp32 and the result is cast to
 the compute dtype.
 
     plain     RMSNorm / LayerNorm
     taper     β + g·(h̄/s(h))·γ + (1 − g)·c·h̄·γ̃        (h̄ = h for RMS, h − mean(h) for LN)
-    scale     β + c·h̄·γ̃                                the g = 0 map as an explicit multiply
+    fixed     β + c·h̄·γ̃                                the g = 0 map as an explicit multiply
     identity  h                                       what is left after folding
+
+"Tapered" always means a norm in a calibrated form (`taper` or `fixed`); "scale" always means
+the per-token scale s(h) = r(h) (RMS) or σ_h (LN), never a parameter.
 """
 
 from typing import Any
@@ -17,8 +20,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tapernorm_jax import layout
+
 NORM_KINDS = ("rms", "ln")
-NORM_MODES = ("plain", "taper", "scale", "identity")
+NORM_MODES = ("plain", "taper", "fixed", "identity")
+RENAMED_MODES = {"scale": "fixed"}  # old name → new name; configs on disk may carry the old one
 CALIB = "calib"  # non-trainable calibration state: EMAs, update counts, c, s_tgt
 CALIB_STATS = "calib_stats"  # this step's batch statistics, written when the collection is mutable
 
@@ -30,14 +36,14 @@ def stats_dtype(dtype: Any) -> Any:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def centered(h_NxD: Array, kind: str) -> Array:
+def centered(h_BxTxD: Array, kind: str) -> Array:
   """h for RMS, h − mean(h) for LN (along the feature axis)."""
-  return h_NxD - jnp.mean(h_NxD, axis=-1, keepdims=True) if kind == "ln" else h_NxD
+  return h_BxTxD - jnp.mean(h_BxTxD, axis=-1, keepdims=True) if kind == "ln" else h_BxTxD
 
 
-def inv_scale(hbar_NxD: Array, eps: float) -> Array:
+def inv_scale(hbar_BxTxD: Array, eps: float) -> Array:
   """1 / sqrt(mean(h̄²) + ε): 1/r(h) for RMS, 1/σ_h for LN (h̄ centered)."""
-  return jax.lax.rsqrt(jnp.mean(jnp.square(hbar_NxD), axis=-1, keepdims=True) + eps)
+  return jax.lax.rsqrt(jnp.mean(jnp.square(hbar_BxTxD), axis=-1, keepdims=True) + eps)
 
 
 def calib_scalar(module: nn.Module, name: str, value: float, dtype: Any = jnp.float32) -> nn.Variable:
@@ -46,7 +52,7 @@ def calib_scalar(module: nn.Module, name: str, value: float, dtype: Any = jnp.fl
 
 
 class Norm(nn.Module):
-  """A pre-norm normalization layer in one of the forms `plain`, `taper`, `scale`, `identity`."""
+  """A pre-norm normalization layer in one of the forms `plain`, `taper`, `fixed`, `identity`."""
 
   kind: str = "rms"
   mode: str = "plain"
@@ -55,41 +61,41 @@ class Norm(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, gate: Array | float = 1.0) -> Array:
+  def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0) -> Array:
     """Normalizes the last axis; `gate` is a traced scalar used by the `taper` form only."""
     if self.kind not in NORM_KINDS:
       raise ValueError(f"norm kind must be one of {NORM_KINDS}, got {self.kind!r}")
     if self.mode not in NORM_MODES:
       raise ValueError(f"norm mode must be one of {NORM_MODES}, got {self.mode!r}")
     if self.mode == "identity":
-      return x_BxLxD
-    D, sdt = x_BxLxD.shape[-1], stats_dtype(x_BxLxD.dtype)
+      return x_BxTxD
+    D, sdt = x_BxTxD.shape[-1], stats_dtype(x_BxTxD.dtype)
     feature_param = lambda name, init: self.param(
         name, nn.with_logical_partitioning(init, ("norm",)), (D,), self.param_dtype
     ).astype(sdt)
-    gamma_D = feature_param("scale", nn.initializers.ones)
-    beta_D = feature_param("bias", nn.initializers.zeros) if self.kind == "ln" else 0.0
-    hbar_BxLxD = centered(x_BxLxD.astype(sdt), self.kind)
+    gamma_D = feature_param(layout.GAMMA, nn.initializers.ones)
+    beta_D = feature_param(layout.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
+    hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
     if self.mode == "plain":
-      return (hbar_BxLxD * inv_scale(hbar_BxLxD, self.eps) * gamma_D + beta_D).astype(self.dtype)
+      return (hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype)
 
-    gamma_tilde_D = feature_param("scale_tilde", nn.initializers.ones)
-    c = calib_scalar(self, "c", 1.0).value
-    calib_scalar(self, "num", 0.0)
-    calib_scalar(self, "den", 0.0)
-    calib_scalar(self, "count", 0, jnp.int32)
-    fixed_BxLxD = c * hbar_BxLxD * gamma_tilde_D
-    if self.mode == "scale":
-      return (beta_D + fixed_BxLxD).astype(self.dtype)
+    gamma_tilde_D = feature_param(layout.GAMMA_TILDE, nn.initializers.ones)
+    c = calib_scalar(self, layout.C, 1.0).value
+    calib_scalar(self, layout.NUM, 0.0)
+    calib_scalar(self, layout.DEN, 0.0)
+    calib_scalar(self, layout.COUNT, 0, jnp.int32)
+    fixed_BxTxD = c * hbar_BxTxD * gamma_tilde_D
+    if self.mode == "fixed":
+      return (beta_D + fixed_BxTxD).astype(self.dtype)
 
-    inv_s_BxLx1 = inv_scale(hbar_BxLxD, self.eps)
-    normed_BxLxD = hbar_BxLxD * inv_s_BxLx1 * gamma_D
+    inv_s_BxTx1 = inv_scale(hbar_BxTxD, self.eps)
+    normed_BxTxD = hbar_BxTxD * inv_s_BxTx1 * gamma_D
     if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
-      sq_BxL = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxLxD * gamma_D)), axis=-1)
-      self.put_variable(CALIB_STATS, "num", jnp.mean(sq_BxL * inv_s_BxLx1[..., 0]))
-      self.put_variable(CALIB_STATS, "den", jnp.mean(sq_BxL))
+      sq_BxT = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxTxD * gamma_D)), axis=-1)
+      self.put_variable(CALIB_STATS, layout.NUM, jnp.mean(sq_BxT * inv_s_BxTx1[..., 0]))
+      self.put_variable(CALIB_STATS, layout.DEN, jnp.mean(sq_BxT))
     gate = jnp.asarray(gate, sdt)
-    return (beta_D + gate * normed_BxLxD + (1.0 - gate) * fixed_BxLxD).astype(self.dtype)
+    return (beta_D + gate * normed_BxTxD + (1.0 - gate) * fixed_BxTxD).astype(self.dtype)
 
 
 class ScaleMonitor(nn.Module):
@@ -99,18 +105,18 @@ class ScaleMonitor(nn.Module):
   eps: float = 1e-5
 
   @nn.compact
-  def __call__(self, h_BxLxD: Array) -> Array:
+  def __call__(self, h_BxTxD: Array) -> Array:
     """Returns s(h) per token (r(h) for RMS, σ_h for LN); records its batch mean when asked."""
-    calib_scalar(self, "s", 0.0)
-    calib_scalar(self, "count", 0, jnp.int32)
-    calib_scalar(self, "s_tgt", 0.0)
-    s_BxL = pre_logit_scale(h_BxLxD, self.kind, self.eps)
+    calib_scalar(self, layout.S, 0.0)
+    calib_scalar(self, layout.COUNT, 0, jnp.int32)
+    calib_scalar(self, layout.S_TGT, 0.0)
+    s_BxT = pre_logit_scale(h_BxTxD, self.kind, self.eps)
     if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
-      self.put_variable(CALIB_STATS, "s", jnp.mean(jax.lax.stop_gradient(s_BxL)))
-    return s_BxL
+      self.put_variable(CALIB_STATS, layout.S, jnp.mean(jax.lax.stop_gradient(s_BxT)))
+    return s_BxT
 
 
-def pre_logit_scale(h_BxLxD: Array, kind: str, eps: float) -> Array:
+def pre_logit_scale(h_BxTxD: Array, kind: str, eps: float) -> Array:
   """s(h) per token: r(h) for RMS models, σ_h for LN models, in fp32 (fp64 for fp64 inputs)."""
-  hbar = centered(h_BxLxD.astype(stats_dtype(h_BxLxD.dtype)), kind)
-  return jnp.sqrt(jnp.mean(jnp.square(hbar), axis=-1) + eps)
+  hbar_BxTxD = centered(h_BxTxD.astype(stats_dtype(h_BxTxD.dtype)), kind)
+  return jnp.sqrt(jnp.mean(jnp.square(hbar_BxTxD), axis=-1) + eps)

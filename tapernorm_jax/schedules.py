@@ -1,4 +1,4 @@
-"""Learning-rate and gate schedules: pure functions of the (traced) step."""
+"""Learning-rate and gate schedules: pure functions of the (traced) step (docs/method.md §4)."""
 
 import dataclasses
 
@@ -31,7 +31,7 @@ def learning_rate(peak: float, phases: Phases) -> optax.Schedule:
 
 
 def gate(step: jax.Array | int, phases: Phases) -> jax.Array:
-  """1 before the taper start, half-cosine to 0 at the taper end, 0 after (PAPER.md §3)."""
+  """1 before the taper start, half-cosine to 0 at the taper end, 0 after (docs/method.md §4)."""
   step = jnp.asarray(step, jnp.float32)
   span = max(phases.taper_end - phases.taper_start, 1)
   progress = jnp.clip((step - phases.taper_start) / span, 0.0, 1.0)

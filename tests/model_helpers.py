@@ -2,10 +2,10 @@
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tapernorm_jax import inference
 from tapernorm_jax.model import ModelConfig, Transformer, init
 
 
@@ -16,15 +16,7 @@ def init_variables(cfg: ModelConfig, seed: int = 0):
 
 def perturbed_variables(cfg: ModelConfig) -> dict:
   """Unboxed variables whose γ̃, β and c are moved off their defaults, so outputs depend on every one."""
-  variables = nn.unbox(init_variables(cfg))
-  keys = iter(jax.random.split(jax.random.key(1), 64))
-
-  def bump(path, x):
-    if "'c'" in jax.tree_util.keystr(path):
-      return jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 2.0)
-    return x + 0.2 * jax.random.normal(next(keys), x.shape, x.dtype) if x.ndim == 1 else x
-
-  return jax.tree_util.tree_map_with_path(bump, variables)
+  return inference.perturbed(init_variables(cfg), jax.random.key(1), c_range=(0.5, 2.0), spread=0.2)
 
 
 @functools.cache

@@ -15,22 +15,22 @@ D = 24
 def _data(seed: int):
   """Tokens with widely varying scales and a non-trivial γ."""
   k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
-  h_NxD = jax.random.normal(k1, (4, 64, D)) * jnp.exp(0.7 * jax.random.normal(k2, (4, 64, 1))) + 0.3
+  h_BxTxD = jax.random.normal(k1, (4, 64, D)) * jnp.exp(0.7 * jax.random.normal(k2, (4, 64, 1))) + 0.3
   gamma_D = 1 + 0.5 * jax.random.normal(k3, (D,))
-  return h_NxD, gamma_D
+  return h_BxTxD, gamma_D
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
 def test_c_star_is_the_least_squares_minimiser(kind):
   h, gamma = _data(0)
-  params = {"scale": gamma, "scale_tilde": jnp.ones(D)}
+  params = {"gamma": gamma, "gamma_tilde": jnp.ones(D)}
   if kind == "ln":
-    params["bias"] = jnp.zeros(D)
+    params["beta"] = jnp.zeros(D)
   layer = Norm(kind, "taper")
   calib = layer.init(jax.random.key(0), h)[CALIB]
   _, stats = layer.apply({"params": params, CALIB: calib}, h, 1.0, mutable=[CALIB_STATS])
   calib = calibration.ema_update(calib, stats[CALIB_STATS], mu=1.0)
-  new_params, new_calib = calibration.calibrate(params, calib, mu=1.0, delta=0.0)
+  new_params, new_calib = calibration.calibrate_norms(params, calib, [()], mu=1.0, delta=0.0)
 
   # Independent path: minimise E‖(h̄/s)γ − c·h̄γ‖² over c numerically, in float64.
   x = np.asarray(h, np.float64).reshape(-1, D)
@@ -40,7 +40,7 @@ def test_c_star_is_the_least_squares_minimiser(kind):
   objective = lambda c: np.mean(np.sum((xbar / s * g - c * xbar * g) ** 2, -1))
   c_numeric = scipy.optimize.minimize_scalar(objective, bracket=(0.1, 10.0), tol=1e-12).x
   np.testing.assert_allclose(new_calib["c"], c_numeric, rtol=1e-5)
-  np.testing.assert_array_equal(new_params["scale_tilde"], gamma)
+  np.testing.assert_array_equal(new_params["gamma_tilde"], gamma)
 
 
 def test_debiased_ema_of_a_constant_stream_is_the_constant():
@@ -51,7 +51,8 @@ def test_debiased_ema_of_a_constant_stream_is_the_constant():
     assert int(calib["layer"]["count"]) == n
     np.testing.assert_allclose(calibration.debiased(calib["layer"]["num"], calib["layer"]["count"], 0.01), 2.5,
                                rtol=1e-5)
-  _, out = calibration.calibrate({"layer": {"scale": jnp.ones(3), "scale_tilde": jnp.zeros(3)}}, calib, 0.01, 0.0)
+  _, out = calibration.calibrate_norms({"layer": {"gamma": jnp.ones(3), "gamma_tilde": jnp.zeros(3)}}, calib,
+                                      [("layer",)], 0.01, 0.0)
   np.testing.assert_allclose(out["layer"]["c"], 2.5 / 7.0, rtol=1e-5)
 
 
@@ -62,7 +63,7 @@ def test_inactive_update_changes_nothing_and_s_tgt_is_the_debiased_scale():
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(a == b), frozen, calib))
   for _ in range(5):
     calib = calibration.ema_update(calib, stats, mu=0.1)
-  _, calib = calibration.calibrate({}, calib, mu=0.1, delta=1e-8)
+  calib = calibration.freeze_scale_target(calib, mu=0.1)
   np.testing.assert_allclose(calibration.s_target(calib), 3.0, rtol=1e-5)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from tapernorm_jax import sharding
+from tapernorm_jax import inference, sharding
 from tapernorm_jax.fold import fold, fold_linear, norm_map
 from tapernorm_jax.losses import cross_entropy
 from tapernorm_jax.model import ModelConfig, Transformer
@@ -18,7 +18,7 @@ VARIANTS = {  # name: (internal norm, final norm, extra config)
     "internal_taper": ("taper", "plain", {}),
     "final_taper": ("plain", "taper", {}),
     "all_taper": ("taper", "taper", {}),
-    "all_scale": ("scale", "scale", {}),
+    "all_fixed": ("fixed", "fixed", {}),
     "all_taper_untied": ("taper", "taper", dict(tie_embeddings=False)),
     "all_taper_untied_bias": ("taper", "taper", dict(tie_embeddings=False, logits_bias=True)),
 }
@@ -32,18 +32,7 @@ def _cfg(family: str, variant: str, **changes) -> ModelConfig:
 
 def perturbed(variables, seed: int = 1):
   """Unboxed variables with non-trivial γ, γ̃, β, biases and c, so that every part of the fold matters."""
-  plain = nn.unbox(variables)
-  keys = iter(jax.random.split(jax.random.key(seed), 4 * len(jax.tree.leaves(plain))))
-
-  def bump(path, x):
-    name = jax.tree_util.keystr(path)
-    if "'c'" in name:
-      return jax.random.uniform(next(keys), x.shape, x.dtype, 0.3, 3.0)
-    if x.ndim <= 1 and jnp.issubdtype(x.dtype, jnp.floating) and "calib" not in name:
-      return x + 0.3 * jax.random.normal(next(keys), x.shape, x.dtype)
-    return x
-
-  return jax.tree_util.tree_map_with_path(bump, plain)
+  return inference.perturbed(variables, jax.random.key(seed), c_range=(0.3, 3.0), spread=0.3)
 
 
 def _tokens(cfg: ModelConfig, shape=(3, 16), seed: int = 2) -> jax.Array:
@@ -109,7 +98,7 @@ def test_fold_linear_is_exactly_A_W_in_float64(kind):
     gamma_tilde, beta = 1 + jax.random.normal(k[0], (D,), jnp.float64), jax.random.normal(k[1], (D,), jnp.float64)
     w_Dx3x2x5, b_3x2x5 = jax.random.normal(k[2], (D, 3, 2, 5), jnp.float64), jax.random.normal(k[3], (3, 2, 5),
                                                                                                jnp.float64)
-    params = {"scale_tilde": gamma_tilde, "bias": beta}
+    params = {"gamma_tilde": gamma_tilde, "beta": beta}
     row_scale, beta_D = norm_map(params, jnp.float64(0.37), kind)
     w_new, b_new = fold_linear(w_Dx3x2x5, b_3x2x5, row_scale, beta_D, kind)
     center = jnp.eye(D) - jnp.ones((D, D)) / D if kind == "ln" else jnp.eye(D)
@@ -141,10 +130,10 @@ def _trained_bigram_model(cfg: ModelConfig, steps: int = 100):
   rows = [np.arange(cfg.V)]
   for _ in range(cfg.T // 2):
     rows.append(perm[rows[-1]])
-  tokens_BxL = jnp.asarray(np.stack(rows, 1))
+  tokens_BxT = jnp.asarray(np.stack(rows, 1))
   model, tx = Transformer(cfg.replace(dtype="float32")), optax.adam(1e-2)
-  loss_fn = lambda p: cross_entropy(model.apply({"params": p, "calib": variables["calib"]}, tokens_BxL[:, :-1],
-                                                gate=0.0), tokens_BxL[:, 1:])
+  loss_fn = lambda p: cross_entropy(model.apply({"params": p, "calib": variables["calib"]}, tokens_BxT[:, :-1],
+                                                gate=0.0), tokens_BxT[:, 1:])
 
   def step(carry, _):
     params, opt = carry
@@ -152,7 +141,7 @@ def _trained_bigram_model(cfg: ModelConfig, steps: int = 100):
     return (optax.apply_updates(params, updates), opt), None
 
   (params, _), _ = jax.jit(lambda p: jax.lax.scan(step, (p, tx.init(p)), None, steps))(variables["params"])
-  return {"params": params, "calib": variables["calib"]}, tokens_BxL
+  return {"params": params, "calib": variables["calib"]}, tokens_BxT
 
 
 def _check_bf16_top1(family: str, variant: str) -> None:
@@ -201,7 +190,7 @@ def test_baseline_model_is_a_clear_error():
     (dict(D=64), r"params/block_0/attn/qkv has shape \(32, 3, 4, 8\), the model expects \(64, 3, 4, 16\)"),
     (dict(family="gpt2"), r"params/block_0/attn/qkv_bias missing"),
     (dict(L=3), r"params/block_2/attn/qkv missing"),
-    (dict(internal_norm="plain"), r"params/block_0/attn_norm/scale_tilde is not in the model"),
+    (dict(internal_norm="plain"), r"params/block_0/attn_norm/gamma_tilde is not in the model"),
     (dict(tie_embeddings=False), r"params/head missing"),
 ])
 def test_config_that_does_not_match_the_variables_is_a_clear_error(changes, message):

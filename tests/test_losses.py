@@ -17,10 +17,10 @@ def _head_and_state(final_norm: str, eps: float = 1e-5, seed: int = 0):
   cfg = CFG.replace(final_norm=final_norm, eps=eps)
   variables = init(cfg, jax.random.key(seed))
   k1, k2, k3 = jax.random.split(jax.random.key(seed + 1), 3)
-  h_BxLxD = jax.random.normal(k1, (2, 8, cfg.D)) * jnp.exp(jax.random.normal(k2, (2, 8, 1)))
-  targets_BxL = jax.random.randint(k3, (2, 8), 0, cfg.V)
+  h_BxTxD = jax.random.normal(k1, (2, 8, cfg.D)) * jnp.exp(jax.random.normal(k2, (2, 8, 1)))
+  targets_BxT = jax.random.randint(k3, (2, 8), 0, cfg.V)
   head = lambda h: Transformer(cfg).apply(variables, h, 0.0, method=Transformer.logits)
-  return head, h_BxLxD, targets_BxL
+  return head, h_BxTxD, targets_BxT
 
 
 def _token_losses(head, h, y):

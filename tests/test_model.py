@@ -6,7 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax.model import ModelConfig, Transformer, init, param_count
+from flax import traverse_util
+
+from tapernorm_jax import layout
+from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, init, param_count
 
 LLAMA = ModelConfig(V=97, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
 GPT2 = ModelConfig(family="gpt2", V=97, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
@@ -54,7 +57,7 @@ def test_causality_by_gradients():
   assert float(jnp.abs(grad[0, :5]).max()) > 0.0
 
 
-def _forward_from_embeddings(params, x_BxLxD):
+def _forward_from_embeddings(params, x_BxTxD):
   """Runs the blocks and head on given input embeddings (a second entry point for the gradient check)."""
   model = Transformer(LLAMA)
   variables = {"params": params, "calib": init(LLAMA, jax.random.key(2))["calib"]}
@@ -66,7 +69,7 @@ def _forward_from_embeddings(params, x_BxLxD):
       h = block(h, positions, jnp.float32(0.5))
     return module.logits(h, 0.5)
 
-  return model.apply(variables, x_BxLxD, method=run)
+  return model.apply(variables, x_BxTxD, method=run)
 
 
 @pytest.mark.parametrize("D,expected", [(64, 1.03e6), (128, 2.85e6), (256, 8.85e6), (512, 30.3e6)])
@@ -85,11 +88,11 @@ def test_one_compilation_serves_every_gate_value():
   assert not np.allclose(outs[0], outs[2])
 
 
-def test_scale_form_equals_taper_at_gate_zero():
+def test_fixed_form_equals_taper_at_gate_zero():
   variables = nn.unbox(init(LLAMA, jax.random.key(4)))
   tokens = _tokens(4)
-  scale_cfg = LLAMA.replace(internal_norm="scale", final_norm="scale")
-  np.testing.assert_allclose(Transformer(scale_cfg).apply(variables, tokens),
+  fixed_cfg = LLAMA.replace(internal_norm="fixed", final_norm="fixed")
+  np.testing.assert_allclose(Transformer(fixed_cfg).apply(variables, tokens),
                              Transformer(LLAMA).apply(variables, tokens, gate=0.0), rtol=1e-5, atol=1e-6)
 
 
@@ -128,3 +131,29 @@ def test_bad_configs_raise_before_compiling(changes, field):
 def test_unknown_config_field_is_named():
   with pytest.raises(ValueError, match="heads"):
     Transformer(dict(V=97, D=32, heads=4))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("internal,final", [("plain", "plain"), ("taper", "plain"), ("fixed", "taper")])
+def test_layout_names_every_variable_the_model_makes(family, internal, final):
+  cfg = ModelConfig(family=family, V=50, D=16, H=2, L=3, T=8, internal_norm=internal, final_norm=final)
+  variables = nn.unbox(abstract_variables(cfg))
+  params = set(traverse_util.flatten_dict(variables["params"]))
+  calib = set(traverse_util.flatten_dict(variables["calib"]))
+  for per_block in layout.weight_paths(cfg).values():
+    assert len(per_block) == cfg.L and all(path in params for paths in per_block for path in paths)
+  sites = layout.norm_sites(cfg)
+  assert len(sites) == 2 * cfg.L + 1
+  norm_params = {(layout.GAMMA,), (layout.GAMMA_TILDE,), (layout.BETA,)}
+  for site in sites:
+    assert all(w in params for w in site.weights if w != (layout.HEAD,))
+    assert (site.norm + (layout.GAMMA,)) in params
+  expected_calib = {n + (k,) for n in layout.norms_in(cfg) for k in (layout.NUM, layout.DEN, layout.COUNT, layout.C)}
+  expected_calib |= {(layout.PRE_LOGIT, k) for k in (layout.S, layout.COUNT, layout.S_TGT)}
+  assert calib == expected_calib
+  tapered = set(layout.norms_in(cfg))
+  for site in sites:  # γ̃ exactly where a norm is calibrated, β exactly for LN
+    keys = {p[len(site.norm):] for p in params if p[:len(site.norm)] == site.norm}
+    assert keys <= norm_params
+    assert ((layout.GAMMA_TILDE,) in keys) == (site.norm in tapered)
+    assert ((layout.BETA,) in keys) == (family == "gpt2")

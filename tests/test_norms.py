@@ -14,9 +14,9 @@ D = 32
 def _variables(kind: str, seed: int = 0) -> dict:
   """Taper variables with non-trivial γ, γ̃, β and c."""
   k = jax.random.split(jax.random.key(seed), 4)
-  params = {"scale": 1 + 0.3 * jax.random.normal(k[0], (D,)), "scale_tilde": 1 + 0.3 * jax.random.normal(k[1], (D,))}
+  params = {"gamma": 1 + 0.3 * jax.random.normal(k[0], (D,)), "gamma_tilde": 1 + 0.3 * jax.random.normal(k[1], (D,))}
   if kind == "ln":
-    params["bias"] = 0.5 * jax.random.normal(k[2], (D,))
+    params["beta"] = 0.5 * jax.random.normal(k[2], (D,))
   calib = {"c": jnp.float32(0.37), "num": jnp.float32(0), "den": jnp.float32(0), "count": jnp.int32(0)}
   return {"params": params, CALIB: calib}
 
@@ -29,7 +29,7 @@ def _x(seed: int = 1, shape=(3, 5, D)) -> jax.Array:
 
 def _plain_vars(v: dict) -> dict:
   """The plain layer's subset of the taper variables."""
-  return {"params": {k: p for k, p in v["params"].items() if k != "scale_tilde"}}
+  return {"params": {k: p for k, p in v["params"].items() if k != "gamma_tilde"}}
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -48,23 +48,23 @@ def test_gate_one_is_exactly_the_plain_norm_forward_and_gradients(kind):
   np.testing.assert_array_equal(gt[1], gp[1])
   for name in gp[0]:
     np.testing.assert_array_equal(gt[0][name], gp[0][name])
-  np.testing.assert_array_equal(gt[0]["scale_tilde"], 0.0)
+  np.testing.assert_array_equal(gt[0]["gamma_tilde"], 0.0)
 
 
 def test_gate_zero_is_c_h_gamma_tilde_for_rms():
   v, x = _variables("rms"), _x()
-  expected = 0.37 * x * v["params"]["scale_tilde"]
+  expected = 0.37 * x * v["params"]["gamma_tilde"]
   np.testing.assert_allclose(Norm("rms", "taper").apply(v, x, 0.0), expected, rtol=1e-6)
-  np.testing.assert_allclose(Norm("rms", "scale").apply(v, x), expected, rtol=1e-6)
+  np.testing.assert_allclose(Norm("rms", "fixed").apply(v, x), expected, rtol=1e-6)
 
 
 def test_gate_zero_is_the_affine_map_hA_plus_beta_for_ln():
   v, x = _variables("ln"), _x()
   p = v["params"]
-  A_DxD = 0.37 * (jnp.eye(D) - jnp.ones((D, D)) / D) @ jnp.diag(p["scale_tilde"])
-  expected = x @ A_DxD + p["bias"]
+  A_DxD = 0.37 * (jnp.eye(D) - jnp.ones((D, D)) / D) @ jnp.diag(p["gamma_tilde"])
+  expected = x @ A_DxD + p["beta"]
   np.testing.assert_allclose(Norm("ln", "taper").apply(v, x, 0.0), expected, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(Norm("ln", "scale").apply(v, x), expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(Norm("ln", "fixed").apply(v, x), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -87,7 +87,7 @@ def test_statistics_in_fp32_and_result_in_compute_dtype():
   y = Norm("rms", "plain", dtype=jnp.bfloat16).apply(v, x)
   assert y.dtype == jnp.bfloat16
   x32 = x.astype(jnp.float32)
-  ref = x32 / jnp.sqrt(jnp.mean(x32**2, -1, keepdims=True) + 1e-5) * v["params"]["scale"]
+  ref = x32 / jnp.sqrt(jnp.mean(x32**2, -1, keepdims=True) + 1e-5) * v["params"]["gamma"]
   np.testing.assert_allclose(y.astype(jnp.float32), ref, rtol=1e-2)
 
 
@@ -102,7 +102,7 @@ def test_one_compilation_serves_every_gate_value():
 def test_batch_statistics_are_recorded_only_when_asked():
   v, x = _variables("rms"), _x()
   _, mutated = Norm("rms", "taper").apply(v, x, 1.0, mutable=[CALIB_STATS])
-  hg = x * v["params"]["scale"]
+  hg = x * v["params"]["gamma"]
   sq = jnp.sum(hg**2, -1)
   r = jnp.sqrt(jnp.mean(x**2, -1) + 1e-5)
   np.testing.assert_allclose(mutated[CALIB_STATS]["num"], jnp.mean(sq / r), rtol=1e-5)
@@ -110,10 +110,10 @@ def test_batch_statistics_are_recorded_only_when_asked():
   assert not isinstance(Norm("rms", "taper").apply(v, x, 1.0), tuple)
 
 
-def test_taper_and_scale_share_variables_with_logical_axes():
+def test_taper_and_fixed_share_variables_with_logical_axes():
   x = _x()
   vt = Norm("ln", "taper").init(jax.random.key(0), x)
-  vs = Norm("ln", "scale").init(jax.random.key(0), x)
+  vs = Norm("ln", "fixed").init(jax.random.key(0), x)
   assert jax.tree.structure(vt) == jax.tree.structure(vs)
   specs = nn.get_partition_spec(vt)["params"]
   assert all(tuple(s) == ("norm",) for s in specs.values())

@@ -12,16 +12,13 @@ from tapernorm_jax import calibration, schedules, sharding
 from tapernorm_jax.train import Trainer, make_optimizer
 
 
-def tiny(variant: str = "all_taper", **overrides):
-  """A seconds-sized config: D=32, 2 layers, T=16, vocab 64, 12 steps, taper 3 → 9."""
+def tiny(variant: str = "all_taper", overrides: dict | None = None):
+  """A seconds-sized config: D=32, 2 layers, T=16, vocab 64, 12 steps, taper 3 → 9; `overrides` has dotted keys."""
   cfg = base.get_config(variant)
   cfg.model.update(D=32, H=4, L=2, T=16, V=64)
   cfg.train.update(steps=12, batch_size=8)
   cfg.taper.update(gate_warmup_frac=0.25, taper_end=9)
-  for key, value in overrides.items():
-    section, field = key.split("__")
-    cfg[section][field] = value
-  return cfg
+  return base.override(cfg, overrides or {})
 
 
 def batches(n: int, cfg, seed: int = 0) -> list[jax.Array]:
@@ -44,19 +41,20 @@ def test_calibration_at_the_taper_start(trainer):
     state, _ = trainer.train_step(state, data[k])
     assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == k + 1
   before = jax.device_get(state)
-  expected_params, expected_calib = calibration.calibrate(before["params"], before["calib"], 0.01, 1e-8)
+  expected_params, expected_calib = calibration.calibrate(before["params"], before["calib"], trainer.gated_norms,
+                                                          0.01, 1e-8)
   state, _ = trainer.train_step(state, data[start])
   after = jax.device_get(state)
-  for path, c in calibration.layer_scalars(after["calib"], "c").items():
-    want = calibration.layer_scalars(expected_calib, "c")[path]
+  for path, c in calibration.norm_scalars(after["calib"], trainer.gated_norms, "c").items():
+    want = calibration.norm_scalars(expected_calib, trainer.gated_norms, "c")[path]
     np.testing.assert_allclose(c, want, rtol=1e-6)
     assert np.isfinite(c) and abs(c - 1.0) > 1e-3
   np.testing.assert_allclose(after["calib"]["pre_logit"]["s_tgt"], expected_calib["pre_logit"]["s_tgt"], rtol=1e-6)
   # γ̃ started this step as a copy of γ; EMAs are frozen from here on.
-  assert not np.allclose(before["params"]["block_0"]["attn_norm"]["scale_tilde"],
-                         before["params"]["block_0"]["attn_norm"]["scale"])
-  np.testing.assert_allclose(after["params"]["block_0"]["attn_norm"]["scale_tilde"],
-                             expected_params["block_0"]["attn_norm"]["scale"], atol=2 * trainer.lr(start) + 1e-7)
+  assert not np.allclose(before["params"]["block_0"]["attn_norm"]["gamma_tilde"],
+                         before["params"]["block_0"]["attn_norm"]["gamma"])
+  np.testing.assert_allclose(after["params"]["block_0"]["attn_norm"]["gamma_tilde"],
+                             expected_params["block_0"]["attn_norm"]["gamma"], atol=2 * trainer.lr(start) + 1e-7)
   state, _ = trainer.train_step(state, data[start + 1])
   assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == start
   np.testing.assert_array_equal(state["calib"]["block_0"]["attn_norm"]["c"], after["calib"]["block_0"]["attn_norm"]["c"])
@@ -97,14 +95,14 @@ def test_calibration_state_never_enters_the_optimiser(trainer):
 
 
 def test_weight_decay_skips_norm_gains_and_scalars():
-  cfg = tiny(opt__weight_decay=0.1)
-  tx = make_optimizer(cfg, schedules.Phases.from_config(cfg))
-  params = {"w": jnp.ones((3, 4)), "scale": jnp.ones(4), "scale_tilde": jnp.ones(4)}
+  cfg = tiny(overrides={"opt.weight_decay": 0.1})
+  tx = make_optimizer(cfg, schedules.learning_rate(cfg.opt.lr, schedules.Phases.from_config(cfg)))
+  params = {"w": jnp.ones((3, 4)), "gamma": jnp.ones(4), "gamma_tilde": jnp.ones(4)}
   opt_state = tx.init(params)
   for _ in range(3):  # past the first (lr = 0) step of the warmup
     updates, opt_state = tx.update(jax.tree.map(jnp.zeros_like, params), opt_state, params)
   assert float(jnp.abs(updates["w"]).max()) > 0
-  assert float(jnp.abs(updates["scale"]).max()) == 0 and float(jnp.abs(updates["scale_tilde"]).max()) == 0
+  assert float(jnp.abs(updates["gamma"]).max()) == 0 and float(jnp.abs(updates["gamma_tilde"]).max()) == 0
 
 
 def test_sharded_fsdp_step_matches_a_single_device_step():
@@ -120,23 +118,23 @@ def test_sharded_fsdp_step_matches_a_single_device_step():
 
 
 @pytest.mark.parametrize("overrides,field", [
-    (dict(taper__gate_warmup_frac=0.9, taper__taper_end=5), "taper.gate_warmup_frac"),
-    (dict(taper__gate_warmup_frac=1.5), "taper.gate_warmup_frac"),
-    (dict(taper__taper_end=50), "taper.taper_end"),
-    (dict(taper__aux_weight=-0.1), "taper.aux_weight"),
-    (dict(taper__mu=0.0), "taper.mu"),
-    (dict(taper__mu=1.5), "taper.mu"),
-    (dict(train__batch_size=6), "train.batch_size"),
-    (dict(taper__gate_warmup_frac=0.0), "taper.gate_warmup_frac"),
+    ({"taper.gate_warmup_frac": 0.9, "taper.taper_end": 5}, "taper.gate_warmup_frac"),
+    ({"taper.gate_warmup_frac": 1.5}, "taper.gate_warmup_frac"),
+    ({"taper.taper_end": 50}, "taper.taper_end"),
+    ({"taper.aux_weight": -0.1}, "taper.aux_weight"),
+    ({"taper.mu": 0.0}, "taper.mu"),
+    ({"taper.mu": 1.5}, "taper.mu"),
+    ({"train.batch_size": 6}, "train.batch_size"),
+    ({"taper.gate_warmup_frac": 0.0}, "taper.gate_warmup_frac"),
 ])
 def test_inconsistent_configs_fail_before_compiling(overrides, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    Trainer(tiny(**overrides), sharding.make_mesh())
+    Trainer(tiny(overrides=overrides), sharding.make_mesh())
 
 
 def test_removing_the_final_anchor_without_aux_warns(caplog):
   with caplog.at_level(logging.WARNING):
-    Trainer(tiny("final_taper", taper__aux_weight=0.0), sharding.make_mesh())
+    Trainer(tiny("final_taper", {"taper.aux_weight": 0.0}), sharding.make_mesh())
   assert "logits may grow without bound" in caplog.text
   caplog.clear()
   with caplog.at_level(logging.WARNING):

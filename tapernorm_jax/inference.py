@@ -1,0 +1,151 @@
+"""Models ready to run: loading a training run or an export, folding, prompts, continuation, and the inference forms.
+
+    loaded = load("runs/x")                                   # a run's latest checkpoint, or an export directory
+    variables, cfg = fold_if_tapered(loaded.variables, loaded.model_cfg)
+    outputs = continue_prompts(variables, cfg, encode_prompts(loaded, ["Once upon a time"]), max_new_tokens=50)
+"""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import orbax.checkpoint as ocp
+from flax import traverse_util
+
+from tapernorm_jax import decode, export, layout
+from tapernorm_jax import fold as fold_lib
+from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables
+
+PyTree = Any
+FORMS = ("baseline", "unfused", "folded", "identity")
+
+
+@dataclasses.dataclass
+class Loaded:
+  """A model ready to run: variables, config, tokenizer (if any) and the tokenizer file (for exports)."""
+
+  variables: PyTree
+  model_cfg: ModelConfig
+  tokenizer: Any | None
+  tokenizer_path: Path | None
+
+
+def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict]:
+  """Restores only {"params", "calib"} of the `state` item at `step` (default: latest); returns (variables, config)."""
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  config_path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path} not found: --workdir must be a training run or an export directory")
+  with open(config_path) as f:
+    run_cfg = json.load(f)
+  model_cfg = ModelConfig.from_config(run_cfg["model"])
+  with ocp.CheckpointManager(os.path.join(workdir, "checkpoints")) as manager:
+    step = manager.latest_step() if step is None else step
+    if step is None or step not in manager.all_steps():
+      raise FileNotFoundError(f"no checkpoint {'at step ' + str(step) if step is not None else ''} in "
+                              f"{workdir}/checkpoints (steps: {sorted(manager.all_steps())})")
+    target = export.restore_target(model_cfg)
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                     partial_restore=True)))
+  return dict(restored["state"]), {**run_cfg, "restored_step": step}
+
+
+def run_tokenizer(run_cfg: dict) -> tuple[Any | None, Path | None]:
+  """The training run's tokenizer through `tapernorm_jax.data.prepare` (None when it cannot be prepared)."""
+  try:
+    from tapernorm_jax import data  # the training data stack: only when a run directory is loaded
+    prepared = data.prepare(run_cfg["data"])
+  except Exception as e:  # the model still runs on token ids
+    print(f"(no tokenizer: {type(e).__name__}: {e}; pass token ids)")
+    return None, None
+  return prepared.tokenizer, Path(prepared.path) / export.TOKENIZER_FILE
+
+
+def load(path: str, step: int | None = None) -> Loaded:
+  """Loads an export directory, or a training run's checkpoint with its tokenizer."""
+  if export.is_export(path):
+    exported = export.load(path)
+    return Loaded(exported.variables, exported.model_cfg, export.load_tokenizer(exported), exported.tokenizer_path)
+  variables, run_cfg = load_checkpoint(path, step)
+  tokenizer, tokenizer_path = run_tokenizer(run_cfg)
+  return Loaded(variables, ModelConfig.from_config(run_cfg["model"]), tokenizer, tokenizer_path)
+
+
+def fold_if_tapered(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelConfig]:
+  """Folds a model with tapered norms (its g = 0 forward); other models come back unchanged."""
+  return fold_lib.fold(variables, cfg) if cfg.tapered else (variables, cfg)
+
+
+def encode_prompts(loaded: Loaded, texts: list[str], token_lists: list[str] = ()) -> list[list[int]]:
+  """Token ids per prompt: text through the tokenizer (after bos, as in training), or comma-separated ids."""
+  prompts = [[int(t) for t in s.split(",") if t.strip()] for s in token_lists]
+  if texts:
+    if loaded.tokenizer is None:
+      raise ValueError("this model has no tokenizer here; give token ids instead of text")
+    prompts += [[loaded.tokenizer.bos_id] + loaded.tokenizer.encode(text) for text in texts]
+  if not prompts:
+    raise ValueError("give at least one prompt (text or token ids)")
+  return prompts
+
+
+def continue_prompts(variables: PyTree, cfg: ModelConfig, prompts: list[list[int]], max_new_tokens: int,
+                     temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                     eos_id: int | None = None) -> list[list[int]]:
+  """New tokens for each prompt (cut after EOS) from one jitted prefill-and-decode call."""
+  prompt_BxP, lengths_B = decode.pad_prompts(prompts)
+  tokens_BxN = decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(seed),
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, eos_id=eos_id)
+  return decode.trim(jax.device_get(tokens_BxN), eos_id)
+
+
+def perturbed(variables: PyTree, key: jax.Array, c_range: tuple[float, float] = (0.3, 3.0),
+              spread: float = 0.3) -> PyTree:
+  """Unboxed variables with every c drawn from `c_range` and every 1-D parameter (γ, γ̃, β, biases) moved by
+  `spread`·N(0, 1): weights that look calibrated, so that every part of a fold or a form matters."""
+  flat = traverse_util.flatten_dict(nn.unbox(variables))
+  keys = iter(jax.random.split(key, len(flat)))
+  out = {}
+  for path, x in flat.items():
+    k = next(keys)
+    if path[0] == "calib" and path[-1] == layout.C:
+      x = jax.random.uniform(k, x.shape, x.dtype, *c_range)
+    elif path[0] == "params" and x.ndim == 1:
+      x = x + spread * jax.random.normal(k, x.shape, x.dtype)
+    out[path] = x
+  return traverse_util.unflatten_dict(out)
+
+
+def forms(variables: PyTree, cfg: ModelConfig) -> dict[str, tuple[PyTree, ModelConfig]]:
+  """One set of tapered weights as `baseline` (plain norms), `unfused` (the g = 0 map as an explicit multiply),
+  `folded` and `identity` (no norms: the upper bound), each with exactly the variables it reads."""
+  if not cfg.tapered:
+    raise ValueError(f"forms need a tapered model (internal_norm={cfg.internal_norm!r}, final_norm={cfg.final_norm!r})")
+  plain = lambda mode: "plain" if mode in layout.CALIBRATED_MODES else mode
+  configs = {"baseline": cfg.replace(internal_norm=plain(cfg.internal_norm), final_norm=plain(cfg.final_norm)),
+             "unfused": cfg.fixed_form(), "identity": cfg.replace(internal_norm="identity", final_norm="identity")}
+  out = {name: (select(variables, form_cfg), form_cfg) for name, form_cfg in configs.items()}
+  out["folded"] = fold_lib.fold(variables, cfg)
+  return {name: out[name] for name in FORMS}
+
+
+def select(variables: PyTree, cfg: ModelConfig) -> PyTree:
+  """The subset of `variables` that the model `cfg` reads."""
+  flat = traverse_util.flatten_dict(variables)
+  wanted = traverse_util.flatten_dict(nn.unbox(abstract_variables(cfg)))
+  return traverse_util.unflatten_dict({k: flat[k] for k in wanted})
+
+
+def last_token_logits(cfg: ModelConfig) -> Any:
+  """A jitted forward that runs every position through the blocks and the head on the last position only."""
+  model = Transformer(cfg)
+
+  def forward(variables: PyTree, tokens_BxT: jax.Array) -> jax.Array:
+    h_BxTxD = model.apply(variables, tokens_BxT, 0.0, method=Transformer.hidden)
+    return model.apply(variables, h_BxTxD[:, -1:], 0.0, method=Transformer.logits)[:, 0]
+
+  return jax.jit(forward)
