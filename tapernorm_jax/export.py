@@ -28,7 +28,7 @@ from tapernorm_jax.tokenizer import SentencePiece
 
 PyTree = Any
 FORMAT = "tapernorm_jax.export"
-VERSION = 1
+VERSION = 2  # 2: norm parameters named gamma/gamma_tilde/beta (1: scale/scale_tilde/bias)
 CONFIG_FILE = "config.json"
 VARIABLES_DIR = "variables"
 SAFETENSORS_FILE = "model.safetensors"
@@ -57,7 +57,7 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
   cfg = ModelConfig.from_config(model_cfg)
   variables = nn.unbox(variables)
   variables = {"params": variables["params"], "calib": variables.get("calib", {})}
-  folded = fold and fold_lib.has_tapered_norms(cfg)
+  folded = fold and cfg.tapered
   if folded:
     variables, cfg = fold_lib.fold(variables, cfg)
   else:
@@ -85,7 +85,9 @@ def load(directory: str | Path, source: str = "orbax") -> Exported:
     raise FileNotFoundError(f"{directory} is not a {FORMAT} directory (no {CONFIG_FILE} with format={FORMAT!r})")
   info = json.loads((directory / CONFIG_FILE).read_text())
   if info["version"] != VERSION:
-    raise ValueError(f"{directory} is export version {info['version']}; this code reads version {VERSION}")
+    raise ValueError(f"{directory} is export version {info['version']}; this code reads version {VERSION} (version 1 "
+                     "named the norm parameters scale/scale_tilde/bias, now gamma/gamma_tilde/beta): export the "
+                     "model again with this version")
   cfg = ModelConfig.from_config(info["model"])
   if source == "orbax":
     target = restore_target(cfg)

@@ -5,9 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax import decode
+from tapernorm_jax import decode, hardware, inference
+from tapernorm_jax.benchmarks import decode as bench
+from tapernorm_jax.benchmarks.timing import read_bandwidth
 from tapernorm_jax.fold import fold
-from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.model import ModelConfig, init
 from model_helpers import logits_at, perturbed_variables
 
 FORMS = ("baseline", "unfused", "folded")
@@ -15,7 +17,7 @@ FORMS = ("baseline", "unfused", "folded")
 
 def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
   """Variables and config of a small model whose outputs depend on every parameter (γ̃, β, c ≠ defaults)."""
-  norm = {"baseline": "plain", "unfused": "scale", "folded": "taper"}[form]
+  norm = {"baseline": "plain", "unfused": "fixed", "folded": "taper"}[form]
   cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
                               init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
   variables = perturbed_variables(cfg)
@@ -30,13 +32,13 @@ def _rel_err(a: jax.Array, b: jax.Array) -> float:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_step_by_step_decode_reproduces_the_full_forward(family, form):
   variables, cfg = _model(family, form, T=12)
-  tokens_BxL = jax.random.randint(jax.random.key(2), (3, cfg.T), 0, cfg.V)
-  full_BxLxV = logits_at(cfg, variables, tokens_BxL, 0.0)
+  tokens_BxT = jax.random.randint(jax.random.key(2), (3, cfg.T), 0, cfg.V)
+  full_BxTxV = logits_at(cfg, variables, tokens_BxT, 0.0)
   step = jax.jit(lambda c, tok, i: decode.decode_step(variables, cfg, tok, i, c))
   cache = decode.init_cache(cfg, 3, cfg.T)
   for t in range(cfg.T):
-    logits_BxV, cache = step(cache, tokens_BxL[:, t], jnp.full((3,), t, jnp.int32))
-    assert _rel_err(full_BxLxV[:, t], logits_BxV) < 1e-5, t
+    logits_BxV, cache = step(cache, tokens_BxT[:, t], jnp.full((3,), t, jnp.int32))
+    assert _rel_err(full_BxTxV[:, t], logits_BxV) < 1e-5, t
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -136,18 +138,16 @@ def test_requests_past_the_learned_positions_are_refused():
 
 
 def test_decode_benchmark_runs_every_form_on_the_same_weights():
-  from experiments import benchmark_decode as bench
   cfg = bench.model_config("cpu", "internal_taper", "float32").replace(V=97, L=1)
-  forms = bench.make_forms(cfg, 0)
-  assert list(forms) == list(bench.FORMS)
+  forms = inference.forms(inference.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)
+  assert list(forms) == list(inference.FORMS)
   embeds = [np.asarray(v["params"]["embed"]) for v, _ in forms.values()]
   assert all(np.array_equal(e, embeds[0]) for e in embeds)  # one set of weights; only the norms differ
   assert forms["identity"][1].internal_norm == forms["folded"][1].internal_norm == "identity"
-  s = bench.Settings(size="cpu", variant="internal_taper", modes=["forward", "decode"], batches=[1], lengths=[16],
-                     decode_batches=[2], prompt=8, new_tokens=4, repeats=1, warmup=1, min_sample_s=0.0,
-                     dtype="float32", seed=0)
-  results = {"date": "today", "hardware": bench.hardware(), "settings": vars(s), "params": 1,
-             "bandwidth": bench.read_bandwidth(1 << 20, repeats=1), "forward": bench.bench_forward(forms, s),
+  s = bench.Settings(size="cpu", variant="internal_taper", batches=(1,), lengths=(16,), decode_batches=(2,), prompt=8,
+                     new_tokens=4, repeats=1, warmup=1, min_sample_s=0.0, dtype="float32", seed=0)
+  results = {"date": "today", "hardware": hardware.describe(), "settings": vars(s), "params": 1,
+             "bandwidth": read_bandwidth(1 << 20, repeats=1), "forward": bench.bench_forward(forms, s),
              "decode": bench.bench_decode(forms, s)}
   step = results["decode"][0]["forms"]["folded"]["bytes_per_step"]
   assert step["cache"] == 2 * cfg.L * 2 * cfg.D * (8 + 4 - 1) * 4  # k and v, B = 2 rows, P + N − 1 slots, fp32

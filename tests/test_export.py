@@ -14,8 +14,7 @@ import pytest
 import sentencepiece as spm
 
 from configs import base
-from experiments import generate
-from tapernorm_jax import decode, export
+from tapernorm_jax import decode, export, inference
 from tapernorm_jax.fold import fold
 from tapernorm_jax.model import ModelConfig
 from model_helpers import init_variables, logits_at, perturbed_variables
@@ -52,13 +51,13 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
   directory = export.save(tmp_path / "export", variables, cfg, tokenizer_path=tokenizer_file)
   assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors", "tokenizer.model", "variables"]
   folded, folded_cfg = fold(variables, cfg)
-  tokens_BxL = jax.random.randint(jax.random.key(3), (2, 12), 0, V)
-  reference = logits_at(cfg, variables, tokens_BxL, 0.0)
+  tokens_BxT = jax.random.randint(jax.random.key(3), (2, 12), 0, V)
+  reference = logits_at(cfg, variables, tokens_BxT, 0.0)
   for source in ("orbax", "safetensors"):
     loaded = export.load(directory, source)
     assert loaded.model_cfg == folded_cfg and loaded.info["folded"]
     jax.tree.map(np.testing.assert_array_equal, loaded.variables, folded)
-    np.testing.assert_allclose(logits_at(loaded.model_cfg, loaded.variables, tokens_BxL), reference,
+    np.testing.assert_allclose(logits_at(loaded.model_cfg, loaded.variables, tokens_BxT), reference,
                                rtol=1e-5, atol=1e-5 * float(np.abs(reference).max()))
   with open(directory / "config.json") as f:
     assert json.load(f)["model"]["internal_norm"] == "identity"
@@ -98,7 +97,7 @@ def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, to
   sp = spm.SentencePieceProcessor(model_file=tokenizer_file)
   folded, folded_cfg = fold(variables, cfg)
   prompts = [[sp.bos_id()] + sp.encode(t) for t in ("Once upon a time", "Tom")]
-  expected = generate.continue_prompts(folded, folded_cfg, prompts, 6, eos_id=sp.eos_id())
+  expected = inference.continue_prompts(folded, folded_cfg, prompts, 6, eos_id=sp.eos_id())
   for prompt, new in zip(prompts, expected):
     assert sp.decode(prompt) + sp.decode(new) in result.stdout
 
@@ -111,7 +110,7 @@ def _write_training_checkpoint(workdir, cfg: ModelConfig, variables, step: int) 
   (workdir / "config.json").write_text(run_cfg.to_json_best_effort())
   params = variables["params"]
   state = {"params": params, "opt_state": optax.adam(1e-3).init(params), "calib": variables["calib"],
-           "step": np.int32(step), "rng": jax.random.key_data(jax.random.key(0))}
+           "step": np.int32(step)}
   with ocp.CheckpointManager(workdir / "checkpoints") as manager:
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                data=ocp.args.JsonSave({"position": 5})))
@@ -123,17 +122,17 @@ def test_generate_restores_params_and_calib_from_the_latest_training_checkpoint(
   old, new = perturbed_variables(cfg), perturbed_variables(cfg.replace(init_std=0.3))
   _write_training_checkpoint(tmp_path, cfg, old, 10)
   _write_training_checkpoint(tmp_path, cfg, new, 20)
-  restored, run_cfg = generate.load_checkpoint(str(tmp_path))
+  restored, run_cfg = inference.load_checkpoint(str(tmp_path))
   assert run_cfg["restored_step"] == 20 and set(restored) == {"params", "calib"}
   jax.tree.map(np.testing.assert_array_equal, restored, new)
-  at_10, _ = generate.load_checkpoint(str(tmp_path), step=10)
+  at_10, _ = inference.load_checkpoint(str(tmp_path), step=10)
   jax.tree.map(np.testing.assert_array_equal, at_10, old)
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 15"):
-    generate.load_checkpoint(str(tmp_path), step=15)
-  loaded = generate.load(str(tmp_path))
-  variables, folded_cfg = generate.fold_if_tapered(loaded.variables, loaded.model_cfg)
+    inference.load_checkpoint(str(tmp_path), step=15)
+  loaded = inference.load(str(tmp_path))
+  variables, folded_cfg = inference.fold_if_tapered(loaded.variables, loaded.model_cfg)
   prompts = [[1, 5, 7, 9], [1, 4]]
-  got = generate.continue_prompts(variables, folded_cfg, prompts, 5)
+  got = inference.continue_prompts(variables, folded_cfg, prompts, 5)
   prompt_BxP, lengths_B = decode.pad_prompts(prompts)
   want = decode.generate(new, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=5)
   assert got == np.asarray(want).tolist()

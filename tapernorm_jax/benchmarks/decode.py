@@ -1,0 +1,203 @@
+"""Inference throughput of the baseline, unfused, folded and identity forms of one set of weights (docs/method.md §9).
+
+`forward` is the paper's last-token-logits forward over B×T tokens (no cache); `decode` is
+KV-cache generation of N tokens after a P-token prompt, timed apart from the prefill and set
+against the memory-bandwidth roofline: bytes of weights and cache read per step ÷ the read
+bandwidth of a jitted sum over an array of that same size (so it streams from wherever the
+weights stream from: DRAM, or a cache level they fit in), sampled between the decode runs.
+A sum over 1 GiB gives the DRAM bandwidth as well.
+"""
+
+import dataclasses
+import datetime
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from configs import base
+from tapernorm_jax import decode, hardware, inference
+from tapernorm_jax.benchmarks.timing import bandwidth_probe, read_bandwidth, summary, time_interleaved
+from tapernorm_jax.model import ModelConfig, init, param_count
+from tapernorm_jax.tables import markdown_table
+
+PyTree = Any
+# The paper's measurement (docs/method.md §9): thousands of tokens/s on an H100 in bf16 (PyTorch eager),
+# as (baseline, unfused, folded), keyed by (B, T).
+PAPER = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
+         (4, 128): (149.3, 169.3, 180.4), (4, 256): (290.5, 323.6, 344.9), (4, 512): (546.3, 588.1, 615.9)}
+MODES = ("forward", "decode")
+
+
+@dataclasses.dataclass
+class Settings:
+  """Everything that defines one benchmark run (defaults: the paper's grid at 30M)."""
+
+  size: str = "30m"
+  variant: str = "internal_taper"
+  modes: tuple[str, ...] = MODES
+  batches: tuple[int, ...] = (1, 4)
+  lengths: tuple[int, ...] = (128, 256, 512)
+  decode_batches: tuple[int, ...] = (1, 4)
+  prompt: int = 128
+  new_tokens: int = 128
+  repeats: int = 7
+  warmup: int = 2
+  min_sample_s: float = 1.0
+  dtype: str = ""  # "" = float32 on CPU, bfloat16 on accelerators
+  seed: int = 0
+
+  def __post_init__(self):
+    unknown = set(self.modes) - set(MODES)
+    if unknown:
+      raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {MODES}")
+    self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+
+
+QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
+             warmup=1, min_sample_s=0.05)  # a smoke run in under a minute
+
+
+def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
+  """The paper's model of `size` with `variant`'s norms, weights and activations in `dtype`."""
+  cfg = ModelConfig.from_config(base.get_config(variant, f"size={size}").model)
+  return cfg.replace(dtype=dtype, param_dtype=dtype)
+
+
+def bench_forward(forms: dict, s: Settings) -> list[dict]:
+  """Tokens/s of the last-token-logits forward for every (B, T) cell and form."""
+  rows = []
+  for B in s.batches:
+    for T in s.lengths:
+      tokens_BxT = jax.random.randint(jax.random.key(T + B), (B, T), 0, next(iter(forms.values()))[1].V)
+      calls = {name: (lambda f=inference.last_token_logits(cfg), v=v: f(v, tokens_BxT))
+               for name, (v, cfg) in forms.items()}
+      samples = time_interleaved(calls, s.repeats, s.warmup, s.min_sample_s)
+      row = {"B": B, "T": T, "forms": {name: summary(sec, B * T) for name, sec in samples.items()}}
+      rows.append(row)
+      log_row(f"forward B={B} T={T}", row, "tok/s")
+  return rows
+
+
+def bytes_per_decode_step(variables: PyTree, cfg: ModelConfig, B: int, cache: decode.Cache) -> dict[str, int]:
+  """Bytes one decode step must read: every weight once (embedding tables: only B rows unless tied) and the cache."""
+  params = variables["params"]
+  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  for table in ("embed", "pos_embed"):
+    if table in params and not (table == "embed" and cfg.tie_embeddings):
+      x = params[table]
+      total -= x.size * x.dtype.itemsize - B * x.shape[1] * x.dtype.itemsize
+  return {"weights": int(total), "cache": decode.cache_bytes(cache)}
+
+
+def bench_decode(forms: dict, s: Settings) -> list[dict]:
+  """KV-cache generation: prefill and per-token decode timed apart; decode set against the roofline."""
+  rows = []
+  for B in s.decode_batches:
+    P, N = s.prompt, s.new_tokens
+    prompt_BxP = jax.random.randint(jax.random.key(B), (B, P), 0, next(iter(forms.values()))[1].V)
+    lengths_B = jnp.full((B,), P, jnp.int32)
+    prefills, loops, traffic = {}, {}, {}
+    for name, (v, cfg) in forms.items():
+      decode.check_lengths(cfg, P, N)
+      prefill = jax.jit(lambda v, p, n, c, cfg=cfg: decode.prefill(v, cfg, p, n, c))
+      empty = decode.init_cache(cfg, B, decode.cache_length(P, N))
+      logits_BxV, cache = prefill(v, prompt_BxP, lengths_B, empty)
+      first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
+      loop = jax.jit(lambda v, f, n, c, cfg=cfg: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0), N))
+      prefills[name] = lambda prefill=prefill, v=v, empty=empty: prefill(v, prompt_BxP, lengths_B, empty)
+      loops[name] = lambda loop=loop, v=v, first_B=first_B, cache=cache: loop(v, first_B, lengths_B, cache)
+      traffic[name] = bytes_per_decode_step(v, cfg, B, cache)
+    step_bytes = traffic["folded"]["weights"] + traffic["folded"]["cache"]
+    loops["read"] = bandwidth_probe(step_bytes)  # the roofline's bandwidth, sampled between the decode runs
+    prefill_samples = time_interleaved(prefills, s.repeats, s.warmup, s.min_sample_s)
+    loop_samples = time_interleaved(loops, s.repeats, s.warmup, s.min_sample_s)
+    bandwidth = summary(loop_samples.pop("read"), step_bytes / 1e9)
+    row = {"B": B, "prompt": P, "new_tokens": N, "read_gb_s": bandwidth, "forms": {}}
+    for name in forms:
+      stats = summary(loop_samples[name], B * (N - 1))  # the first new token comes from the prefill
+      form_bytes = traffic[name]["weights"] + traffic[name]["cache"]
+      roofline_tokens_s = B * bandwidth["median"] * 1e9 / form_bytes
+      stats.update(bytes_per_step=traffic[name], roofline_tokens_s=roofline_tokens_s,
+                   roofline_fraction=stats["median"] / roofline_tokens_s,
+                   prefill=summary(prefill_samples[name], B * P))
+      row["forms"][name] = stats
+    rows.append(row)
+    log_row(f"decode B={B} P={P} N={N} (read bandwidth {bandwidth['median']:.1f} GB/s over "
+            f"{step_bytes / 1e6:.0f} MB)", row, "tok/s")
+  return rows
+
+
+def log_row(title: str, row: dict, unit: str) -> None:
+  """Prints one cell's medians and ratios to baseline."""
+  base_rate = row["forms"]["baseline"]["median"]
+  cells = ", ".join(f"{name} {r['median']:,.0f} {unit} ({r['median'] / base_rate:.3f}×, ±{50 * r['spread']:.1f}%)"
+                    for name, r in row["forms"].items())
+  print(f"{title}: {cells}", flush=True)
+
+
+def run(s: Settings) -> dict[str, Any]:
+  """Builds the four forms of one set of calibrated-looking weights and runs the selected modes."""
+  cfg = model_config(s.size, s.variant, s.dtype)
+  variables = inference.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
+  forms = inference.forms(variables, cfg)
+  results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
+                             "settings": dataclasses.asdict(s), "model": dataclasses.asdict(cfg),
+                             "params": param_count(forms["baseline"][0]["params"])}
+  print(f"{s.size} {s.variant}: {results['params']:,} parameters, {s.dtype}, on {results['hardware']['device']}",
+        flush=True)
+  results["bandwidth"] = read_bandwidth()
+  print(f"DRAM read bandwidth (sum over 1 GiB): {results['bandwidth']['median_gb_s']:.1f} GB/s "
+        f"(best {results['bandwidth']['best_gb_s']:.1f})", flush=True)
+  t0 = time.time()
+  if "forward" in s.modes:
+    results["forward"] = bench_forward(forms, s)
+  if "decode" in s.modes:
+    results["decode"] = bench_decode(forms, s)
+  results["wall_s"] = time.time() - t0
+  return results
+
+
+def markdown(results: dict) -> str:
+  """The forward table laid out like the paper's (k tokens/s, ratio to baseline), and the decode roofline table."""
+  s = results["settings"]
+  lines = [f"Measured {results['date']} on {hardware.one_line(results['hardware'])}, "
+           f"{s['size']} {s['variant']} model ({results['params']:,} parameters), {s['dtype']}, "
+           f"median of {s['repeats']} interleaved runs (± half the min–max spread). "
+           f"DRAM read bandwidth (jitted sum over {results['bandwidth']['bytes'] / 2**30:.0f} GiB): "
+           f"{results['bandwidth']['median_gb_s']:.1f} GB/s.", ""]
+  if results.get("forward"):
+    rows = []
+    for row in results["forward"]:
+      f = row["forms"]
+      base_rate = f["baseline"]["median"]
+      cell = lambda n: f"{f[n]['median'] / 1e3:.2f} ± {50 * f[n]['spread']:.1f}% ({f[n]['median'] / base_rate:.3f}×)"
+      paper = PAPER.get((row["B"], row["T"]))
+      rows.append([row["B"], row["T"], f"{base_rate / 1e3:.2f} ± {50 * f['baseline']['spread']:.1f}%",
+                   cell("unfused"), cell("folded"), cell("identity"),
+                   f"{f['folded']['median'] / f['identity']['median']:.3f}",
+                   f"{paper[2]:.1f} ({paper[2] / paper[0]:.2f}×)" if paper else "–"])
+    lines += ["Last-token-logits forward, no KV cache, thousands of tokens/s (ratio to baseline):", "",
+              markdown_table(["B", "T", "baseline", "unfused", "folded", "identity", "folded / identity",
+                              "paper folded (H100)"], rows), ""]
+  if results.get("decode"):
+    dram = lambda B, step: B * results["bandwidth"]["median_gb_s"] * 1e9 / (step["weights"] + step["cache"])
+    rows = []
+    for row in results["decode"]:
+      f = row["forms"]
+      base_rate = f["baseline"]["median"]
+      cell = lambda n: f"{f[n]['median']:,.1f} ({f[n]['median'] / base_rate:.3f}×)"
+      step = f["folded"]["bytes_per_step"]
+      rows.append([row["B"], row["prompt"], row["new_tokens"], f"{base_rate:,.1f}", cell("unfused"), cell("folded"),
+                   cell("identity"), f"{(step['weights'] + step['cache']) / 1e6:.1f}",
+                   f"{row['read_gb_s']['median']:.1f}", f"{f['folded']['roofline_tokens_s']:,.1f}",
+                   f"{100 * f['folded']['roofline_fraction']:.0f}%",
+                   f"{100 * f['folded']['median'] / dram(row['B'], step):.0f}%"])
+    lines += ["KV-cache decode after a P-token prompt (prefill excluded), tokens/s (ratio to baseline). Roofline = "
+              "B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a sum over as "
+              "many bytes as one step reads (sampled between the decode runs), and with the DRAM bandwidth:", "",
+              markdown_table(["B", "P", "N", "baseline", "unfused", "folded", "identity", "MB read / step",
+                              "read GB/s", "roofline tok/s", "folded % of roofline", "folded % of DRAM roofline"],
+                             rows), ""]
+  return "\n".join(lines)

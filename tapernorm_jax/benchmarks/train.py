@@ -1,0 +1,107 @@
+"""Train-step throughput: baseline vs TaperNorm mid-taper vs the g = 0 fast step, side by side in one process."""
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import base
+from tapernorm_jax import data, hardware, sharding
+from tapernorm_jax.benchmarks.timing import seconds_per_batch
+from tapernorm_jax.tables import markdown_table
+from tapernorm_jax.train import Trainer
+
+CASES = (  # (label, variant, which step)
+    ("baseline", "baseline", "train_step"),
+    ("all_taper, 0 < g < 1", "all_taper", "train_step"),
+    ("all_taper, g = 0 fast step", "all_taper", "fast_train_step"),
+)
+
+
+@dataclasses.dataclass
+class Settings:
+  """Sizes, batch shape and how many steps are timed."""
+
+  sizes: tuple[str, ...] = ("1m", "30m")
+  batch: int = 16
+  seq: int = 512
+  steps: int = 5
+  repeats: int = 5
+
+
+def run_steps(step_fn, state, batch, steps: int) -> tuple[list[float], dict, dict]:
+  """Runs `steps` steps, each timed to completion; returns (seconds per step, new state, last metrics)."""
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    state, metrics = step_fn(state, batch)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t0)
+  return times, state, metrics
+
+
+def bench_size(size: str, s: Settings, mesh) -> list[dict]:
+  """All cases at one size, states placed mid-taper, timed in interleaved rounds."""
+  cases = []
+  for label, variant, which in CASES:
+    cfg = base.get_config(variant, f"size={size}")
+    cfg.model.T = s.seq
+    cfg.train.batch_size = s.batch
+    trainer = Trainer(cfg, mesh)
+    state = trainer.init_state(0)
+    mid = (trainer.phases.taper_start + trainer.phases.taper_end) // 2
+    state["step"] = jax.device_put(jnp.int32(mid), state["step"].sharding)
+    batch = jax.device_put(np.random.default_rng(0).integers(0, cfg.model.V, (s.batch, s.seq + 1), dtype=np.int32),
+                           trainer.batch_sharding)
+    step_fn = getattr(trainer, which)
+    _, state, _ = run_steps(step_fn, state, batch, 1)  # compile and warm up
+    cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": []})
+  for _ in range(s.repeats):  # interleaved, so machine noise hits every case alike
+    for case in cases:
+      seconds, case["state"], case["metrics"] = run_steps(case["fn"], case["state"], case["batch"], s.steps)
+      case["times"] += seconds
+  rows = []
+  for case in cases:
+    med = statistics.median(case["times"])
+    rows.append({"size": size, "case": case["label"], "gate": float(case["metrics"]["gate"]), "step_s": med,
+                 "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))),
+                 "tokens_per_s": s.batch * s.seq / med, "compilations": case["fn"]._cache_size()})
+    rows[-1]["vs_baseline"] = rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    print(f"{size:>4} {case['label']:<28} gate={rows[-1]['gate']:.3f} {med * 1e3:9.1f} ms/step "
+          f"{rows[-1]['tokens_per_s']:10.0f} tok/s ({rows[-1]['vs_baseline']:.3f}× baseline)", flush=True)
+  return rows
+
+
+def loader_seconds_per_batch(seq: int, batch: int, n: int = 200) -> float:
+  """Seconds per batch of the data loader alone (offline corpus, CPU-preset vocabulary)."""
+  cfg = base.get_config("baseline")
+  cfg.model.T = seq
+  prepared = data.prepare(cfg.data)
+  it = data.train_iterator(prepared, batch_size=batch, seq_len=seq, seed=0, process_index=0, process_count=1)
+  return seconds_per_batch(it, n)
+
+
+def run(s: Settings) -> dict[str, Any]:
+  """Every size and case, and the loader alone."""
+  mesh = sharding.make_mesh()
+  rows = [row for size in s.sizes for row in bench_size(size, s, mesh)]
+  return {"hardware": hardware.describe(), "settings": dataclasses.asdict(s), "rows": rows,
+          "loader_s_per_batch": loader_seconds_per_batch(s.seq, s.batch)}
+
+
+def markdown(results: dict[str, Any]) -> str:
+  """The table of step times and the loader's share of a step."""
+  s, rows, loader_s = results["settings"], results["rows"], results["loader_s_per_batch"]
+  table = markdown_table(["size", "step", "gate", "ms/step", "tokens/s", "vs baseline"], [
+      [r["size"], r["case"], f"{r['gate']:.2f}", f"{r['step_s'] * 1e3:.1f} ± {r['spread_s'] * 1e3:.1f}",
+       f"{r['tokens_per_s']:.0f}", f"{r['vs_baseline']:.3f}×"] for r in rows])
+  slowest_share = max(loader_s / (loader_s + r["step_s"]) for r in rows)
+  return "\n".join([
+      f"Train-step throughput, {hardware.one_line(results['hardware'])}, batch {s['batch']} × {s['seq']} tokens, "
+      f"median (± interquartile range) of {s['repeats']} interleaved rounds × {s['steps']} steps", "", table, "",
+      f"Data loader alone: {loader_s * 1e3:.2f} ms/batch ({s['batch'] * s['seq'] / loader_s:,.0f} tokens/s); at "
+      f"most {100 * slowest_share:.2f}% of a step waiting for data (in-thread loading)."])
