@@ -1,5 +1,6 @@
-"""Orbax checkpoints of the whole run: train state (params, optimiser, calib, step, RNG) and data iterator."""
+"""Orbax checkpoints of the whole run: train state (params, optimiser, calib, step) and data iterator."""
 
+import json
 import os
 from typing import Any
 
@@ -7,6 +8,7 @@ import jax
 import orbax.checkpoint as ocp
 
 PyTree = Any
+LEGACY_KEY = "('rng',)"  # every 0.1 train state carried an (unused) RNG; later ones do not
 
 
 class Checkpointer:
@@ -32,10 +34,22 @@ class Checkpointer:
 
   def restore(self, step: int, target: PyTree) -> tuple[PyTree, Any]:
     """Restores (state, data state) at `step` onto `target`'s shapes, dtypes and shardings."""
+    self.check_layout(step)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
     restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                    data=ocp.args.JsonRestore()))
     return restored["state"], restored["data"]
+
+  def check_layout(self, step: int) -> None:
+    """Raises ValueError for a checkpoint written before the norm parameters were renamed (tapernorm_jax 0.1)."""
+    path = os.path.join(self.directory, str(step), "state", "_METADATA")
+    if os.path.exists(path):
+      with open(path) as f:
+        keys = json.load(f).get("tree_metadata", {})
+      if LEGACY_KEY in keys:
+        raise ValueError(f"the checkpoint at step {step} in {self.directory} was written by tapernorm_jax 0.1, whose "
+                         "norm parameters were named scale/scale_tilde/bias (now gamma/gamma_tilde/beta); this "
+                         "version cannot resume it. Start the run in a new --workdir.")
 
   def wait(self) -> None:
     """Blocks until pending saves are on disk."""

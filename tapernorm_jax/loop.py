@@ -1,4 +1,11 @@
-"""The training loop: data, resume, the compiled steps, metrics, checkpoints, evaluation and results."""
+"""The training loop, in parts a reader can name: the run directory, resume, step reporting, profiling, results.
+
+    run(cfg, workdir)   train (or resume) one run and write its results
+    RunDir              config.json (refuses a changed model on resume), metrics.jsonl truncation, results.json
+    restore_or_init     the latest complete checkpoint, or a fresh state
+    StepReporter        reads each step's metrics one step behind, writes them, stops on a non-finite loss
+    Profiler            a jax.profiler trace of `train.profile_steps` steps into <workdir>/profile
+"""
 
 import json
 import math
@@ -13,9 +20,12 @@ from tqdm import tqdm
 
 from tapernorm_jax import data, sharding
 from tapernorm_jax.checkpoint import Checkpointer
+from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.metrics import MetricsWriter, read_jsonl
 from tapernorm_jax.model import param_count
 from tapernorm_jax.train import State, Trainer
+
+RESULTS_SCHEMA = 1  # bump when results.json changes meaning; the study tools read it
 
 
 def log(message: str) -> None:
@@ -24,37 +34,117 @@ def log(message: str) -> None:
     tqdm.write(message)
 
 
-def write_json_atomically(path: str, obj: Any) -> None:
-  """Writes JSON to a temporary file and renames it, so a reader never sees half a file."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+class RunDir:
+  """The files of one run directory; only process 0 writes."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.abspath(os.path.expanduser(workdir))
+    self.writer = jax.process_index() == 0
+
+  def file(self, name: str) -> str:
+    """The path of `name` inside the run directory."""
+    return os.path.join(self.path, name)
+
+  def check_or_write_config(self, cfg: ml_collections.ConfigDict) -> None:
+    """Saves the resolved config; on resume, refuses a model that differs from the saved one."""
+    path = self.file("config.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        saved = json.load(f)
+      differing = {k: (saved["model"].get(k), v) for k, v in cfg.model.to_dict().items()
+                   if saved["model"].get(k) != v}
+      if differing:
+        raise ValueError(f"--workdir={self.path} holds a run whose model config differs: "
+                         + ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in differing.items())
+                         + ". Use a new --workdir, or the saved config to resume.")
+    if self.writer:
+      write_json_atomically(path, json.loads(cfg.to_json_best_effort()))
+
+  def truncate_metrics(self, step: int) -> None:
+    """Drops metric records from `step` on (left by a run that died after its last checkpoint)."""
+    path = self.file("metrics.jsonl")
+    if os.path.exists(path) and self.writer:
+      write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] < step))
+
+  def write_results(self, results: dict[str, Any]) -> None:
+    """Writes results.json atomically."""
+    if self.writer:
+      write_json_atomically(self.file("results.json"), results)
 
 
-def check_or_write_config(workdir: str, cfg: ml_collections.ConfigDict) -> None:
-  """Saves the resolved config; on resume, refuses a model that differs from the one in `workdir`."""
-  path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    differing = {k: (saved["model"].get(k), v) for k, v in cfg.model.to_dict().items() if saved["model"].get(k) != v}
-    if differing:
-      raise ValueError(f"--workdir={workdir} holds a run whose model config differs: "
-                       + ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in differing.items())
-                       + ". Use a new --workdir, or the saved config to resume.")
-  if jax.process_index() == 0:
-    write_json_atomically(path, json.loads(cfg.to_json_best_effort()))
+def restore_or_init(trainer: Trainer, ckpt: Checkpointer, train_it: Any, seed: int) -> tuple[State, int]:
+  """The state and data position of the latest complete checkpoint, or a fresh state at step 0."""
+  start = ckpt.latest_step() or 0
+  if not start:
+    return trainer.init_state(seed), 0
+  log(f"resuming from the checkpoint at step {start} in {ckpt.directory}")
+  state, data_state = ckpt.restore(start, trainer.abstract_state())
+  train_it.set_state(data_state)
+  return state, start
 
 
-def truncate_metrics(path: str, step: int) -> None:
-  """Drops records after `step` (left by a run that died after its last checkpoint)."""
-  if os.path.exists(path) and jax.process_index() == 0:
-    kept = [r for r in read_jsonl(path) if r["step"] < step]
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in kept)
-    os.replace(tmp, path)
+class StepReporter:
+  """Step metrics read one step behind (step k is fetched once step k + 1 is dispatched), so the host never idles
+  the device; writes every record, updates the progress bar, stops on a non-finite loss."""
+
+  def __init__(self, writer: MetricsWriter, ckpt: Checkpointer, bar: tqdm, tokens_per_step: int, log_every: int):
+    self.writer, self.ckpt, self.bar = writer, ckpt, bar
+    self.tokens_per_step, self.log_every = tokens_per_step, log_every
+    self.pending: list[tuple[int, dict]] = []
+    self.last_read = time.time()
+    self.data_wait_s = 0.0
+
+  def push(self, step: int, metrics: dict) -> None:
+    """Queues step `step`'s (device) metrics and reads every queued step but the newest."""
+    self.pending.append((step, metrics))
+    while len(self.pending) > 1:
+      self._read(*self.pending.pop(0))
+
+  def drain(self) -> None:
+    """Reads every queued step (before a checkpoint, so a non-finite step is never saved)."""
+    while self.pending:
+      self._read(*self.pending.pop(0))
+
+  def _read(self, step: int, metrics: dict) -> None:
+    m = jax.device_get(metrics)
+    now = time.time()
+    elapsed = max(now - self.last_read, 1e-9)
+    rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0)}
+    self.last_read, self.data_wait_s = now, 0.0
+    loss = float(m["loss"])
+    if not math.isfinite(loss):
+      self.ckpt.wait()
+      last = self.ckpt.latest_step()
+      where = f"step {last} in {self.ckpt.directory}" if last else "none (no checkpoint was saved yet)"
+      raise FloatingPointError(f"loss is {loss} at step {step}; stopping. Last good checkpoint: {where}. Lower "
+                               "--config.opt.lr or check the data, then re-run to resume.")
+    self.writer.write(step, {**m, **rate})
+    self.bar.update(1)
+    if (step + 1) % self.log_every == 0:
+      self.bar.set_postfix(loss=f"{loss:.4f}", gate=f"{float(m['gate']):.3f}",
+                           tok_s=f"{rate['tokens_per_s']:.0f}", refresh=False)
+
+
+class Profiler:
+  """Traces steps [start, start + count) with jax.profiler into `directory` (count 0: off)."""
+
+  def __init__(self, directory: str, start: int, count: int):
+    self.directory, self.start, self.stop = directory, start, start + count
+    self.active = False
+
+  def before_step(self, step: int) -> None:
+    """Starts the trace at the first traced step."""
+    if step == self.start and self.stop > self.start:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after_step(self, step: int, state: State) -> None:
+    """Stops the trace after the last traced step has finished on the device."""
+    if self.active and step + 1 >= self.stop:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.active = False
+      log(f"profile of steps {self.start}–{self.stop - 1} written to {self.directory}")
 
 
 def global_batch(trainer: Trainer, local_BxT1: np.ndarray) -> jax.Array:
@@ -71,11 +161,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
         devices: list | None = None) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir`; returns the results also written to `results.json`."""
   t_start = time.time()
-  workdir = os.path.abspath(os.path.expanduser(workdir))
+  rundir = RunDir(workdir)
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
   trainer = Trainer(cfg, mesh)  # validates the config before anything compiles
-  os.makedirs(workdir, exist_ok=True)
-  check_or_write_config(workdir, cfg)
+  os.makedirs(rundir.path, exist_ok=True)
+  rundir.check_or_write_config(cfg)
   prepared = data.prepare(cfg.data)
   T, B, steps = cfg.model.T, cfg.train.batch_size, cfg.train.steps
   train_it = data.train_iterator(prepared, batch_size=B, seq_len=T, seed=cfg.seed)
@@ -83,67 +173,38 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   eval_batches = [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)])
                   for b in data.eval_batches(prepared, B, T, cfg.train.eval_batches)]
 
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep)
-  start = ckpt.latest_step() or 0
-  if start:
-    log(f"resuming from the checkpoint at step {start} in {ckpt.directory}")
-    state, data_state = ckpt.restore(start, trainer.abstract_state())
-    train_it.set_state(data_state)
-  else:
-    state = trainer.init_state(cfg.seed)
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
-  truncate_metrics(metrics_path, start)
-  writer = MetricsWriter(workdir)
+  ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
+  state, start = restore_or_init(trainer, ckpt, train_it, cfg.seed)
+  rundir.truncate_metrics(start)
+  writer = MetricsWriter(rundir.path)
   log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
-      f"{jax.default_backend()} devices, writing to {workdir}")
-
-  pending: list[tuple[int, dict]] = []
-  val_loss = {"step": -1, "value": math.nan}
-  clock = {"t": time.time(), "wait": 0.0, "steps": 0}
+      f"{jax.default_backend()} devices, writing to {rundir.path}")
   bar = tqdm(total=steps, initial=start, disable=pi != 0, mininterval=1.0, dynamic_ncols=True,
              desc=f"{cfg.variant} [{prepared.name}]")
-
-  def flush() -> None:
-    """Fetches pending step metrics, stops on a non-finite loss, writes the records."""
-    records = jax.device_get(pending)
-    pending.clear()
-    elapsed = max(time.time() - clock["t"], 1e-9)
-    rate = {"tokens_per_s": clock["steps"] * B * T / elapsed, "data_wait_frac": clock["wait"] / elapsed}
-    clock.update(t=time.time(), wait=0.0, steps=0)
-    for step, m in records:
-      if not math.isfinite(float(m["loss"])):
-        ckpt.wait()
-        last = ckpt.latest_step()
-        where = f"step {last} in {ckpt.directory}" if last else "none (no checkpoint was saved yet)"
-        raise FloatingPointError(f"loss is {float(m['loss'])} at step {step}; stopping. Last good checkpoint: "
-                                 f"{where}. Lower --config.opt.lr or check the data, then re-run to resume.")
-      writer.write(step, {**m, **rate})
-    if records:
-      m = records[-1][1]
-      bar.set_postfix(loss=f"{float(m['loss']):.4f}", gate=f"{float(m['gate']):.3f}",
-                      tok_s=f"{rate['tokens_per_s']:.0f}", refresh=False)
+  reporter = StepReporter(writer, ckpt, bar, B * T, cfg.train.log_every)
+  profiler = Profiler(rundir.file("profile"), cfg.train.profile_start, cfg.train.profile_steps)
+  val_loss = {"step": -1, "value": math.nan}
 
   for k in range(start, steps):
     t0 = time.time()
     batch = global_batch(trainer, next(train_it))
-    clock["wait"] += time.time() - t0
+    reporter.data_wait_s += time.time() - t0
+    profiler.before_step(k)
     step_fn = trainer.fast_train_step if trainer.uses_fast_step(k) else trainer.train_step
     state, metrics = step_fn(state, batch)
-    clock["steps"] += 1
     done = k + 1
     if done % cfg.train.diag_every == 0 or done == steps:
       val_loss = {"step": done, "value": evaluate(trainer, state, eval_batches)}
       metrics = {**metrics, **trainer.diagnostics(state, batch), "val_loss": val_loss["value"]}
-    pending.append((k, metrics))
-    bar.update(1)
+    reporter.push(k, metrics)
+    profiler.after_step(k, state)
     stopping = stop_after is not None and done >= stop_after
-    if done % cfg.train.log_every == 0 or done % cfg.checkpoint.every == 0 or done == steps or stopping:
-      flush()
     if done % cfg.checkpoint.every == 0 or done == steps or stopping:
+      reporter.drain()
       ckpt.save(done, state, train_it.get_state())
     if stopping:
       break
-  flush()
+  reporter.drain()
   bar.close()
   ckpt.close()
   writer.close()
@@ -151,13 +212,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   if val_loss["step"] != done:
     val_loss = {"step": done, "value": evaluate(trainer, state, eval_batches)}
   results = {
-      "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": prepared.name,
+      "schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": prepared.name,
       "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T,
       "final_val_loss": val_loss["value"], "val_gate": 0.0,
       "val_tokens": len(eval_batches) * B * T, "params": param_count(state["params"]),
       "wall_time_s": time.time() - t_start, "resumed_from": start, "devices": mesh.size,
-      "backend": jax.default_backend(), "complete": done >= steps,
+      "backend": jax.default_backend(), "device_kind": mesh.devices.flat[0].device_kind, "complete": done >= steps,
   }
-  if pi == 0 and results["complete"]:
-    write_json_atomically(os.path.join(workdir, "results.json"), results)
+  if results["complete"]:
+    rundir.write_results(results)
   return results

@@ -1,5 +1,6 @@
 """The training job end to end on the offline corpus: results, metrics, resume, checkpoints, failures."""
 
+import glob
 import json
 import os
 import signal
@@ -33,11 +34,7 @@ def data_dir(tmp_path_factory):
 
 def config(data_dir: str, variant: str = "all_taper", **changes):
   """The tiny config with `changes` (dotted keys) applied."""
-  cfg = base.get_config(variant)
-  for key, value in {**TINY, "data.data_dir": data_dir, **changes}.items():
-    section, field = key.split(".")
-    cfg[section][field] = value
-  return cfg
+  return base.override(base.get_config(variant), {**TINY, "data.data_dir": data_dir, **changes})
 
 
 def resume_in_fresh_process(workdir: str, data_dir: str, variant: str = "all_taper", **changes) -> None:
@@ -54,7 +51,7 @@ def losses(workdir: str) -> list[float]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, data_dir):
   workdir = str(tmp_path_factory.mktemp("full"))
-  return workdir, loop.run(config(data_dir), workdir)
+  return workdir, loop.run(config(data_dir, **{"train.profile_steps": 2, "train.profile_start": 4}), workdir)
 
 
 def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
@@ -70,7 +67,8 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
   assert saved == json.loads(json.dumps(results))
   assert np.isfinite(saved["final_val_loss"]) and saved["complete"] and saved["steps"] == 24
   assert saved["corpus"].startswith("synthetic-stories") and saved["variant"] == "all_taper"
-  assert saved["tokens"] == 24 * 8 * 32
+  assert saved["tokens"] == 24 * 8 * 32 and saved["schema"] == loop.RESULTS_SCHEMA
+  assert glob.glob(os.path.join(workdir, "profile", "**", "*.xplane.pb"), recursive=True)  # train.profile_steps
   for key in ("logit_norm", "radial_grad", "s_mean", "s_tgt", "val_loss", "grad_norm/qkv", "grad_norm/mlp_out",
               "tokens_per_s", "lr", "aux"):
     assert key in records[7], key
@@ -82,7 +80,7 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
     assert json.load(f)["model"]["D"] == 32
 
 
-@pytest.mark.parametrize("stop", [3, 12], ids=["stop-in-warmup", "stop-in-taper"])
+@pytest.mark.parametrize("stop", [pytest.param(3, marks=pytest.mark.slow), 12], ids=["stop-in-warmup", "stop-in-taper"])
 def test_resume_in_a_fresh_process_is_bit_identical(uninterrupted, data_dir, tmp_path, stop):
   workdir = str(tmp_path)
   first = loop.run(config(data_dir), workdir, stop_after=stop)
@@ -113,6 +111,7 @@ def test_checkpoint_moves_between_8_devices_and_1(data_dir, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(state))
 
 
+@pytest.mark.slow  # two training subprocesses, one SIGKILLed mid-save
 def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(data_dir, tmp_path):
   workdir = str(tmp_path)
   changes = {"train.steps": 100_000, "taper.taper_end": -1, "checkpoint.every": 1, "checkpoint.keep": 1000,
@@ -146,3 +145,13 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_check
 def test_resuming_with_a_different_model_is_refused(uninterrupted, data_dir):
   with pytest.raises(ValueError, match=r"model\.D: saved 32 vs now 48"):
     loop.run(config(data_dir, **{"model.D": 48}), uninterrupted[0])
+
+
+def test_a_checkpoint_from_before_the_parameter_rename_is_refused_by_name(tmp_path):
+  ckpt = Checkpointer(str(tmp_path))
+  ckpt.save(5, {"params": {"final_norm": {"scale": np.ones(2, np.float32)}}, "rng": np.zeros(2, np.uint32)},
+            {"position": 0})
+  ckpt.wait()
+  with pytest.raises(ValueError, match=r"step 5 .* tapernorm_jax 0\.1.*gamma/gamma_tilde/beta"):
+    ckpt.restore(5, {"params": {"final_norm": {"gamma": np.ones(2, np.float32)}}})
+  ckpt.close()
