@@ -105,16 +105,6 @@ def test_eval_batches_repeat_windows_when_the_split_is_short():
   assert len(starts) == 16 and sorted(set(starts)) == list(range(0, 11 * (T + 1), T + 1))
 
 
-def test_timed_iterator_counts_waits_and_keeps_state():
-  it = data.TimedIterator(data.train_iterator(ramp(), 4, T, process_index=0, process_count=1))
-  take(it, 3)
-  assert it.batches == 3 and it.wait_s > 0
-  state = it.get_state()
-  nxt = next(it)
-  it.set_state(state)
-  np.testing.assert_array_equal(next(it), nxt)
-
-
 def test_real_prepared_windows_are_stream_slices(tmp_path):
   prepared = data.prepare(dict(source="synthetic", data_dir=str(tmp_path), synthetic_train_stories=100,
                                synthetic_valid_stories=20, vocab_size=400))

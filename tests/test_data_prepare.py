@@ -8,7 +8,7 @@ import pytest
 
 from configs import base
 from tapernorm_jax import data
-from tapernorm_jax.data import cache as cache_lib, corpora, stories, tokenizer as tokenizer_lib
+from tapernorm_jax.data import corpora, prepared as prepared_lib, stories, tokenizer_training as tokenizer_lib
 
 
 def small(tmp_path, **overrides) -> dict:
@@ -47,7 +47,7 @@ def test_streams_are_bos_doc_eos_per_document(prepared):
 
 
 def test_second_prepare_loads_the_cache(cache_dir, prepared, monkeypatch):
-  monkeypatch.setattr(cache_lib, "build", lambda *a: pytest.fail("rebuilt a complete cache"))
+  monkeypatch.setattr(prepared_lib, "build", lambda *a: pytest.fail("rebuilt a complete cache"))
   again = data.prepare(small(cache_dir))
   assert again.path == prepared.path
   np.testing.assert_array_equal(again.tokens("train"), prepared.tokens("train"))
@@ -79,22 +79,22 @@ def test_interrupted_build_leaves_nothing_complete(tmp_path, monkeypatch):
       raise KeyboardInterrupt
     return real(*args)
 
-  real = cache_lib.write_stream
-  monkeypatch.setattr(cache_lib, "write_stream", interrupted)
+  real = prepared_lib.write_stream
+  monkeypatch.setattr(prepared_lib, "write_stream", interrupted)
   with pytest.raises(KeyboardInterrupt):
     data.prepare(small(tmp_path))
   assert not list((tmp_path / "prepared").iterdir())  # neither the final nor the temporary directory
-  monkeypatch.setattr(cache_lib, "write_stream", real)
+  monkeypatch.setattr(prepared_lib, "write_stream", real)
   assert data.prepare(small(tmp_path)).num_tokens("validation") > 0
 
 
 def test_directory_without_marker_is_rebuilt(tmp_path, caplog):
   cfg = small(tmp_path)
   path = data.prepare(cfg).path
-  (path / cache_lib.COMPLETE).unlink()
+  (path / prepared_lib.COMPLETE).unlink()
   (path / "train.bin").write_bytes(b"half")
   prepared = data.prepare(cfg)
-  assert (path / cache_lib.COMPLETE).exists() and prepared.num_tokens("train") > 1000
+  assert (path / prepared_lib.COMPLETE).exists() and prepared.num_tokens("train") > 1000
   assert "removing incomplete" in caplog.text
 
 

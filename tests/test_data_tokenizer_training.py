@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tapernorm_jax.data import stories, tokenizer as tokenizer_lib
+from tapernorm_jax.data import stories, tokenizer_training as tokenizer_lib
 
 SETTINGS = tokenizer_lib.TokenizerSettings(vocab_size=500)
 

@@ -9,13 +9,12 @@ and `set_state` resumes exactly where it was taken.
 """
 
 import functools
-import time
 from collections.abc import Iterator
 
 import grain
 import numpy as np
 
-from tapernorm_jax.data.cache import Prepared, check_window
+from tapernorm_jax.data.prepared import Prepared, check_window
 
 
 def gather_windows(starts_B: np.ndarray, tokens: np.ndarray, seq_len: int) -> np.ndarray:
@@ -82,32 +81,5 @@ def eval_batches(prepared: Prepared, batch_size: int, seq_len: int, num_batches:
     raise ValueError(f"batch_size and num_batches must be positive, got {batch_size} and {num_batches}")
   check_window(prepared, split, seq_len)
   tokens = prepared.tokens(split)
-  starts_NxB = eval_starts(tokens.shape[0], seq_len, batch_size * num_batches).reshape(num_batches, batch_size)
-  return (gather_windows(starts_B, tokens, seq_len) for starts_B in starts_NxB)
-
-
-class TimedIterator:
-  """Wraps a batch iterator and adds up the time spent waiting in `next()` (for the data-wait share of a step)."""
-
-  def __init__(self, iterator: grain.DatasetIterator):
-    self.iterator = iterator
-    self.wait_s = 0.0
-    self.batches = 0
-
-  def __iter__(self) -> "TimedIterator":
-    return self
-
-  def __next__(self) -> np.ndarray:
-    t0 = time.perf_counter()
-    batch = next(self.iterator)
-    self.wait_s += time.perf_counter() - t0
-    self.batches += 1
-    return batch
-
-  def get_state(self) -> dict:
-    """The wrapped iterator's state."""
-    return self.iterator.get_state()
-
-  def set_state(self, state: dict) -> None:
-    """Restores the wrapped iterator's state."""
-    self.iterator.set_state(state)
+  starts = eval_starts(tokens.shape[0], seq_len, batch_size * num_batches).reshape(num_batches, batch_size)
+  return (gather_windows(starts_B, tokens, seq_len) for starts_B in starts)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from tapernorm_jax.data import corpora, tokenizer as tokenizer_lib
+from tapernorm_jax.data import corpora, tokenizer_training as tokenizer_lib
 
 FORMAT_VERSION = 1  # bump when the layout or content of a prepared directory changes
 COMPLETE = "COMPLETE"
