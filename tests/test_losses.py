@@ -1,4 +1,4 @@
-"""Scale anchoring (PAPER.md §4): radial gradients with and without a final norm, and the aux-loss gradient."""
+"""Scale anchoring (docs/method.md §5): radial gradients with and without a final norm, and the aux-loss gradient."""
 
 import jax
 import jax.numpy as jnp

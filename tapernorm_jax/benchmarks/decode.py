@@ -25,7 +25,7 @@ from tapernorm_jax.tables import markdown_table
 PyTree = Any
 # The paper's measurement (docs/method.md §9): thousands of tokens/s on an H100 in bf16 (PyTorch eager),
 # as (baseline, unfused, folded), keyed by (B, T).
-PAPER = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
+PAPER_TABLE = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
          (4, 128): (149.3, 169.3, 180.4), (4, 256): (290.5, 323.6, 344.9), (4, 512): (546.3, 588.1, 615.9)}
 MODES = ("forward", "decode")
 
@@ -173,7 +173,7 @@ def markdown(results: dict) -> str:
       f = row["forms"]
       base_rate = f["baseline"]["median"]
       cell = lambda n: f"{f[n]['median'] / 1e3:.2f} ± {50 * f[n]['spread']:.1f}% ({f[n]['median'] / base_rate:.3f}×)"
-      paper = PAPER.get((row["B"], row["T"]))
+      paper = PAPER_TABLE.get((row["B"], row["T"]))
       rows.append([row["B"], row["T"], f"{base_rate / 1e3:.2f} ± {50 * f['baseline']['spread']:.1f}%",
                    cell("unfused"), cell("folded"), cell("identity"),
                    f"{f['folded']['median'] / f['identity']['median']:.3f}",
