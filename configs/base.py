@@ -55,6 +55,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c = ml_collections.ConfigDict()
   c.variant = variant
+  c.method = "taper"  # how norms are removed: taper (TaperNorm) | fakeln (tapernorm_jax/methods.py)
   c.size = size
   c.seed = seed
 
@@ -79,9 +80,15 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c.train = ml_collections.ConfigDict(dict(
       steps=steps, batch_size=16, log_every=10 if cpu else 100, diag_every=50 if cpu else 1_000,
-      eval_batches=8 if cpu else 64,
+      eval_batches=8 if cpu else 64, microbatches=1,  # > 1: gradient accumulation inside the jitted step
       profile_steps=0,  # > 0: trace this many steps with jax.profiler into <workdir>/profile (TensorBoard/Perfetto)
       profile_start=10))  # the first traced step (past compilation)
+
+  c.fakeln = ml_collections.ConfigDict(dict(  # method=fakeln: one norm replaced at a time (docs/method.md §10)
+      start=20,  # the step the first MLP norm is replaced at
+      gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm removals
+      gap_final=2,  # steps from the last attention norm to the final norm
+      aux_weight=0.1))  # λ of mean((s(h) − batch mean s(h))²), on from the first removal
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, distributed=False))
   c.checkpoint = ml_collections.ConfigDict(dict(every=100 if cpu else 5_000, keep=3))

@@ -1,12 +1,12 @@
 """Calibration of TaperNorm: EMA statistics, c* = num/(den + δ), γ̃ ← γ and s_tgt, as pure functions (docs/method.md §3).
 
-The `calib` collection holds, per tapered norm, `num`, `den`, `count` and `c`, and at the
+The `calib` collection holds, per tapered norm, `num`, `den`, `s`, `count` and `c`, and at the
 model level (`pre_logit`) `s`, `count` and `s_tgt` (paths: `layout.py`). A forward pass with
 `calib_stats` mutable returns this step's batch statistics under the same paths; `ema_update`
 folds them in. Every function here maps plain (unboxed) pytrees to new pytrees.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -18,8 +18,10 @@ from tapernorm_jax import layout
 PyTree = Any
 
 
-def ema_update(calib: PyTree, stats: PyTree, mu: float, active: jax.Array | bool = True) -> PyTree:
-  """EMA step `v ← v + μ(x − v)` for every recorded statistic, `count += 1`; unchanged if not `active`."""
+def ema_update(calib: PyTree, stats: PyTree, mu: float,
+               active: jax.Array | bool | Mapping[layout.Path, jax.Array] = True) -> PyTree:
+  """EMA step `v ← v + μ(x − v)` for every recorded statistic, `count += 1`; a layer whose `active` (one flag, or
+  one per layer path) is false keeps its values."""
   flat_calib = traverse_util.flatten_dict(calib)
   flat_stats = traverse_util.flatten_dict(stats)
   new = dict(flat_calib)
@@ -29,7 +31,8 @@ def ema_update(calib: PyTree, stats: PyTree, mu: float, active: jax.Array | bool
     new[key] = flat_calib[key] + mu * (x - flat_calib[key])
   for node in {key[:-1] for key in flat_stats}:
     new[node + (layout.COUNT,)] = flat_calib[node + (layout.COUNT,)] + 1
-  new = {k: jnp.where(active, v, flat_calib[k]) for k, v in new.items()}
+  flag = active.get if isinstance(active, Mapping) else (lambda node, default=None: active)
+  new = {k: jnp.where(flag(k[:-1], True), v, flat_calib[k]) for k, v in new.items()}
   return traverse_util.unflatten_dict(new)
 
 
@@ -56,6 +59,17 @@ def calibrate_norms(params: PyTree, calib: PyTree, norms: Sequence[layout.Path],
     num = debiased(flat_calib[norm + (layout.NUM,)], count, mu)
     den = debiased(flat_calib[norm + (layout.DEN,)], count, mu)
     flat_calib[norm + (layout.C,)] = num / (den + delta)
+    flat_params[norm + (layout.GAMMA_TILDE,)] = flat_params[norm + (layout.GAMMA,)]
+  return traverse_util.unflatten_dict(flat_params), traverse_util.unflatten_dict(flat_calib)
+
+
+def fake_ln(params: PyTree, calib: PyTree, norms: Sequence[layout.Path], mu: float) -> tuple[PyTree, PyTree]:
+  """FakeLN's freeze: c = 1/σ_avg (the debiased EMA of the batch-mean s(h)) and γ̃ ← γ in each norm of `norms`."""
+  flat_params = traverse_util.flatten_dict(params)
+  flat_calib = dict(traverse_util.flatten_dict(calib))
+  for norm in norms:
+    flat_calib[norm + (layout.C,)] = 1.0 / debiased(flat_calib[norm + (layout.S,)], flat_calib[norm + (layout.COUNT,)],
+                                                    mu)
     flat_params[norm + (layout.GAMMA_TILDE,)] = flat_params[norm + (layout.GAMMA,)]
   return traverse_util.unflatten_dict(flat_params), traverse_util.unflatten_dict(flat_calib)
 

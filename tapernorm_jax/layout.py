@@ -5,7 +5,7 @@
     params/block_<i>/attn/{qkv (D, 3, H, K), qkv_bias, out (H, K, D), out_bias}                biases: gpt2
     params/block_<i>/mlp/{wi_0, wi_1 (D, F) | wi, wi_bias; wo (F, D), wo_bias}                 llama | gpt2
     params/head (D, V), params/logits_bias (V,)           untied heads; folded final norms
-    calib/<norm path>/{num, den, count, c}                every norm in a calibrated form (taper, fixed)
+    calib/<norm path>/{num, den, s, count, c}             every norm in a calibrated form (taper, fixed)
     calib/pre_logit/{s, count, s_tgt}                     the pre-logit scale monitor
 
 The model names its modules and variables with these constants; fold, calibration, the

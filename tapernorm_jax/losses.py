@@ -19,6 +19,12 @@ def scale_loss(h_BxTxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
   return jnp.mean(jnp.square(pre_logit_scale(h_BxTxD, kind, eps) - s_tgt))
 
 
+def batch_scale_loss(h_BxTxD: Array, kind: str, eps: float) -> Array:
+  """FakeLN's aux loss without λ: mean over tokens of (s(h) − mean_batch s(h))², the batch mean held constant."""
+  s_BxT = pre_logit_scale(h_BxTxD, kind, eps)
+  return jnp.mean(jnp.square(s_BxT - jax.lax.stop_gradient(jnp.mean(s_BxT))))
+
+
 def radial_gradient(grad_BxTxD: Array, h_BxTxD: Array) -> Array:
   """Mean over tokens of ⟨∇_h ℓ, h⟩ / ‖h‖: the loss gradient's component along the pre-logit state."""
   grad, h = grad_BxTxD.astype(jnp.float32), h_BxTxD.astype(jnp.float32)

@@ -7,7 +7,8 @@ layers. Variable names and paths come from `layout.py`.
 `Transformer(cfg).apply(variables, tokens_BxT, gate=g)` returns logits `B×T×V`; with
 `return_hidden=True` it returns `(logits_BxTxV, h_BxTxD)`, `h` being the pre-logit residual
 stream (the input of the final norm). Parameters carry logical axis names (see
-`sharding.py`); the gate is a traced scalar shared by every tapered norm.
+`sharding.py`); the gate is a traced scalar shared by every tapered norm, or a traced vector with
+one gate per norm in `layout.norm_sites` order (block 0 attention, block 0 MLP, …, final).
 
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
@@ -266,16 +267,17 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, positions_BxT: Array, gate: Array, cache: LayerCache | None = None,
+  def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
                index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
-    """One residual block; with `cache` also returns the layer's updated KV cache."""
+    """One residual block (gates of its attention and MLP norms); with `cache` also returns its updated KV cache."""
     cfg = self.cfg
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
-    attn = Attention(cfg, name=layout.ATTN)(norm(layout.ATTN_NORM)(h_BxTxD, gate), positions_BxT, cache, index_B)
+    x_BxTxD = norm(layout.ATTN_NORM)(h_BxTxD, gates_2[0])
+    attn = Attention(cfg, name=layout.ATTN)(x_BxTxD, positions_BxT, cache, index_B)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = h_BxTxD + attn_BxTxD
-    h_BxTxD = h_BxTxD + Mlp(cfg, name=layout.MLP)(norm(layout.MLP_NORM)(h_BxTxD, gate))
+    h_BxTxD = h_BxTxD + Mlp(cfg, name=layout.MLP)(norm(layout.MLP_NORM)(h_BxTxD, gates_2[1]))
     return h_BxTxD if cache is None else (h_BxTxD, cache)
 
 
@@ -322,10 +324,10 @@ class Transformer(nn.Module):
         raise ValueError(f"tokens_BxT has length {tokens_BxT.shape[1]} > model.T={self.cfg.T}, the number of learned "
                          "positions of a gpt2 model; cut the input or use a model with a larger T")
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
-    gate = jnp.asarray(gate, jnp.float32)
+    gates = norm_gates(gate, self.cfg)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
-    for block in self.blocks:
-      h_BxTxD = block(h_BxTxD, positions_BxT, gate)
+    for i, block in enumerate(self.blocks):
+      h_BxTxD = block(h_BxTxD, positions_BxT, gates[2 * i:2 * i + 2])
     self.pre_logit(h_BxTxD)
     return h_BxTxD
 
@@ -335,11 +337,11 @@ class Transformer(nn.Module):
     if len(cache) != self.cfg.L:
       raise ValueError(f"the cache has {len(cache)} layers, the model {self.cfg.L}")
     positions_BxQ = index_B[:, None] + jnp.arange(tokens_BxQ.shape[1])[None, :]
-    gate = jnp.asarray(gate, jnp.float32)
+    gates = norm_gates(gate, self.cfg)
     h_BxQxD = self.embed_tokens(tokens_BxQ, positions_BxQ)
     new_cache = []
-    for block, layer_cache in zip(self.blocks, cache):
-      h_BxQxD, layer_cache = block(h_BxQxD, positions_BxQ, gate, layer_cache, index_B)
+    for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
+      h_BxQxD, layer_cache = block(h_BxQxD, positions_BxQ, gates[2 * i:2 * i + 2], layer_cache, index_B)
       new_cache.append(layer_cache)
     return h_BxQxD, new_cache
 
@@ -355,7 +357,7 @@ class Transformer(nn.Module):
     """Final norm and output head applied to the pre-logit state h; fp32 logits (fp64 for fp64 models)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     out_dt = jnp.promote_types(dt, jnp.float32)
-    x_BxTxD = self.final_norm(h_BxTxD, jnp.asarray(gate, jnp.float32)).astype(dt)
+    x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[-1]).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
       logits_BxTxV = jnp.einsum("bld,vd->blv", x_BxTxD, self.embed.astype(dt)).astype(out_dt)
     else:
@@ -363,6 +365,16 @@ class Transformer(nn.Module):
     if cfg.logits_bias:
       logits_BxTxV += self.logits_bias.astype(out_dt)
     return logits_BxTxV
+
+
+def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:
+  """One gate per norm (layout.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates."""
+  gate = jnp.asarray(gate, jnp.float32)
+  n = 2 * cfg.L + 1
+  if gate.ndim > 1 or (gate.ndim == 1 and gate.shape[0] != n):
+    raise ValueError(f"gate has shape {gate.shape}; give a scalar or one gate per norm, shape ({n},) for "
+                     f"model.L={cfg.L}")
+  return jnp.broadcast_to(gate, (n,))
 
 
 def init(cfg: Any, rng: Array, batch: int = 1, length: int = 8) -> dict[str, Any]:

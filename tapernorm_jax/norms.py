@@ -83,6 +83,7 @@ class Norm(nn.Module):
     c = calib_scalar(self, layout.C, 1.0).value
     calib_scalar(self, layout.NUM, 0.0)
     calib_scalar(self, layout.DEN, 0.0)
+    calib_scalar(self, layout.S, 0.0)
     calib_scalar(self, layout.COUNT, 0, jnp.int32)
     fixed_BxTxD = c * hbar_BxTxD * gamma_tilde_D
     if self.mode == "fixed":
@@ -94,6 +95,7 @@ class Norm(nn.Module):
       sq_BxT = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxTxD * gamma_D)), axis=-1)
       self.put_variable(CALIB_STATS, layout.NUM, jnp.mean(sq_BxT * inv_s_BxTx1[..., 0]))
       self.put_variable(CALIB_STATS, layout.DEN, jnp.mean(sq_BxT))
+      self.put_variable(CALIB_STATS, layout.S, jnp.mean(1.0 / jax.lax.stop_gradient(inv_s_BxTx1)))
     gate = jnp.asarray(gate, sdt)
     return (beta_D + gate * normed_BxTxD + (1.0 - gate) * fixed_BxTxD).astype(self.dtype)
 

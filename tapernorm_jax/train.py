@@ -19,7 +19,7 @@ import optax
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from tapernorm_jax import calibration, layout, losses, schedules, sharding
+from tapernorm_jax import calibration, layout, losses, methods, schedules, sharding
 from tapernorm_jax.model import ModelConfig, Transformer
 from tapernorm_jax.norms import CALIB, CALIB_STATS
 
@@ -35,8 +35,10 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   checks = [
       (cfg.train.steps > 0, "train.steps", "must be positive"),
       (cfg.train.batch_size > 0, "train.batch_size", "must be positive"),
-      (cfg.train.batch_size % num_devices == 0, "train.batch_size",
-       f"must be divisible by the data-parallel size ({num_devices} devices); change it or mesh.data/mesh.fsdp"),
+      (cfg.train.microbatches >= 1, "train.microbatches", "must be >= 1 (1: no gradient accumulation)"),
+      (cfg.train.batch_size % (num_devices * max(cfg.train.microbatches, 1)) == 0, "train.batch_size",
+       f"must be divisible by the data-parallel size ({num_devices} devices) × train.microbatches "
+       f"({cfg.train.microbatches}); change it, train.microbatches or mesh.data/mesh.fsdp"),
       (0.0 <= cfg.opt.warmup_frac <= 1.0, "opt.warmup_frac", "must lie in [0, 1]"),
       (cfg.opt.lr > 0, "opt.lr", "must be positive"),
       (cfg.opt.weight_decay >= 0, "opt.weight_decay", "must be >= 0"),
@@ -61,7 +63,18 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   if gated and phases.taper_start < 1:
     raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
                      "needs at least one (raise it or train.steps)")
-  if model_cfg.final_norm != "plain" and cfg.taper.aux_weight == 0:
+  if cfg.get("method", "taper") not in methods.METHODS:
+    raise ValueError(f"method={cfg.method!r}: choose one of {methods.METHODS}")
+  if cfg.get("method", "taper") == "fakeln":
+    for field in ("start", "gap_mlp", "gap_attn", "gap_final"):
+      if cfg.fakeln[field] < (1 if field == "start" else 0):
+        raise ValueError(f"fakeln.{field}={cfg.fakeln[field]!r}: must be >= {1 if field == 'start' else 0} "
+                         "(σ_avg needs at least one step of statistics before the first removal)")
+    last = max(methods.removal_steps(model_cfg, cfg.fakeln).values())
+    if last >= cfg.train.steps:
+      raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
+                       "lower fakeln.start or the gaps, or raise train.steps")
+  elif model_cfg.final_norm != "plain" and cfg.taper.aux_weight == 0:
     logging.warning("final_norm=%r with taper.aux_weight=0: nothing anchors the pre-logit scale, so logits may "
                     "grow without bound (logit chasing). A legitimate ablation; set taper.aux_weight>0 to anchor.",
                     model_cfg.final_norm)
@@ -74,11 +87,6 @@ def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.
       optax.clip_by_global_norm(cfg.opt.clip),
       optax.adamw(lr, b1=cfg.opt.b1, b2=cfg.opt.b2, eps=cfg.opt.eps, weight_decay=cfg.opt.weight_decay,
                   mask=decay_mask))
-
-
-def tree_select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
-  """Leafwise `where` with a scalar predicate."""
-  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
 def grad_norms_by_type(grads: PyTree, model_cfg: ModelConfig) -> dict[str, jax.Array]:
@@ -103,8 +111,8 @@ class Trainer:
     self.fast_cfg = self.model_cfg.fixed_form()
     self.has_fast_path = bool(cfg.taper.fast_path) and self.fast_cfg != self.model_cfg
     self.calibrated_norms = layout.norms_in(self.model_cfg)
-    self.gated_norms = layout.norms_in(self.model_cfg, ("taper",))  # these record statistics and get calibrated
     self.phases = schedules.Phases.from_config(cfg)
+    self.method = methods.build(cfg, self.model_cfg, self.phases)
     self.lr = schedules.learning_rate(cfg.opt.lr, self.phases)
     self.tx = make_optimizer(cfg, self.lr)
     boxed = jax.eval_shape(self._boxed_state, jax.random.key(0))
@@ -138,70 +146,79 @@ class Trainer:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
                         self.state_shardings)
 
-  def aux_weight(self, step: jax.Array) -> jax.Array:
-    """λ from the taper start on (when s_tgt exists), 0 before."""
-    return jnp.where(step >= self.phases.taper_start, self.cfg.taper.aux_weight, 0.0)
-
   def uses_fast_step(self, step: int) -> bool:
-    """True once the gate is 0 for good and the g = 0 step can replace the tapered one."""
-    return self.has_fast_path and step >= self.phases.taper_end
+    """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
+    return self.has_fast_path and step >= self.method.off_step
 
-  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, aux_weight: jax.Array,
+  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
             model_cfg: ModelConfig, record: bool) -> tuple[jax.Array, tuple]:
     """CE + λ·L_aux on a batch of windows; returns (loss, (ce, aux, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     (logits_BxTxV, h_BxTxD), mutated = Transformer(model_cfg).apply(
         {"params": params, CALIB: calib}, inputs_BxT, gate, return_hidden=True, mutable=[CALIB_STATS] if record else [])
     ce = losses.cross_entropy(logits_BxTxV, targets_BxT)
-    aux = losses.scale_loss(h_BxTxD, calibration.s_target(calib), model_cfg.norm_kind, model_cfg.eps)
+    aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step)
     return ce + aux_weight * aux, (ce, aux, mutated.get(CALIB_STATS, {}))
 
+  def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
+             model_cfg: ModelConfig, record: bool) -> tuple[tuple, PyTree]:
+    """((loss, (ce, aux, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every group of
+    k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
+    loss_fn = lambda p, batch: self._loss(p, calib, batch, gate, step, model_cfg, record)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    k = self.cfg.train.microbatches
+    if k == 1:
+      return grad_fn(params, batch_BxT1)
+    B, T1 = batch_BxT1.shape
+    micro_KxMxT1 = jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
+
+    def add(total, micro_MxT1):
+      return jax.tree.map(jnp.add, total, grad_fn(params, micro_MxT1)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, micro_KxMxT1[0]))
+    total, _ = jax.lax.scan(add, zeros, micro_KxMxT1)
+    return jax.tree.map(lambda x: x / k, total)
+
   def _train_step(self, state: State, batch_BxT1: jax.Array, fast: bool) -> tuple[State, dict]:
-    """One optimiser step; calibrates at the taper start and updates EMAs during the warmup."""
-    cfg, phases, step = self.cfg, self.phases, state["step"]
-    gate = jnp.float32(0.0) if fast else schedules.gate(step, phases)
-    params, calib = state["params"], state["calib"]
+    """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run."""
+    step, params, calib = state["step"], state["params"], state["calib"]
+    gate = jnp.float32(0.0) if fast else self.method.gates(step)
     if not fast:
-      calibrated = calibration.calibrate(params, calib, self.gated_norms, cfg.taper.mu, cfg.taper.delta)
-      params, calib = tree_select(step == phases.taper_start, calibrated, (params, calib))
-    aux_weight = self.aux_weight(step)
+      params, calib = self.method.calibrate(params, calib, step)
     model_cfg = self.fast_cfg if fast else self.model_cfg
-    grad_fn = jax.value_and_grad(self._loss, has_aux=True)
-    (loss, (ce, aux, stats)), grads = grad_fn(params, calib, batch_BxT1, gate, aux_weight, model_cfg, not fast)
+    (loss, (ce, aux, stats)), grads = self._grads(params, calib, batch_BxT1, gate, step, model_cfg, not fast)
     if not fast:
-      calib = calibration.ema_update(calib, stats, cfg.taper.mu, active=step < phases.taper_start)
+      calib = calibration.ema_update(calib, stats, self.cfg.taper.mu, active=self.method.stats_active(step))
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
     new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "calib": calib,
                  "step": step + 1}
-    metrics = {"loss": loss, "ce": ce, "aux": aux, "gate": gate, "lr": self.lr(step),
+    metrics = {"loss": loss, "ce": ce, "aux": aux, "gate": jnp.mean(gate), "lr": self.lr(step),
                "grad_norm": optax.global_norm(grads), **grad_norms_by_type(grads, self.model_cfg)}
     return new_state, metrics
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there)."""
-    _, (ce, _, _) = self._loss(state["params"], state["calib"], batch_BxT1, jnp.float32(0.0), jnp.float32(0.0),
+    _, (ce, _, _) = self._loss(state["params"], state["calib"], batch_BxT1, jnp.float32(0.0), state["step"],
                                self.fast_cfg, False)
     return ce
 
   def _diagnostics(self, state: State, batch_BxT1: jax.Array) -> dict[str, jax.Array]:
-    """Scale-anchoring diagnostics at the current gate: logit norm, s(h), s_tgt, radial gradient at h."""
-    step, cfg = state["step"], self.model_cfg
-    gate = schedules.gate(step, self.phases)
-    variables = {"params": state["params"], CALIB: state["calib"]}
+    """Scale-anchoring diagnostics at the current gates: logit norm, s(h), s_tgt, radial gradient at h, each c."""
+    step, cfg, calib = state["step"], self.model_cfg, state["calib"]
+    gate = self.method.gates(step)
+    variables = {"params": state["params"], CALIB: calib}
     model = Transformer(cfg)
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     h_BxTxD = model.apply(variables, inputs_BxT, gate, method=Transformer.hidden)
-    s_tgt = calibration.s_target(state["calib"])
-    aux_weight = self.aux_weight(step)
 
-    def token_losses(h):
-      logits = model.apply(variables, h, gate, method=Transformer.logits)
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets_BxT)
-      s = losses.pre_logit_scale(h, cfg.norm_kind, cfg.eps)
-      return jnp.sum(ce + aux_weight * jnp.square(s - s_tgt)), logits
+    def summed_token_losses(h_BxTxD):
+      logits_BxTxV = model.apply(variables, h_BxTxD, gate, method=Transformer.logits)
+      ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)
+      aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step)  # a mean over tokens
+      return jnp.sum(ce_BxT) + ce_BxT.size * aux_weight * aux, logits_BxTxV
 
-    grad_BxTxD, logits_BxTxV = jax.grad(token_losses, has_aux=True)(h_BxTxD)
+    grad_BxTxD, logits_BxTxV = jax.grad(summed_token_losses, has_aux=True)(h_BxTxD)
     return {"logit_norm": losses.logit_norm(logits_BxTxV),
             "s_mean": jnp.mean(losses.pre_logit_scale(h_BxTxD, cfg.norm_kind, cfg.eps)),
-            "s_tgt": s_tgt, "radial_grad": losses.radial_gradient(grad_BxTxD, h_BxTxD),
-            **{f"c/{k}": v for k, v in calibration.norm_scalars(state["calib"], self.calibrated_norms, layout.C).items()}}
+            "s_tgt": calibration.s_target(calib), "radial_grad": losses.radial_gradient(grad_BxTxD, h_BxTxD),
+            **{f"c/{k}": v for k, v in calibration.norm_scalars(calib, self.calibrated_norms, layout.C).items()}}

@@ -33,7 +33,7 @@ def golden_run() -> dict:
     batch = jax.random.randint(keys[k], (8, 17), 0, 64)
     state, m = trainer.train_step(state, batch)
     records.append({name: float(m[name]) for name in ("loss", "ce", "aux", "gate", "lr", "grad_norm")})
-  c = calibration.norm_scalars(state["calib"], trainer.gated_norms, layout.C)
+  c = calibration.norm_scalars(state["calib"], trainer.method.norms, layout.C)
   return {"steps": records, "c": {k: float(v) for k, v in c.items()},
           "s_tgt": float(calibration.s_target(state["calib"]))}
 

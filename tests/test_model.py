@@ -66,7 +66,7 @@ def _forward_from_embeddings(params, x_BxTxD):
     positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
     h = x
     for block in module.blocks:
-      h = block(h, positions, jnp.float32(0.5))
+      h = block(h, positions, jnp.full((2,), 0.5, jnp.float32))
     return module.logits(h, 0.5)
 
   return model.apply(variables, x_BxTxD, method=run)
@@ -148,7 +148,8 @@ def test_layout_names_every_variable_the_model_makes(family, internal, final):
   for site in sites:
     assert all(w in params for w in site.weights if w != (layout.HEAD,))
     assert (site.norm + (layout.GAMMA,)) in params
-  expected_calib = {n + (k,) for n in layout.norms_in(cfg) for k in (layout.NUM, layout.DEN, layout.COUNT, layout.C)}
+  expected_calib = {n + (k,) for n in layout.norms_in(cfg) for k in (layout.NUM, layout.DEN, layout.S, layout.COUNT,
+                                                                     layout.C)}
   expected_calib |= {(layout.PRE_LOGIT, k) for k in (layout.S, layout.COUNT, layout.S_TGT)}
   assert calib == expected_calib
   tapered = set(layout.norms_in(cfg))

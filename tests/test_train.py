@@ -41,12 +41,12 @@ def test_calibration_at_the_taper_start(trainer):
     state, _ = trainer.train_step(state, data[k])
     assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == k + 1
   before = jax.device_get(state)
-  expected_params, expected_calib = calibration.calibrate(before["params"], before["calib"], trainer.gated_norms,
+  expected_params, expected_calib = calibration.calibrate(before["params"], before["calib"], trainer.method.norms,
                                                           0.01, 1e-8)
   state, _ = trainer.train_step(state, data[start])
   after = jax.device_get(state)
-  for path, c in calibration.norm_scalars(after["calib"], trainer.gated_norms, "c").items():
-    want = calibration.norm_scalars(expected_calib, trainer.gated_norms, "c")[path]
+  for path, c in calibration.norm_scalars(after["calib"], trainer.method.norms, "c").items():
+    want = calibration.norm_scalars(expected_calib, trainer.method.norms, "c")[path]
     np.testing.assert_allclose(c, want, rtol=1e-6)
     assert np.isfinite(c) and abs(c - 1.0) > 1e-3
   np.testing.assert_allclose(after["calib"]["pre_logit"]["s_tgt"], expected_calib["pre_logit"]["s_tgt"], rtol=1e-6)
