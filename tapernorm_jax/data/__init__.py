@@ -1,6 +1,7 @@
-"""Data: corpora (offline stories, TinyStories, text files), tokenizer, cached token streams, grain pipeline."""
+"""Data: corpora (stories, TinyStories, text files, OpenWebText), tokenizers, cached token streams, grain pipeline."""
 
-from tapernorm_jax.data.pipeline import eval_batches, train_iterator
+from tapernorm_jax.data.evaluation_sets import eval_sets
+from tapernorm_jax.data.pipeline import eval_batches, eval_windows, train_iterator
 from tapernorm_jax.data.prepared import Prepared, prepare
 
-__all__ = ["Prepared", "eval_batches", "prepare", "train_iterator"]
+__all__ = ["Prepared", "eval_batches", "eval_sets", "eval_windows", "prepare", "train_iterator"]

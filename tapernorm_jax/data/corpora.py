@@ -1,4 +1,4 @@
-"""The corpora a config can name (`synthetic`, `tinystories`, `text`), as one `Corpus` interface."""
+"""The corpora a config can name (`synthetic`, `tinystories`, `text`, `openwebtext`), as one `Corpus` interface."""
 
 import dataclasses
 import os
@@ -8,15 +8,25 @@ from typing import Any
 
 from tapernorm_jax.data import stories, text_files
 
-SOURCES = ("synthetic", "tinystories", "text")
+SOURCES = ("synthetic", "tinystories", "text", "openwebtext")
 SPLITS = ("train", "validation")
 
 # Every `cfg.data` field this package reads, with the value used where a config lacks it.
 DEFAULTS: dict[str, Any] = dict(
-    source="synthetic", data_dir="~/.cache/tapernorm_jax", manual_dir="", text_train="", text_valid="",
-    text_separator="<|endoftext|>", synthetic_train_stories=20_000, synthetic_valid_stories=1_000,
-    synthetic_seed=0, vocab_size=None, seq_len=None,
-    tokenizer_model="bpe", tokenizer_train_bytes=100_000_000)  # the last two are optional extras
+    source="synthetic",  # one of SOURCES
+    data_dir="~/.cache/tapernorm_jax",  # prepared corpora, eval sets and downloads live here
+    manual_dir="",  # tinystories: a directory with the raw text files; openwebtext: a directory of parquet files
+    text_train="", text_valid="",  # source=text: path or glob of the train / validation text files
+    text_separator="<|endoftext|>",  # splits text files (source=text and eval_sets) into documents
+    synthetic_train_stories=20_000, synthetic_valid_stories=1_000, synthetic_seed=0,  # source=synthetic
+    max_documents=0,  # openwebtext: read at most this many training documents (0 = all)
+    validation_fraction=0.0005,  # openwebtext: share of documents held out as the validation split (nanoGPT's)
+    validation_seed=2357,  # openwebtext: seed of the held-out draw
+    tokenizer="sentencepiece",  # "sentencepiece" (trained on the corpus) or "gpt2" (fixed, from tokenizer_dir)
+    tokenizer_dir="gpt2",  # tokenizer=gpt2: a directory with vocab.json + merges.txt, or a hub name
+    eval_sets="",  # named held-out sets "name=path_or_glob,...", tokenized with the run's tokenizer
+    vocab_size=None, seq_len=None,  # set by configs/base.py from model.V and model.T
+    tokenizer_model="bpe", tokenizer_train_bytes=100_000_000)  # tokenizer=sentencepiece: model type, training text
 
 
 def setting(cfg: Mapping | Any, name: str) -> Any:
@@ -82,9 +92,37 @@ def tinystories(cfg: Any) -> Corpus:
       documents=documents, num_documents=lambda split: ts.num_documents(data_dir, split))
 
 
+def openwebtext(cfg: Any) -> Corpus:
+  """OpenWebText from the Hub's parquet conversion (or the parquet files in `manual_dir`), validation held out."""
+  from tapernorm_jax.data import openwebtext as owt  # imports pyarrow: only when asked for
+
+  max_documents = int(setting(cfg, "max_documents"))
+  fraction, seed = float(setting(cfg, "validation_fraction")), int(setting(cfg, "validation_seed"))
+  if max_documents < 0:
+    raise ValueError(f"data.max_documents must be >= 0 (0 = all documents), got {max_documents}")
+  if not 0 < fraction < 1:
+    raise ValueError(f"data.validation_fraction must be in (0, 1), got {fraction}; nanoGPT holds out 0.0005")
+  manual_dir = setting(cfg, "manual_dir")
+  if manual_dir:
+    paths = owt.local_paths(manual_dir)
+    origin = dict(files=text_files.file_fingerprint(paths))
+    shards = lambda: iter(paths)  # noqa: E731
+  else:
+    downloads = Path(os.path.expanduser(setting(cfg, "data_dir"))) / "downloads" / "openwebtext"
+    origin = dict(repo=owt.REPO, layouts=owt.LAYOUTS)
+    shards = lambda: owt.hub_paths(downloads)  # noqa: E731
+  limits = {"train": max_documents or None, "validation": owt.validation_limit(max_documents, fraction)}
+  return Corpus(
+      name="openwebtext" + (f"(max_documents={max_documents})" if max_documents else ""),
+      key=dict(source="openwebtext", version=owt.VERSION, **origin, max_documents=max_documents,
+               validation_fraction=fraction, validation_seed=seed, min_validation=owt.MIN_VALIDATION_DOCUMENTS),
+      documents=lambda split: owt.split_documents(owt.read_texts(shards()), split, fraction, seed, limits[split]),
+      num_documents=lambda split: limits[split] if split == "train" else None)
+
+
 def from_config(cfg: Any) -> Corpus:
   """The corpus `cfg.source` names."""
   source = setting(cfg, "source")
   if source not in SOURCES:
     raise ValueError(f"data.source must be one of {SOURCES}, got {source!r}")
-  return {"synthetic": synthetic, "text": text, "tinystories": tinystories}[source](cfg)
+  return {"synthetic": synthetic, "text": text, "tinystories": tinystories, "openwebtext": openwebtext}[source](cfg)

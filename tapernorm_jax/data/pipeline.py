@@ -70,16 +70,27 @@ def eval_starts(num_tokens: int, seq_len: int, count: int) -> np.ndarray:
   return slots * (seq_len + 1)
 
 
-def eval_batches(prepared: Prepared, batch_size: int, seq_len: int, num_batches: int,
-                 split: str = "validation") -> Iterator[np.ndarray]:
-  """`num_batches` int32 batches (batch_size, seq_len + 1) of non-overlapping windows of `split`, always the same.
+def eval_windows(tokens: np.ndarray, batch_size: int, seq_len: int, num_batches: int,
+                 name: str = "the token stream") -> Iterator[np.ndarray]:
+  """`num_batches` int32 batches (batch_size, seq_len + 1) of non-overlapping windows of `tokens`, always the same.
 
-  The windows are spread evenly over the split; if it holds fewer than batch_size * num_batches
+  The windows are spread evenly over the stream; if it holds fewer than batch_size * num_batches
   windows, they repeat in order (every window is used equally often when the count divides).
+  `name` says which stream in errors.
   """
   if batch_size <= 0 or num_batches <= 0:
     raise ValueError(f"batch_size and num_batches must be positive, got {batch_size} and {num_batches}")
-  check_window(prepared, split, seq_len)
-  tokens = prepared.tokens(split)
+  if seq_len <= 0:
+    raise ValueError(f"seq_len must be positive, got {seq_len}")
+  if tokens.shape[0] < seq_len + 1:
+    raise ValueError(f"{name} has {tokens.shape[0]} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}; "
+                     "use more text or a shorter seq_len")
   starts = eval_starts(tokens.shape[0], seq_len, batch_size * num_batches).reshape(num_batches, batch_size)
   return (gather_windows(starts_B, tokens, seq_len) for starts_B in starts)
+
+
+def eval_batches(prepared: Prepared, batch_size: int, seq_len: int, num_batches: int,
+                 split: str = "validation") -> Iterator[np.ndarray]:
+  """The fixed evaluation batches of `split` of `prepared`: `eval_windows` of its token stream."""
+  check_window(prepared, split, seq_len)
+  return eval_windows(prepared.tokens(split), batch_size, seq_len, num_batches, f"the {split} split of {prepared.name}")

@@ -1,21 +1,18 @@
 """Prepared data: a tokenizer and one token stream per split, built once and cached on disk.
 
-The cache directory `<data_dir>/prepared/<corpus>-v<vocab>-<hash>` is keyed by the corpus's
-content key and the tokenizer settings, so other settings never reuse a stale cache. It is
-built in a temporary sibling directory, finished with a `COMPLETE` marker and renamed into
-place: an interrupted build leaves nothing a later run would read as complete. Each stream is
-the concatenation, over the split's documents, of `[bos, *ids, eos]`, stored as raw
-little-endian integers (`uint16` when the vocabulary fits) and read back memory-mapped.
+The cache directory `<data_dir>/prepared/<corpus>-<tokenizer>-<hash>` is keyed by the corpus's
+content key and the tokenizer's key (`tokenizer_choice`: the SentencePiece settings, or GPT-2's
+kind and file hash), so other settings never reuse a stale cache. It is built atomically
+(`cache_dirs`) and holds the tokenizer's files, so it loads on its own. Each stream is the
+concatenation, over the split's documents, of `tokenizer.frame(ids)` (`[bos, *ids, eos]` for
+SentencePiece, `[*ids, eot]` for GPT-2), stored as raw little-endian integers (`uint16` when
+the vocabulary fits) and read back memory-mapped.
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
-import re
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from itertools import chain, islice
@@ -25,10 +22,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from tapernorm_jax.data import corpora, tokenizer_training as tokenizer_lib
+from tapernorm_jax.data import cache_dirs, corpora, tokenizer_choice
+from tapernorm_jax.data.cache_dirs import COMPLETE  # noqa: F401 (callers and tests use prepared.COMPLETE)
+from tapernorm_jax.data.tokenizer_choice import CorpusTokenizer, TokenizerChoice
 
 FORMAT_VERSION = 1  # bump when the layout or content of a prepared directory changes
-COMPLETE = "COMPLETE"
 META = "meta.json"
 ENCODE_BLOCK = 2048  # documents tokenized per call
 
@@ -41,7 +39,7 @@ class Prepared:
 
   name: str  # the corpus, for logs and results
   path: Path
-  tokenizer: tokenizer_lib.Tokenizer
+  tokenizer: CorpusTokenizer  # encode, decode, bos_id, eos_id, vocab_size (SentencePiece or GPT-2)
   streams: dict[str, np.ndarray]  # split -> 1-D token ids (memory-mapped)
   meta: dict  # what `meta.json` records: corpus key, tokenizer settings, counts, build timings
 
@@ -61,12 +59,10 @@ class Prepared:
     return self.streams[split]
 
 
-def cache_path(data_dir: Path, corpus: corpora.Corpus, settings: tokenizer_lib.TokenizerSettings) -> Path:
-  """The cache directory for `corpus` tokenized with `settings`."""
-  key = json.dumps(dict(format=FORMAT_VERSION, corpus=corpus.key, tokenizer=settings.to_dict()), sort_keys=True)
-  digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-  slug = re.sub(r"[^A-Za-z0-9.=,-]+", "_", corpus.name)[:80].strip("_")
-  return data_dir / "prepared" / f"{slug}-v{settings.vocab_size}-{digest}"
+def cache_path(data_dir: Path, corpus: corpora.Corpus, choice: TokenizerChoice) -> Path:
+  """The cache directory for `corpus` tokenized with `choice`."""
+  key = dict(format=FORMAT_VERSION, corpus=corpus.key, tokenizer=choice.key)
+  return data_dir / "prepared" / f"{cache_dirs.slug(corpus.name)}-{choice.slug}-{cache_dirs.digest(key)}"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -81,16 +77,15 @@ def blocks(items: Iterable[str], size: int) -> Iterator[list[str]]:
     yield block
 
 
-def write_stream(documents: Iterable[str], tokenizer: tokenizer_lib.Tokenizer, path: Path, total: int | None,
+def write_stream(documents: Iterable[str], tokenizer: CorpusTokenizer, path: Path, total: int | None,
                  desc: str) -> tuple[int, int]:
-  """Tokenizes `documents` into `path` as `[bos, *ids, eos]` per document; returns (documents, tokens)."""
+  """Tokenizes `documents` into `path` as `tokenizer.frame(ids)` per document; returns (documents, tokens)."""
   dtype = token_dtype(tokenizer.vocab_size)
-  bos, eos = tokenizer.bos_id, tokenizer.eos_id
   num_docs = num_tokens = 0
   with open(path, "wb") as f, tqdm(total=total, desc=desc, unit=" docs", mininterval=1.0) as bar:
     for block in blocks(documents, ENCODE_BLOCK):
       encoded = tokenizer.encode_batch(block)
-      ids = np.fromiter(chain.from_iterable((bos, *doc, eos) for doc in encoded), dtype=dtype)
+      ids = np.fromiter(chain.from_iterable(tokenizer.frame(doc) for doc in encoded), dtype=dtype)
       f.write(ids.tobytes())
       num_docs += len(block)
       num_tokens += ids.size
@@ -98,11 +93,19 @@ def write_stream(documents: Iterable[str], tokenizer: tokenizer_lib.Tokenizer, p
   return num_docs, num_tokens
 
 
-def build(directory: Path, corpus: corpora.Corpus, settings: tokenizer_lib.TokenizerSettings) -> None:
-  """Trains the tokenizer and writes both token streams and `meta.json` into `directory`."""
+def read_stream(path: Path, dtype: np.dtype, num_tokens: int, owner: Path) -> np.ndarray:
+  """The stream at `path`, memory-mapped; a clear error if its size is not the recorded token count."""
+  if path.stat().st_size != num_tokens * dtype.itemsize:
+    raise ValueError(f"{path} holds {path.stat().st_size} bytes, not the {num_tokens} tokens "
+                     f"{owner / META} records; delete {owner} to rebuild it")
+  return np.memmap(path, dtype=dtype, mode="r", shape=(num_tokens,))
+
+
+def build(directory: Path, corpus: corpora.Corpus, choice: TokenizerChoice) -> None:
+  """Obtains the tokenizer (trained or fixed) and writes it, both token streams and `meta.json` into `directory`."""
   t0 = time.perf_counter()
-  log.info("training a %d-piece tokenizer on %s", settings.vocab_size, corpus.name)
-  tokenizer = tokenizer_lib.train(corpus.documents("train"), settings, corpus.name)
+  log.info("tokenizer for %s: %s", corpus.name, choice.slug)
+  tokenizer = choice.make(corpus)
   tokenizer.save(directory)
   timings = {"tokenizer_train_s": time.perf_counter() - t0}
   splits = {}
@@ -114,46 +117,20 @@ def build(directory: Path, corpus: corpora.Corpus, settings: tokenizer_lib.Token
       raise ValueError(f"the {split} split of {corpus.name} has no documents")
     timings[f"tokenize_{split}_s"] = time.perf_counter() - t0
     splits[split] = dict(file=f"{split}.bin", num_documents=num_docs, num_tokens=num_tokens)
-  meta = dict(format=FORMAT_VERSION, name=corpus.name, corpus=corpus.key, tokenizer=settings.to_dict(),
+  meta = dict(format=FORMAT_VERSION, name=corpus.name, corpus=corpus.key, tokenizer=choice.key,
               dtype=token_dtype(tokenizer.vocab_size).str,
               splits=splits, timings=timings, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
   (directory / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def load(directory: Path, settings: tokenizer_lib.TokenizerSettings) -> Prepared:
+def load(directory: Path, choice: TokenizerChoice) -> Prepared:
   """The complete prepared directory `directory`, its token streams memory-mapped."""
   meta = json.loads((directory / META).read_text())
-  tokenizer = tokenizer_lib.load(directory, settings)
+  tokenizer = choice.load(directory)
   dtype = np.dtype(meta["dtype"])
-  streams = {}
-  for split, info in meta["splits"].items():
-    path = directory / info["file"]
-    if path.stat().st_size != info["num_tokens"] * dtype.itemsize:
-      raise ValueError(f"{path} holds {path.stat().st_size} bytes, not the {info['num_tokens']} tokens "
-                       f"{directory / META} records; delete {directory} to rebuild it")
-    streams[split] = np.memmap(path, dtype=dtype, mode="r", shape=(info["num_tokens"],))
+  streams = {split: read_stream(directory / info["file"], dtype, info["num_tokens"], directory)
+             for split, info in meta["splits"].items()}
   return Prepared(name=meta["name"], path=directory, tokenizer=tokenizer, streams=streams, meta=meta)
-
-
-def build_atomically(final: Path, corpus: corpora.Corpus, settings: tokenizer_lib.TokenizerSettings) -> None:
-  """Builds into a temporary sibling of `final`, marks it complete and renames it into place."""
-  final.parent.mkdir(parents=True, exist_ok=True)
-  if (final / COMPLETE).exists():  # another process finished it meanwhile
-    return
-  if final.exists():  # no COMPLETE marker: left by something other than this function; never trusted
-    log.warning("removing incomplete prepared data at %s", final)
-    shutil.rmtree(final)
-  tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-  try:
-    build(tmp, corpus, settings)
-    (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
-    try:
-      os.rename(tmp, final)
-    except OSError:
-      if not (final / COMPLETE).exists():  # another process finished first: keep theirs
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare(cfg: Any) -> Prepared:
@@ -162,15 +139,13 @@ def prepare(cfg: Any) -> Prepared:
   if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
     raise ValueError(f"data.vocab_size must be a positive integer, got {vocab_size!r}")
   corpus = corpora.from_config(cfg)
-  settings = tokenizer_lib.TokenizerSettings(
-      vocab_size=int(vocab_size), model_type=corpora.setting(cfg, "tokenizer_model"),
-      train_bytes=int(corpora.setting(cfg, "tokenizer_train_bytes")))
+  choice = tokenizer_choice.from_config(cfg, int(vocab_size))  # GPT-2: an error unless vocab_size matches it
   data_dir = Path(os.path.expanduser(corpora.setting(cfg, "data_dir")))
-  directory = cache_path(data_dir, corpus, settings)
-  if not (directory / COMPLETE).exists():
+  directory = cache_path(data_dir, corpus, choice)
+  if not cache_dirs.is_complete(directory):
     log.info("preparing %s into %s", corpus.name, directory)
-    build_atomically(directory, corpus, settings)
-  prepared = load(directory, settings)  # its tokenizer has exactly `vocab_size` ids, or this raises
+    cache_dirs.build_atomically(directory, lambda tmp: build(tmp, corpus, choice))
+  prepared = load(directory, choice)  # its tokenizer has exactly `vocab_size` ids, or this raises
   seq_len = corpora.setting(cfg, "seq_len")
   if seq_len:
     for split in corpora.SPLITS:

@@ -7,6 +7,7 @@ BPE with byte fallback, identity normalisation and `\\n` as a piece of its own, 
 """
 
 import dataclasses
+import hashlib
 import io
 import json
 import re
@@ -44,9 +45,16 @@ class TokenizerMismatchError(ValueError):
 class Tokenizer(SentencePiece):
   """A trained SentencePiece model together with the settings it was trained with."""
 
+  kind = "sentencepiece"
+
   def __init__(self, model_proto: bytes, settings: TokenizerSettings):
     super().__init__(model_proto)
     self.settings = settings
+    self.fingerprint: str = hashlib.sha256(model_proto).hexdigest()  # identifies the trained model
+
+  def frame(self, ids: list[int]) -> list[int]:
+    """One document's ids as they go into a token stream: `[bos, *ids, eos]`."""
+    return [self.bos_id, *ids, self.eos_id]
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
     """Token ids of each text, encoded on `num_threads` threads (-1: all cores)."""

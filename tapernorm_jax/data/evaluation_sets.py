@@ -1,0 +1,96 @@
+"""Named held-out evaluation sets (`data.eval_sets = "name=path_or_glob,..."`), tokenized with the run's tokenizer.
+
+Each set is local text files split into documents on `data.text_separator`, framed like the
+training streams (`tokenizer.frame`), and cached in `<data_dir>/eval_sets/<name>-<kind>-<hash>`,
+keyed by the files' fingerprints (path, size, mtime), the separator and the tokenizer's
+fingerprint (the hash of its files), built atomically like the prepared corpora.
+"""
+
+import functools
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tapernorm_jax.data import cache_dirs, corpora, text_files
+from tapernorm_jax.data.prepared import Prepared, read_stream, token_dtype, write_stream
+from tapernorm_jax.data.tokenizer_choice import CorpusTokenizer
+
+FORMAT_VERSION = 1  # bump when the layout or content of an eval-set directory changes
+META = "meta.json"
+TOKENS = "tokens.bin"
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
+RESERVED = ("val",)  # the training loop's name for the corpus's own validation split
+
+
+def parse(spec: str) -> dict[str, str]:
+  """`"name=path_or_glob,..."` as {name: pattern}, in order; "" is no sets. Bad entries are an error naming them."""
+  sets: dict[str, str] = {}
+  for item in filter(None, (part.strip() for part in (spec or "").split(","))):
+    name, sep, pattern = (s.strip() for s in item.partition("="))
+    if not sep or not pattern or not NAME.fullmatch(name):
+      raise ValueError(f"data.eval_sets entry {item!r} is not name=path_or_glob (name: letters, digits, _ . -); "
+                       "e.g. --config.data.eval_sets='wiki=/data/wiki.txt,books=/data/books/*.txt'")
+    if name in RESERVED:
+      raise ValueError(f"data.eval_sets entry {item!r}: the name {name!r} is reserved for the corpus's own validation "
+                       "split; pick another name")
+    if name in sets:
+      raise ValueError(f"data.eval_sets names {name!r} twice; give each set its own name")
+    sets[name] = pattern
+  return sets
+
+
+def cache_path(data_dir: Path, name: str, paths: list[Path], separator: str, tokenizer: CorpusTokenizer) -> Path:
+  """The cache directory of eval set `name` made of `paths`, tokenized with `tokenizer`."""
+  key = dict(format=FORMAT_VERSION, files=text_files.file_fingerprint(paths), separator=separator,
+             tokenizer=dict(kind=tokenizer.kind, fingerprint=tokenizer.fingerprint))
+  return data_dir / "eval_sets" / f"{cache_dirs.slug(name)}-{tokenizer.kind}-{cache_dirs.digest(key)}"
+
+
+def build(directory: Path, name: str, pattern: str, paths: list[Path], separator: str,
+          tokenizer: CorpusTokenizer) -> None:
+  """Tokenizes the documents of `paths` into `directory` with its `meta.json`."""
+  t0 = time.perf_counter()
+  num_docs, num_tokens = write_stream(text_files.read_documents(paths, separator), tokenizer, directory / TOKENS,
+                                      None, f"tokenizing eval set {name}")
+  if num_docs == 0:
+    raise ValueError(f"eval set {name!r} ({pattern}) has no documents")
+  meta = dict(format=FORMAT_VERSION, name=name, pattern=pattern, files=text_files.file_fingerprint(paths),
+              separator=separator, tokenizer=dict(kind=tokenizer.kind, fingerprint=tokenizer.fingerprint),
+              dtype=token_dtype(tokenizer.vocab_size).str, num_documents=num_docs, num_tokens=num_tokens,
+              tokenize_s=time.perf_counter() - t0, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+  (directory / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load(directory: Path) -> np.ndarray:
+  """The token stream of a complete eval-set directory, memory-mapped."""
+  meta = json.loads((directory / META).read_text())
+  return read_stream(directory / TOKENS, np.dtype(meta["dtype"]), meta["num_tokens"], directory)
+
+
+def eval_sets(cfg: Any, prepared: Prepared) -> dict[str, np.ndarray]:
+  """{name: 1-D token stream} of each set in `cfg.eval_sets`, tokenized with `prepared.tokenizer`, cached.
+
+  The corpus's own validation split is not among them (the loop evaluates it as `val`). With
+  `cfg.seq_len` set, a set shorter than one window of `seq_len + 1` tokens is an error.
+  """
+  sets = parse(corpora.setting(cfg, "eval_sets"))
+  data_dir = Path(os.path.expanduser(corpora.setting(cfg, "data_dir")))
+  separator = corpora.setting(cfg, "text_separator")
+  seq_len = corpora.setting(cfg, "seq_len")
+  streams = {}
+  for name, pattern in sets.items():
+    paths = text_files.resolve(pattern, f"eval set {name!r}")
+    directory = cache_path(data_dir, name, paths, separator, prepared.tokenizer)
+    if not cache_dirs.is_complete(directory):
+      cache_dirs.build_atomically(directory, functools.partial(
+          build, name=name, pattern=pattern, paths=paths, separator=separator, tokenizer=prepared.tokenizer))
+    streams[name] = load(directory)
+    if seq_len and streams[name].shape[0] < int(seq_len) + 1:
+      raise ValueError(f"eval set {name!r} ({pattern}) has {streams[name].shape[0]} tokens, fewer than one window of "
+                       f"seq_len + 1 = {int(seq_len) + 1}; give it more text or use a shorter seq_len")
+  return streams
