@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
   if not _NO_FOLD.value:
     variables, cfg = inference.fold_if_tapered(variables, cfg)
   if _EXPORT_DIR.value:
-    out = export.save(_EXPORT_DIR.value, variables, cfg, fold=False, tokenizer_path=loaded.tokenizer_path)
+    out = export.save(_EXPORT_DIR.value, variables, cfg, fold=False, tokenizer=loaded.tokenizer)
     print(f"exported to {out}")
   if _DTYPE.value:
     cfg = cfg.replace(dtype=_DTYPE.value)

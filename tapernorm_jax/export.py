@@ -3,14 +3,14 @@
     DIR/config.json        {"format": "tapernorm_jax.export", "version": 1, "model": {...}, "folded": ..., ...}
     DIR/variables/         Orbax checkpoint of {"params", "calib"} (plain arrays)
     DIR/model.safetensors  the same arrays with flat names, e.g. `params.block_0.attn.qkv`
-    DIR/tokenizer.model    the SentencePiece model, when one is given
+    DIR/tokenizer/         the tokenizer, when one is given: `tokenizer.model` (SentencePiece) or
+                           `vocab.json` + `merges.txt` (GPT-2's BPE); config.json names its kind
 
-Loading needs only `model.py` (and `sentencepiece` for the tokenizer): no training code.
+Loading needs only `model.py` (and `sentencepiece` or `tokenizers` for the tokenizer): no training code.
 """
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,15 @@ from tapernorm_jax import model
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.tokenizer import SentencePiece
 
+TOKENIZERS = {"sentencepiece": SentencePiece}  # kind → class with `load(directory)`; gpt2 is added lazily
+
 PyTree = Any
 FORMAT = "tapernorm_jax.export"
 VERSION = 2  # 2: norm parameters named gamma/gamma_tilde/beta (1: scale/scale_tilde/bias)
 CONFIG_FILE = "config.json"
 VARIABLES_DIR = "variables"
 SAFETENSORS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.model"
+TOKENIZER_DIR = "tokenizer"
 
 
 @dataclasses.dataclass
@@ -41,7 +43,7 @@ class Exported:
 
   variables: PyTree  # {"params": ..., "calib": ...}
   model_cfg: ModelConfig
-  tokenizer_path: Path | None
+  tokenizer_dir: Path | None
   info: dict  # the whole config.json
 
 
@@ -52,7 +54,7 @@ def is_export(directory: str | Path) -> bool:
 
 
 def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool = True,
-         tokenizer_path: str | Path | None = None, extra: dict | None = None) -> Path:
+         tokenizer: Any = None, extra: dict | None = None) -> Path:
   """Writes the model (folded first when `fold` and it has tapered norms) as an export; returns the directory."""
   cfg = ModelConfig.from_config(model_cfg)
   variables = nn.unbox(variables)
@@ -70,10 +72,12 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(directory / VARIABLES_DIR, host)
   safetensors.flax.save_file(flatten(host), str(directory / SAFETENSORS_FILE), metadata={"format": FORMAT})
-  if tokenizer_path is not None:
-    shutil.copyfile(tokenizer_path, directory / TOKENIZER_FILE)
+  if tokenizer is not None:  # anything with `kind` and `save(directory)`: SentencePiece or GPT2Tokenizer
+    (directory / TOKENIZER_DIR).mkdir()
+    tokenizer.save(directory / TOKENIZER_DIR)
   info = dict(format=FORMAT, version=VERSION, model=dataclasses.asdict(cfg), folded=folded,
-              tokenizer=TOKENIZER_FILE if tokenizer_path is not None else None, **(extra or {}))
+              tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
+              **(extra or {}))
   (directory / CONFIG_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
   return directory
 
@@ -98,8 +102,8 @@ def load(directory: str | Path, source: str = "orbax") -> Exported:
   else:
     raise ValueError(f"source must be 'orbax' or 'safetensors', got {source!r}")
   fold_lib.check_matches(variables, cfg)
-  tokenizer = directory / info["tokenizer"] if info.get("tokenizer") else None
-  return Exported(variables=variables, model_cfg=cfg, tokenizer_path=tokenizer, info=info)
+  tokenizer_dir = directory / info["tokenizer"]["dir"] if info.get("tokenizer") else None
+  return Exported(variables=variables, model_cfg=cfg, tokenizer_dir=tokenizer_dir, info=info)
 
 
 def restore_target(cfg: ModelConfig, device: jax.Device | None = None) -> PyTree:
@@ -120,6 +124,14 @@ def unflatten(flat: dict[str, Any]) -> PyTree:
   return traverse_util.unflatten_dict({tuple(k.split(".")): v for k, v in flat.items()})
 
 
-def load_tokenizer(exported: Exported) -> SentencePiece | None:
-  """The export's tokenizer, if it carries one."""
-  return SentencePiece.from_file(exported.tokenizer_path) if exported.tokenizer_path is not None else None
+def load_tokenizer(exported: Exported) -> Any:
+  """The export's tokenizer (SentencePiece or GPT2Tokenizer), or None if it carries none."""
+  if exported.tokenizer_dir is None:
+    return None
+  kind = exported.info["tokenizer"]["kind"]
+  if kind == "gpt2":
+    from tapernorm_jax.gpt2_tokenizer import GPT2Tokenizer  # needs `tokenizers`: only for GPT-2 exports
+    TOKENIZERS["gpt2"] = GPT2Tokenizer
+  if kind not in TOKENIZERS:
+    raise ValueError(f"{exported.tokenizer_dir}: unknown tokenizer kind {kind!r}")
+  return TOKENIZERS[kind].load(exported.tokenizer_dir)

@@ -11,6 +11,7 @@ wrapper drops bos/eos. Needs only `tokenizers` (and `huggingface_hub` for hub na
 """
 
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,6 +25,8 @@ EOT = "<|endoftext|>"
 
 class GPT2Tokenizer:
   """encode, decode, encode_documents, bos_id = eos_id (`<|endoftext|>`) and vocab_size of GPT-2's BPE."""
+
+  kind = "gpt2"
 
   def __init__(self, source: str | os.PathLike = "gpt2"):
     directory = resolve(source, (VOCAB_FILE, MERGES_FILE), "GPT2Tokenizer")
@@ -45,6 +48,16 @@ class GPT2Tokenizer:
   def decode(self, ids: Iterable[int]) -> str:
     """The text of `ids`; EOT ids decode to nothing."""
     return self.tokenizer.decode([int(i) for i in ids if int(i) != self.eos_id], skip_special_tokens=False)
+
+  def save(self, directory: str | os.PathLike) -> None:
+    """Copies `vocab.json` and `merges.txt` into `directory`, so it loads without the source."""
+    for name in (VOCAB_FILE, MERGES_FILE):
+      shutil.copyfile(self.directory / name, Path(directory) / name)
+
+  @classmethod
+  def load(cls, directory: str | os.PathLike) -> "GPT2Tokenizer":
+    """The files a `save` wrote into `directory`."""
+    return cls(directory)
 
   def encode_documents(self, texts: Iterable[str]) -> list[int]:
     """One stream of ids: every document's tokens followed by `<|endoftext|>`."""

@@ -8,7 +8,6 @@
 import dataclasses
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -26,12 +25,11 @@ FORMS = ("baseline", "unfused", "folded", "identity")
 
 @dataclasses.dataclass
 class Loaded:
-  """A model ready to run: variables, config, tokenizer (if any) and the tokenizer file (for exports)."""
+  """A model ready to run: variables, config and tokenizer (if any)."""
 
   variables: PyTree
   model_cfg: ModelConfig
   tokenizer: Any | None
-  tokenizer_path: Path | None
 
 
 def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict]:
@@ -55,25 +53,24 @@ def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict
   return dict(restored["state"]), {**run_cfg, "restored_step": step}
 
 
-def run_tokenizer(run_cfg: dict) -> tuple[Any | None, Path | None]:
+def run_tokenizer(run_cfg: dict) -> Any | None:
   """The training run's tokenizer through `tapernorm_jax.data.prepare` (None when it cannot be prepared)."""
   try:
     from tapernorm_jax import data  # the training data stack: only when a run directory is loaded
     prepared = data.prepare(run_cfg["data"])
   except Exception as e:  # the model still runs on token ids
     print(f"(no tokenizer: {type(e).__name__}: {e}; pass token ids)")
-    return None, None
-  return prepared.tokenizer, Path(prepared.path) / export.TOKENIZER_FILE
+    return None
+  return prepared.tokenizer
 
 
 def load(path: str, step: int | None = None) -> Loaded:
   """Loads an export directory, or a training run's checkpoint with its tokenizer."""
   if export.is_export(path):
     exported = export.load(path)
-    return Loaded(exported.variables, exported.model_cfg, export.load_tokenizer(exported), exported.tokenizer_path)
+    return Loaded(exported.variables, exported.model_cfg, export.load_tokenizer(exported))
   variables, run_cfg = load_checkpoint(path, step)
-  tokenizer, tokenizer_path = run_tokenizer(run_cfg)
-  return Loaded(variables, ModelConfig.from_config(run_cfg["model"]), tokenizer, tokenizer_path)
+  return Loaded(variables, ModelConfig.from_config(run_cfg["model"]), run_tokenizer(run_cfg))
 
 
 def fold_if_tapered(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelConfig]:

@@ -72,11 +72,19 @@ class RunDir:
       write_json_atomically(self.file("results.json"), results)
 
 
-def restore_or_init(trainer: Trainer, ckpt: Checkpointer, train_it: Any, seed: int) -> tuple[State, int]:
-  """The state and data position of the latest complete checkpoint, or a fresh state at step 0."""
+def restore_or_init(trainer: Trainer, ckpt: Checkpointer, train_it: Any, cfg: ml_collections.ConfigDict
+                    ) -> tuple[State, int]:
+  """The state and data position of the latest complete checkpoint, or a fresh state at step 0: random, or the
+  pretrained Hugging Face GPT-2 that `cfg.init_from` names."""
   start = ckpt.latest_step() or 0
+  if not start and cfg.get("init_from"):
+    from tapernorm_jax import hf  # the hub client and safetensors: only for pretrained starts
+    variables, pretrained_cfg = hf.load_gpt2(cfg.init_from)
+    check_pretrained(trainer.model_cfg, pretrained_cfg, cfg.init_from)
+    log(f"starting from the pretrained model {cfg.init_from}")
+    return trainer.state_from_params(variables["params"]), 0
   if not start:
-    return trainer.init_state(seed), 0
+    return trainer.init_state(cfg.seed), 0
   log(f"resuming from the checkpoint at step {start} in {ckpt.directory}")
   state, data_state = ckpt.restore(start, trainer.abstract_state())
   train_it.set_state(data_state)
@@ -147,14 +155,30 @@ class Profiler:
       log(f"profile of steps {self.start}–{self.stop - 1} written to {self.directory}")
 
 
+def check_pretrained(model_cfg: Any, pretrained_cfg: Any, source: str) -> None:
+  """Raises ValueError naming every model field where the run's config differs from the pretrained model's."""
+  fields = ("family", "V", "D", "H", "L", "T", "mlp_dim", "eps", "tie_embeddings")
+  differing = [f"model.{f}: {getattr(model_cfg, f)!r} here, {getattr(pretrained_cfg, f)!r} in {source}"
+               for f in fields if getattr(model_cfg, f) != getattr(pretrained_cfg, f)]
+  if differing:
+    raise ValueError(f"init_from={source!r} does not fit the model config: " + "; ".join(differing)
+                     + ". Set those fields (--config.model.X=) or use the preset that matches the checkpoint.")
+
+
 def global_batch(trainer: Trainer, local_BxT1: np.ndarray) -> jax.Array:
   """Assembles the per-process rows into one batch sharded over the mesh."""
   return jax.make_array_from_process_local_data(trainer.batch_sharding, np.asarray(local_BxT1, np.int32))
 
 
-def evaluate(trainer: Trainer, state: State, batches: list[jax.Array]) -> float:
-  """Mean validation cross-entropy at g = 0."""
-  return float(np.mean(jax.device_get([trainer.eval_step(state, b) for b in batches])))
+def evaluate(trainer: Trainer, state: State, sets: dict[str, list[jax.Array]]) -> dict[str, float]:
+  """Mean cross-entropy at g = 0 of each evaluation set (`val`: the corpus's validation split)."""
+  return {name: float(np.mean(jax.device_get([trainer.eval_step(state, b) for b in batches])))
+          for name, batches in sets.items()}
+
+
+def eval_metrics(losses: dict[str, float]) -> dict[str, float]:
+  """`val_loss` and `eval/<name>` for the other sets."""
+  return {"val_loss" if name == "val" else f"eval/{name}": value for name, value in losses.items()}
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
@@ -170,11 +194,15 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   T, B, steps = cfg.model.T, cfg.train.batch_size, cfg.train.steps
   train_it = data.train_iterator(prepared, batch_size=B, seq_len=T, seed=cfg.seed)
   pi, pc = jax.process_index(), jax.process_count()
-  eval_batches = [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)])
-                  for b in data.eval_batches(prepared, B, T, cfg.train.eval_batches)]
+  n_eval = cfg.train.eval_batches
+  windows = {"val": data.eval_batches(prepared, B, T, n_eval),
+             **{name: data.eval_windows(tokens, B, T, n_eval, name=name)
+                for name, tokens in data.eval_sets(cfg.data, prepared).items()}}
+  eval_sets = {name: [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)]) for b in batches]
+               for name, batches in windows.items()}
 
   ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
-  state, start = restore_or_init(trainer, ckpt, train_it, cfg.seed)
+  state, start = restore_or_init(trainer, ckpt, train_it, cfg)
   rundir.truncate_metrics(start)
   writer = MetricsWriter(rundir.path)
   log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
@@ -183,7 +211,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
              desc=f"{cfg.variant} [{prepared.name}]")
   reporter = StepReporter(writer, ckpt, bar, B * T, cfg.train.log_every)
   profiler = Profiler(rundir.file("profile"), cfg.train.profile_start, cfg.train.profile_steps)
-  val_loss = {"step": -1, "value": math.nan}
+  evaluated = {"step": -1, "losses": {}}
 
   for k in range(start, steps):
     t0 = time.time()
@@ -194,8 +222,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     state, metrics = step_fn(state, batch)
     done = k + 1
     if done % cfg.train.diag_every == 0 or done == steps:
-      val_loss = {"step": done, "value": evaluate(trainer, state, eval_batches)}
-      metrics = {**metrics, **trainer.diagnostics(state, batch), "val_loss": val_loss["value"]}
+      evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
+      metrics = {**metrics, **trainer.diagnostics(state, batch), **eval_metrics(evaluated["losses"])}
     reporter.push(k, metrics)
     profiler.after_step(k, state)
     stopping = stop_after is not None and done >= stop_after
@@ -209,13 +237,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   ckpt.close()
   writer.close()
   done = int(jax.device_get(state["step"]))
-  if val_loss["step"] != done:
-    val_loss = {"step": done, "value": evaluate(trainer, state, eval_batches)}
+  if evaluated["step"] != done:
+    evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
   results = {
       "schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": prepared.name,
       "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T,
-      "final_val_loss": val_loss["value"], "val_gate": 0.0,
-      "val_tokens": len(eval_batches) * B * T, "params": param_count(state["params"]),
+      "final_val_loss": evaluated["losses"]["val"], "eval_losses": evaluated["losses"], "val_gate": 0.0,
+      "val_tokens": n_eval * B * T, "params": param_count(state["params"]), "method": cfg.get("method", "taper"),
+      "init_from": cfg.get("init_from", ""),
       "wall_time_s": time.time() - t_start, "resumed_from": start, "devices": mesh.size,
       "backend": jax.default_backend(), "device_kind": mesh.devices.flat[0].device_kind, "complete": done >= steps,
   }

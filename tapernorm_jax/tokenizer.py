@@ -6,8 +6,13 @@ from pathlib import Path
 import sentencepiece as spm
 
 
+MODEL_FILE = "tokenizer.model"
+
+
 class SentencePiece:
   """encode, decode, bos_id, eos_id and vocab_size over a serialized SentencePiece model."""
+
+  kind = "sentencepiece"
 
   def __init__(self, model_proto: bytes):
     self.model_proto = model_proto
@@ -28,3 +33,12 @@ class SentencePiece:
   def decode(self, ids: Iterable[int]) -> str:
     """The text of `ids`; bos/eos/unk ids decode to nothing."""
     return self.sp.decode([int(i) for i in ids])
+
+  def save(self, directory: str | Path) -> None:
+    """Writes the model as `tokenizer.model` into `directory`."""
+    (Path(directory) / MODEL_FILE).write_bytes(self.model_proto)
+
+  @classmethod
+  def load(cls, directory: str | Path) -> "SentencePiece":
+    """The model a `save` wrote into `directory`."""
+    return cls.from_file(Path(directory) / MODEL_FILE)

@@ -140,6 +140,27 @@ class Trainer:
     fn = jax.jit(lambda rng: nn.unbox(self._boxed_state(rng)), out_shardings=self.state_shardings)
     return fn(jax.random.key(seed))
 
+  def state_from_params(self, params: PyTree) -> State:
+    """A fresh, sharded state whose parameters come from a model with plain norms (a pretrained checkpoint): each
+    tapered norm starts with γ̃ = γ, calibration state and optimiser at their initial values."""
+    fresh = jax.device_get(self.init_state(0))
+    flat_fresh, flat_given = traverse_util.flatten_dict(fresh["params"]), traverse_util.flatten_dict(params)
+    merged, problems = {}, []
+    for path, init_value in flat_fresh.items():
+      source = path[:-1] + (layout.GAMMA,) if path[-1] == layout.GAMMA_TILDE else path
+      if source not in flat_given:
+        problems.append(f"{'/'.join(path)} is missing")
+      elif jnp.shape(flat_given[source]) != init_value.shape:
+        problems.append(f"{'/'.join(source)} has shape {jnp.shape(flat_given[source])}, expected {init_value.shape}")
+      else:
+        merged[path] = jnp.asarray(flat_given[source], init_value.dtype)
+    problems += [f"{'/'.join(p)} is not in the model" for p in flat_given if p not in flat_fresh]
+    if problems:
+      raise ValueError("the pretrained parameters do not fit the model: " + "; ".join(problems[:6]))
+    params = traverse_util.unflatten_dict(merged)
+    state = {**fresh, "params": params, "opt_state": self.tx.init(params)}
+    return jax.device_put(state, self.state_shardings)
+
   def abstract_state(self) -> State:
     """Shapes, dtypes and shardings of the state (the restore target)."""
     shapes = jax.eval_shape(lambda rng: nn.unbox(self._boxed_state(rng)), jax.random.key(0))

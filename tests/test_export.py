@@ -17,6 +17,7 @@ from configs import base
 from tapernorm_jax import decode, export, inference
 from tapernorm_jax.fold import fold
 from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.tokenizer import SentencePiece
 from model_helpers import init_variables, logits_at, perturbed_variables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,8 +49,8 @@ def tokenizer_file(tmp_path_factory) -> str:
 def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, tokenizer_file):
   cfg = _cfg(family)
   variables = perturbed_variables(cfg)
-  directory = export.save(tmp_path / "export", variables, cfg, tokenizer_path=tokenizer_file)
-  assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors", "tokenizer.model", "variables"]
+  directory = export.save(tmp_path / "export", variables, cfg, tokenizer=SentencePiece.from_file(tokenizer_file))
+  assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors", "tokenizer", "variables"]
   folded, folded_cfg = fold(variables, cfg)
   tokens_BxT = jax.random.randint(jax.random.key(3), (2, 12), 0, V)
   reference = logits_at(cfg, variables, tokens_BxT, 0.0)
@@ -68,7 +69,7 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
 def test_a_baseline_model_exports_unfolded(tmp_path):
   cfg = _cfg(internal_norm="plain", final_norm="plain")
   loaded = export.load(export.save(tmp_path / "export", init_variables(cfg), cfg))
-  assert loaded.model_cfg == cfg and not loaded.info["folded"] and loaded.tokenizer_path is None
+  assert loaded.model_cfg == cfg and not loaded.info["folded"] and loaded.tokenizer_dir is None
 
 
 def test_export_errors_are_clear(tmp_path):
@@ -86,7 +87,7 @@ def test_export_errors_are_clear(tmp_path):
 def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, tokenizer_file):
   cfg = _cfg()
   variables = perturbed_variables(cfg)
-  directory = export.save(tmp_path / "export", variables, cfg, tokenizer_path=tokenizer_file)
+  directory = export.save(tmp_path / "export", variables, cfg, tokenizer=SentencePiece.from_file(tokenizer_file))
   blocker = f"import sys\nfor m in {TRAINING_ONLY!r}:\n  sys.modules[m] = None\n"
   script = blocker + ("import runpy\nsys.argv = ['generate', '--workdir={d}', '--prompt=Once upon a time', "
                       "'--prompt=Tom', '--max_new_tokens=6']\n"
@@ -152,4 +153,16 @@ def test_generate_cli_after_a_real_training_run(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Once upon a time" in result.stdout and export.is_export(tmp_path / "export")
-  assert export.load(tmp_path / "export").tokenizer_path.is_file()
+  assert export.load_tokenizer(export.load(tmp_path / "export")).vocab_size == 512
+
+
+GPT2_FILES = os.path.join(ROOT, "..", "shared", "data", "gpt2")
+
+
+@pytest.mark.skipif(not os.path.isdir(GPT2_FILES), reason="../shared/data/gpt2 is absent")
+def test_an_export_carries_the_gpt2_tokenizer(tmp_path):
+  from tapernorm_jax.gpt2_tokenizer import GPT2Tokenizer
+  cfg = _cfg("gpt2", internal_norm="plain", final_norm="plain")
+  directory = export.save(tmp_path / "export", init_variables(cfg), cfg, tokenizer=GPT2Tokenizer(GPT2_FILES))
+  loaded = export.load_tokenizer(export.load(directory))
+  assert loaded.kind == "gpt2" and loaded.encode("Hello world") == [15496, 995] and loaded.eos_id == 50256

@@ -7,7 +7,6 @@ so a prepared cache names the exact vocabulary it was tokenized with.
 
 import hashlib
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,8 +28,6 @@ def files_digest(directory: Path) -> str:
 class GPT2BPE(GPT2Tokenizer):
   """GPT-2's BPE with what prepared corpora need: `encode_batch`, `frame`, `save` and a content fingerprint."""
 
-  kind = "gpt2"
-
   def __init__(self, source: str | os.PathLike = "gpt2"):
     super().__init__(source)
     self.fingerprint: str = files_digest(self.directory)
@@ -42,8 +39,3 @@ class GPT2BPE(GPT2Tokenizer):
   def frame(self, ids: list[int]) -> list[int]:
     """One document's ids as they go into a token stream: `[*ids, eot]` (EOT after every document, no BOS)."""
     return [*ids, self.eos_id]
-
-  def save(self, directory: Path) -> None:
-    """Copies `vocab.json` and `merges.txt` into `directory`, so it loads without the source."""
-    for name in FILES:
-      shutil.copyfile(self.directory / name, Path(directory) / name)

@@ -62,9 +62,8 @@ class Tokenizer(SentencePiece):
 
   def save(self, directory: Path) -> None:
     """Writes the model and its settings into `directory`."""
-    directory = Path(directory)
-    (directory / MODEL_FILE).write_bytes(self.model_proto)
-    (directory / SETTINGS_FILE).write_text(json.dumps(self.settings.to_dict(), indent=2, sort_keys=True) + "\n")
+    super().save(directory)
+    (Path(directory) / SETTINGS_FILE).write_text(json.dumps(self.settings.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def load(directory: Path, expected: TokenizerSettings) -> Tokenizer:

@@ -1,0 +1,79 @@
+"""GPT-2 fine-tuning (docs/method.md §10): `--config=configs/gpt2.py:model=s,method=internal_taper,seed=0`.
+
+Arguments: `model=s|m|l|xl` (pretrained GPT-2 from the hub, the paper's per-size schedule) or
+`demo` (a 4-layer GPT-2-shaped model on the offline corpus, minutes on a CPU); `method=vanilla|
+internal_taper|all_taper|fakeln`; `seed=N`. Every field can be overridden with `--config.X.Y=`.
+"""
+
+import ml_collections
+
+from configs import base
+
+# The paper's per-size shapes and schedule: steps, LR warmup end, taper start, taper end (docs/method.md §10);
+# FakeLN's gaps follow its authors' schedules (an attention norm every gap_attn steps stands for their separate
+# q/k and v removals); microbatches keep 2^19 tokens per step (512 blocks of 1024) within one device's memory.
+MODELS = {
+    "s": dict(hub="gpt2", D=768, H=12, L=12, steps=300, warmup=25, taper=(25, 100), aux=0.1,
+              fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=16),
+    "m": dict(hub="gpt2-medium", D=1024, H=16, L=24, steps=500, warmup=10, taper=(20, 200), aux=0.1,
+              fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=32),
+    "l": dict(hub="gpt2-large", D=1280, H=20, L=36, steps=600, warmup=30, taper=(30, 500), aux=0.1,
+              fakeln=dict(gap_mlp=4, gap_attn=10, gap_final=10), microbatches=64),
+    "xl": dict(hub="gpt2-xl", D=1600, H=25, L=48, steps=800, warmup=20, taper=(50, 700), aux=0.01,
+               fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=128),
+    # The CPU demo: fine-tunes a model that configs/gpt2.py:model=demo,method=vanilla,pretrain=1 trained first.
+    "demo": dict(hub="", D=64, H=4, L=4, steps=200, warmup=10, taper=(20, 150), aux=0.1,
+                 fakeln=dict(gap_mlp=4, gap_attn=8, gap_final=8), microbatches=1),
+}
+METHODS = {  # (internal norm, final norm, method, the fixed-target scale loss on)
+    "vanilla": ("plain", "plain", "taper", False),
+    "internal_taper": ("taper", "plain", "taper", False),
+    "all_taper": ("taper", "taper", "taper", True),
+    "fakeln": ("taper", "taper", "fakeln", False),  # its aux loss is fakeln.aux_weight
+}
+
+
+def parse_arg(arg: str | None) -> dict[str, str]:
+  """Parses `model=s,method=fakeln,seed=1,pretrain=0`; unknown keys are an error."""
+  known = {"model", "method", "seed", "pretrain"}
+  out: dict[str, str] = {}
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    if not sep or key not in known:
+      raise ValueError(f"bad config argument {item!r}: expected comma-separated key=value with keys {sorted(known)}, "
+                       "e.g. --config=configs/gpt2.py:model=s,method=internal_taper")
+    out[key] = value
+  return out
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The fine-tuning config for `model`, `method` and `seed` in `arg`."""
+  args = parse_arg(arg)
+  size, method = args.get("model", "s"), args.get("method", "internal_taper")
+  if size not in MODELS:
+    raise ValueError(f"model={size!r} is not one of {sorted(MODELS)}")
+  if method not in METHODS:
+    raise ValueError(f"method={method!r} is not one of {sorted(METHODS)}")
+  pretrain = args.get("pretrain", "0") == "1"
+  if pretrain and method != "vanilla":
+    raise ValueError("pretrain=1 trains the starting model and needs method=vanilla")
+  spec, demo = MODELS[size], size == "demo"
+  internal, final, method_name, aux = METHODS[method]
+  steps = 600 if pretrain else spec["steps"]
+  c = base.get_config("baseline", f"size=cpu,seed={args.get('seed', '0')}")
+  c.variant, c.size, c.method = method, size, method_name
+  c.init_from = "" if pretrain else (spec["hub"] or "runs/gpt2_demo/pretrain/hf")  # an HF directory or hub name
+  c.model.update(family="gpt2", V=2_000 if demo else 50_257, D=spec["D"], H=spec["H"], L=spec["L"], F=0,
+                 T=128 if demo else 1024, internal_norm=internal, final_norm=final, tie_embeddings=True,
+                 dtype="auto")
+  c.data.update(source="synthetic" if demo else "openwebtext", tokenizer="sentencepiece" if demo else "gpt2",
+                tokenizer_dir="gpt2")
+  c.opt.update(lr=3e-3 if pretrain else 6e-4, warmup_frac=(30 if pretrain else spec["warmup"]) / steps,
+               weight_decay=0.01)
+  start, end = spec["taper"]
+  c.taper.update(mu=0.1, aux_weight=spec["aux"] if aux else 0.0, gate_warmup_frac=start / steps, taper_end=end)
+  c.fakeln.update(start=20, aux_weight=spec["aux"], **spec["fakeln"])
+  c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
+                 log_every=10, diag_every=25 if demo else 50, eval_batches=8 if demo else 32)
+  c.checkpoint.update(every=100 if demo else 50)
+  return c

@@ -1,0 +1,51 @@
+"""Fine-tune GPT-2 with TaperLN or FakeLN: `python -m experiments.gpt2_finetune --config=configs/gpt2.py:model=s,method=internal_taper`.
+
+Starts from the pretrained model `init_from` names (a Hugging Face directory or hub name), trains
+with the method's schedule, evaluates every set at g = 0 and writes the same run directory as
+`experiments.tinystories` (resumable). A run whose norms are still LayerNorms (method=vanilla)
+also writes `<workdir>/hf`, a Hugging Face GPT-2 directory that `transformers` and `init_from` load.
+"""
+
+import json
+import os
+
+from absl import app, flags, logging
+import jax
+from ml_collections import config_flags
+
+from tapernorm_jax import hf, inference, loop
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, method=, seed=.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/gpt2-<model>-<method>-seed<N>).")
+_STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Save and exit after this step (simulates preemption).")
+
+
+def default_workdir(cfg) -> str:
+  """runs/gpt2-<model>-<method>-seed<N>, or runs/gpt2_demo/pretrain for the demo's starting model."""
+  if cfg.size == "demo" and not cfg.init_from:
+    return os.path.join("runs", "gpt2_demo", "pretrain")
+  return os.path.join("runs", f"gpt2-{cfg.size}-{cfg.variant}-seed{cfg.seed}")
+
+
+def main(argv: list[str]) -> None:
+  """Entry point."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cfg = _CONFIG.value
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
+  if cfg.mesh.distributed:
+    jax.distributed.initialize()
+  workdir = _WORKDIR.value or default_workdir(cfg)
+  results = loop.run(cfg, workdir, stop_after=_STOP_AFTER.value)
+  if jax.process_index() == 0 and results["complete"] and cfg.model.internal_norm == cfg.model.final_norm == "plain":
+    loaded = inference.load(workdir)
+    out = hf.save_gpt2(loaded.variables, loaded.model_cfg, os.path.join(workdir, "hf"))
+    print(f"Hugging Face GPT-2 directory: {out}")
+  if jax.process_index() == 0:
+    print(json.dumps(results, indent=2))
+    print(f"run directory: {os.path.abspath(workdir)}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,82 @@
+"""GPT-2 fine-tuning: the presets reproduce the paper's setup, a pretrained start reproduces the checkpoint's logits,
+mismatches are named, and the CPU demo path runs end to end (pretrain → HF directory → fine-tune with each method)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from configs import base, gpt2
+from tapernorm_jax import hf, loop, methods, sharding
+from tapernorm_jax.model import ModelConfig, Transformer
+from tapernorm_jax.schedules import Phases
+from tapernorm_jax.train import Trainer, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "tiny_gpt2"
+
+
+@pytest.mark.parametrize("size,D,H,L,steps,warmup,start,end,aux", [
+    ("s", 768, 12, 12, 300, 25, 25, 100, 0.1), ("m", 1024, 16, 24, 500, 10, 20, 200, 0.1),
+    ("l", 1280, 20, 36, 600, 30, 30, 500, 0.1), ("xl", 1600, 25, 48, 800, 20, 50, 700, 0.01)])
+@pytest.mark.parametrize("method", list(gpt2.METHODS))
+def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, aux, method):
+  cfg = gpt2.get_config(f"model={size},method={method}")
+  model_cfg = ModelConfig.from_config(cfg.model)
+  assert (model_cfg.V, model_cfg.T, model_cfg.D, model_cfg.H, model_cfg.L) == (50257, 1024, D, H, L)
+  phases = Phases.from_config(cfg)
+  assert (phases.steps, phases.lr_warmup, phases.taper_start, phases.taper_end) == (steps, warmup, start, end)
+  assert cfg.train.batch_size * cfg.model.T == 2**19 and cfg.opt.lr == 6e-4 and cfg.opt.weight_decay == 0.01
+  assert cfg.taper.mu == 0.1 and cfg.opt.clip == 1.0 and cfg.data.tokenizer == "gpt2"
+  assert cfg.taper.aux_weight == (aux if method == "all_taper" else 0.0)
+  validate(cfg, num_devices=1)  # every preset is a config that trains (checked before anything compiles)
+  if method == "fakeln":
+    removal = methods.removal_steps(model_cfg, cfg.fakeln)
+    assert max(removal.values()) == removal[("final_norm",)] < steps
+
+
+def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():
+  variables, pretrained_cfg = hf.load_gpt2(str(FIXTURE))
+  cfg = base.override(gpt2.get_config("model=demo,method=all_taper"), {
+      "model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2})
+  trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
+  loop.check_pretrained(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
+  state = trainer.state_from_params(variables["params"])
+  norm = state["params"]["block_1"]["mlp_norm"]
+  np.testing.assert_array_equal(norm["gamma_tilde"], norm["gamma"])
+  reference = np.load(FIXTURE / "reference_logits.npz")
+  logits = Transformer(trainer.model_cfg).apply({"params": state["params"], "calib": state["calib"]},
+                                                reference["ids"], 1.0)
+  np.testing.assert_allclose(logits, reference["logits"], atol=1e-5 * np.abs(reference["logits"]).max())
+
+
+def test_a_pretrained_model_that_does_not_fit_the_config_is_named():
+  _, pretrained_cfg = hf.load_gpt2(str(FIXTURE))
+  model_cfg = ModelConfig.from_config(gpt2.get_config("model=demo").model)
+  with pytest.raises(ValueError, match=r"model\.V: 2000 here, 128 in tiny; model\.L: 4 here, 3 in tiny; model\.T"):
+    loop.check_pretrained(model_cfg, pretrained_cfg, "tiny")
+
+
+@pytest.mark.slow  # three training subprocesses, ~1 minute
+def test_demo_pretrain_save_load_and_fine_tune(tmp_path):
+  small = [f"--config.{k}={v}" for k, v in {
+      "model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
+      "train.eval_batches": 2, "checkpoint.every": 10, "data.data_dir": tmp_path / "data",
+      "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60}.items()]
+  run = lambda arg, workdir, *extra: subprocess.run(
+      [sys.executable, "-m", "experiments.gpt2_finetune", f"--config=configs/gpt2.py:{arg}", f"--workdir={workdir}",
+       *small, *extra], cwd=ROOT, check=True, capture_output=True, timeout=600)
+  run("model=demo,method=vanilla,pretrain=1", tmp_path / "pre", "--config.train.steps=20", "--config.taper.taper_end=10")
+  assert hf.load_gpt2(str(tmp_path / "pre" / "hf"))[1].D == 32
+  run("model=demo,method=fakeln", tmp_path / "fake", f"--config.init_from={tmp_path / 'pre' / 'hf'}",
+      "--config.train.steps=16", "--config.taper.taper_end=12", "--config.fakeln.start=2",
+      "--config.fakeln.gap_mlp=1", "--config.fakeln.gap_attn=1", "--config.fakeln.gap_final=1")
+  results = json.loads((tmp_path / "fake" / "results.json").read_text())
+  assert results["method"] == "fakeln" and results["complete"] and np.isfinite(results["final_val_loss"])
+  gates = [json.loads(line)["gate"] for line in open(tmp_path / "fake" / "metrics.jsonl")]
+  assert gates[1] == 1.0 and gates[-1] == 0.0
