@@ -23,15 +23,15 @@ VARIANTS = {  # (internal norm, final norm, aux loss on by default)
 }
 
 
-def parse_arg(arg: str | None) -> dict[str, str]:
-  """Parses `size=9m,aux=0,seed=3` into a dict; unknown keys are an error."""
-  known = {"size", "aux", "seed"}
+def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
+              example: str = "configs/all_taper.py:size=9m,aux=0,seed=3") -> dict[str, str]:
+  """Parses `size=9m,aux=0,seed=3` into a dict; keys outside `known` are an error that shows `example`."""
   out: dict[str, str] = {}
   for item in filter(None, (arg or "").split(",")):
     key, sep, value = item.partition("=")
     if not sep or key not in known:
       raise ValueError(f"bad config argument {item!r}: expected comma-separated key=value with keys {sorted(known)},"
-                       " e.g. --config=configs/all_taper.py:size=9m,aux=0,seed=3")
+                       f" e.g. --config={example}")
     out[key] = value
   return out
 

@@ -33,22 +33,9 @@ METHODS = {  # (internal norm, final norm, method, the fixed-target scale loss o
 }
 
 
-def parse_arg(arg: str | None) -> dict[str, str]:
-  """Parses `model=s,method=fakeln,seed=1,pretrain=0`; unknown keys are an error."""
-  known = {"model", "method", "seed", "pretrain"}
-  out: dict[str, str] = {}
-  for item in filter(None, (arg or "").split(",")):
-    key, sep, value = item.partition("=")
-    if not sep or key not in known:
-      raise ValueError(f"bad config argument {item!r}: expected comma-separated key=value with keys {sorted(known)}, "
-                       "e.g. --config=configs/gpt2.py:model=s,method=internal_taper")
-    out[key] = value
-  return out
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The fine-tuning config for `model`, `method` and `seed` in `arg`."""
-  args = parse_arg(arg)
+  args = base.parse_arg(arg, ("model", "method", "seed", "pretrain"), "configs/gpt2.py:model=s,method=internal_taper")
   size, method = args.get("model", "s"), args.get("method", "internal_taper")
   if size not in MODELS:
     raise ValueError(f"model={size!r} is not one of {sorted(MODELS)}")

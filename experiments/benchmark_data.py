@@ -11,24 +11,21 @@ import os
 
 from absl import app, flags
 
+from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import data as bench
 from tapernorm_jax.files import write_json_atomically
 
-_STORIES = flags.DEFINE_integer("stories", 40_000, "Training stories (~500 bytes each; 40,000 is ~20 MB).")
-_VOCAB = flags.DEFINE_integer("vocab_size", 10_000, "Tokenizer vocabulary (the paper's 10,000).")
-_BATCH = flags.DEFINE_integer("batch_size", 16, "Loader batch size (the paper's 16).")
-_SEQ = flags.DEFINE_integer("seq_len", 512, "Window length T; windows hold T + 1 tokens (the paper's 512).")
-_BATCHES = flags.DEFINE_integer("batches", 3_000, "Batches timed per loader setting.")
-_DATA_DIR = flags.DEFINE_string("data_dir", "", "Cache root (default: a fresh temporary directory).")
+_SETTINGS = cli.define_flags(bench.Settings, {
+    "stories": "Training stories (~500 bytes each; 40,000 is ~20 MB).",
+    "vocab_size": "Tokenizer vocabulary (the paper's 10,000).", "batch_size": "Loader batch size (the paper's 16).",
+    "seq_len": "Window length T; windows hold T + 1 tokens (the paper's 512).",
+    "batches": "Batches timed per loader setting.", "data_dir": "Cache root (default: a fresh temporary directory)."})
 _OUT = flags.DEFINE_string("out", "runs/benchmark_data.json", "Where to write the JSON result.")
 
 
 def main(argv: list[str]) -> None:
   """Runs the benchmark and writes the JSON result."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  result = bench.run(bench.Settings(_STORIES.value, _VOCAB.value, _BATCH.value, _SEQ.value, _BATCHES.value,
-                                    _DATA_DIR.value))
+  result = bench.run(cli.settings(argv, bench.Settings, _SETTINGS))
   print(json.dumps(result, indent=2))
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   write_json_atomically(_OUT.value, result)

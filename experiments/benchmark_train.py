@@ -9,22 +9,19 @@ import os
 
 from absl import app, flags
 
+from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import train as bench
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 
-_SIZES = flags.DEFINE_list("sizes", ["1m", "30m"], "Model sizes (configs/base.py SIZES).")
-_BATCH = flags.DEFINE_integer("batch", 16, "Global batch size.")
-_SEQ = flags.DEFINE_integer("seq", 512, "Sequence length T.")
-_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per repeat.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Repeats (median and spread reported).")
+_SETTINGS = cli.define_flags(bench.Settings, {
+    "sizes": "Model sizes (configs/base.py SIZES).", "batch": "Global batch size.", "seq": "Sequence length T.",
+    "steps": "Timed steps per repeat.", "repeats": "Repeats (median and spread reported)."})
 _OUT = flags.DEFINE_string("out", "runs/benchmark_train", "Output directory.")
 
 
 def main(argv: list[str]) -> None:
   """Runs every size and case, prints and saves the table."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  results = bench.run(bench.Settings(tuple(_SIZES.value), _BATCH.value, _SEQ.value, _STEPS.value, _REPEATS.value))
+  results = bench.run(cli.settings(argv, bench.Settings, _SETTINGS))
   table = bench.markdown(results)
   print("\n" + table)
   os.makedirs(_OUT.value, exist_ok=True)

@@ -157,6 +157,19 @@ def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
+def _residual_out(module: nn.Module, x: Array, name: str, bias_name: str, in_shape: tuple[int, ...],
+                  in_axes: tuple[str, ...], spec: str) -> Array:
+  """A projection back into the residual stream (`spec` contracts x's trailing `in_shape` axes with the weight's),
+  its init scaled by 1/√(2L) (GPT-2's residual scaling), with a bias for gpt2."""
+  cfg, dt = module.cfg, module.cfg.compute_dtype
+  w = _param(module, name, in_shape + (cfg.D,), in_axes + ("embed",), cfg.init_std / (2 * cfg.L) ** 0.5,
+             cfg.param_dtype)
+  y_BxTxD = jnp.einsum(spec, x, w.astype(dt))
+  if cfg.family == "gpt2":
+    y_BxTxD += _param(module, bias_name, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
+  return y_BxTxD
+
+
 def write_cache(cache: Array, new_BxTxHxK: Array, index_B: Array, keys: bool) -> Array:
   """Writes row b's T entries at slots index_B[b] … + T − 1 of a key (BH×K×S) or value (BH×S×K) cache."""
   B, T, H, K = new_BxTxHxK.shape
@@ -226,14 +239,9 @@ class Attention(nn.Module):
 
   def project_out(self, out_BxTxHxK: Array) -> Array:
     """The output projection H×K → D (with bias for gpt2)."""
-    cfg, dt = self.cfg, self.cfg.compute_dtype
-    K = cfg.D // cfg.H
-    w_out_HxKxD = _param(self, layout.ATTN_OUT, (cfg.H, K, cfg.D), ("heads", "kv", "embed"),
-                         cfg.init_std / (2 * cfg.L) ** 0.5, cfg.param_dtype)
-    y_BxTxD = jnp.einsum("blhk,hkd->bld", out_BxTxHxK, w_out_HxKxD.astype(dt))
-    if cfg.family == "gpt2":
-      y_BxTxD += _param(self, layout.ATTN_OUT_BIAS, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
-    return y_BxTxD
+    cfg = self.cfg
+    return _residual_out(self, out_BxTxHxK, layout.ATTN_OUT, layout.ATTN_OUT_BIAS, (cfg.H, cfg.D // cfg.H),
+                         ("heads", "kv"), "bthk,hkd->btd")
 
 
 class Mlp(nn.Module):
@@ -253,12 +261,7 @@ class Mlp(nn.Module):
     else:
       bias_F = _param(self, layout.WI_BIAS, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
       hidden_BxTxF = nn.gelu(dense_in(layout.WI) + bias_F, approximate=True)
-    w_out_FxD = _param(self, layout.WO, (F, cfg.D), ("mlp", "embed"), cfg.init_std / (2 * cfg.L) ** 0.5,
-                       cfg.param_dtype)
-    y_BxTxD = hidden_BxTxF @ w_out_FxD.astype(dt)
-    if cfg.family == "gpt2":
-      y_BxTxD += _param(self, layout.WO_BIAS, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
-    return y_BxTxD
+    return _residual_out(self, hidden_BxTxF, layout.WO, layout.WO_BIAS, (F,), ("mlp",), "btf,fd->btd")
 
 
 class Block(nn.Module):

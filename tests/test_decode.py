@@ -153,3 +153,15 @@ def test_decode_benchmark_runs_every_form_on_the_same_weights():
   assert step["cache"] == 2 * cfg.L * 2 * cfg.D * (8 + 4 - 1) * 4  # k and v, B = 2 rows, P + N − 1 slots, fp32
   table = bench.markdown(results)
   assert "| 1 | 16 |" in table and "| 2 | 8 | 4 |" in table
+
+
+def test_benchmark_flags_come_from_the_settings_dataclass():
+  from absl import flags
+  from tapernorm_jax import cli
+  flag_values = flags.FlagValues()
+  holders = cli.define_flags(bench.Settings, {f: "help" for f in bench.Settings.__dataclass_fields__}, flag_values)
+  flag_values(["prog", "--batches=2,8", "--size=9m", "--min_sample_s=0.5", "--dtype=float32"])
+  s = cli.from_flags(bench.Settings, holders)
+  assert s == bench.Settings(size="9m", batches=(2, 8), min_sample_s=0.5, dtype="float32")
+  with pytest.raises(ValueError, match="size='2m'"):
+    bench.Settings(size="2m")

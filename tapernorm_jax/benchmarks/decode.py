@@ -28,6 +28,7 @@ PyTree = Any
 PAPER_TABLE = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
          (4, 128): (149.3, 169.3, 180.4), (4, 256): (290.5, 323.6, 344.9), (4, 512): (546.3, 588.1, 615.9)}
 MODES = ("forward", "decode")
+VARIANTS = ("internal_taper", "all_taper")
 
 
 @dataclasses.dataclass
@@ -52,6 +53,10 @@ class Settings:
     unknown = set(self.modes) - set(MODES)
     if unknown:
       raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {MODES}")
+    if self.size not in base.SIZES:
+      raise ValueError(f"size={self.size!r}: choose one of {sorted(base.SIZES)}")
+    if self.variant not in VARIANTS:
+      raise ValueError(f"variant={self.variant!r}: choose one of {VARIANTS} (a model with tapered norms)")
     self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
 
 
