@@ -116,5 +116,6 @@ def _field_paths(cfg: ml_collections.ConfigDict, prefix: tuple[str, ...] = ()) -
   """Every leaf field of `cfg` as a path."""
   paths = []
   for name, value in cfg.items():
-    paths += _field_paths(value, prefix + (name,)) if isinstance(value, ml_collections.ConfigDict) else [prefix + (name,)]
+    nested = isinstance(value, ml_collections.ConfigDict)
+    paths += _field_paths(value, prefix + (name,)) if nested else [prefix + (name,)]
   return paths

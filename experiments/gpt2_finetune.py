@@ -1,4 +1,6 @@
-"""Fine-tune GPT-2 with TaperLN or FakeLN: `python -m experiments.gpt2_finetune --config=configs/gpt2.py:model=s,method=internal_taper`.
+"""Fine-tune GPT-2 with TaperLN or FakeLN (docs/method.md §10).
+
+    python -m experiments.gpt2_finetune --config=configs/gpt2.py:model=s,method=internal_taper --workdir=DIR
 
 Starts from the pretrained model `init_from` names (a Hugging Face directory or hub name), trains
 with the method's schedule, evaluates every set at g = 0 and writes the same run directory as

@@ -81,7 +81,8 @@ def test_export_errors_are_clear(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.export directory"):
     export.load(tmp_path)
   with pytest.raises(ValueError, match="do not match the model config"):
-    export.save(tmp_path / "bad", perturbed_variables(cfg), cfg.replace(D=64, internal_norm="plain", final_norm="plain"))
+    export.save(tmp_path / "bad", perturbed_variables(cfg),
+                cfg.replace(D=64, internal_norm="plain", final_norm="plain"))
 
 
 def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, tokenizer_file):

@@ -2,7 +2,6 @@
 mismatches are named, and the CPU demo path runs end to end (pretrain → HF directory → fine-tune with each method)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +70,8 @@ def test_demo_pretrain_save_load_and_fine_tune(tmp_path):
   run = lambda arg, workdir, *extra: subprocess.run(
       [sys.executable, "-m", "experiments.gpt2_finetune", f"--config=configs/gpt2.py:{arg}", f"--workdir={workdir}",
        *small, *extra], cwd=ROOT, check=True, capture_output=True, timeout=600)
-  run("model=demo,method=vanilla,pretrain=1", tmp_path / "pre", "--config.train.steps=20", "--config.taper.taper_end=10")
+  run("model=demo,method=vanilla,pretrain=1", tmp_path / "pre", "--config.train.steps=20",
+      "--config.taper.taper_end=10")
   assert hf.load_gpt2(str(tmp_path / "pre" / "hf"))[1].D == 32
   run("model=demo,method=fakeln", tmp_path / "fake", f"--config.init_from={tmp_path / 'pre' / 'hf'}",
       "--config.train.steps=16", "--config.taper.taper_end=12", "--config.fakeln.start=2",

@@ -57,7 +57,8 @@ def test_calibration_at_the_taper_start(trainer):
                              expected_params["block_0"]["attn_norm"]["gamma"], atol=2 * trainer.lr(start) + 1e-7)
   state, _ = trainer.train_step(state, data[start + 1])
   assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == start
-  np.testing.assert_array_equal(state["calib"]["block_0"]["attn_norm"]["c"], after["calib"]["block_0"]["attn_norm"]["c"])
+  np.testing.assert_array_equal(state["calib"]["block_0"]["attn_norm"]["c"],
+                                after["calib"]["block_0"]["attn_norm"]["c"])
 
 
 def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trainer):
