@@ -61,6 +61,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.taper.update(mu=0.1, aux_weight=spec["aux"] if aux else 0.0, gate_warmup_frac=start / steps, taper_end=end)
   c.fakeln.update(start=20, aux_weight=spec["aux"], **spec["fakeln"])
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
-                 log_every=10, diag_every=25 if demo else 50, eval_batches=8 if demo else 32)
+                 log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)
   return c

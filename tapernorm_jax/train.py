@@ -187,11 +187,10 @@ class Trainer:
     k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
     loss_fn = lambda p, batch: self._loss(p, calib, batch, gate, step, model_cfg, record)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    k = self.cfg.train.microbatches
-    if k == 1:
+    if self.cfg.train.microbatches == 1:
       return grad_fn(params, batch_BxT1)
-    B, T1 = batch_BxT1.shape
-    micro_KxMxT1 = jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
+    micro_KxMxT1 = self.microbatches(batch_BxT1)
+    k = micro_KxMxT1.shape[0]
 
     def add(total, micro_MxT1):
       return jax.tree.map(jnp.add, total, grad_fn(params, micro_MxT1)), None
@@ -199,6 +198,13 @@ class Trainer:
     zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, micro_KxMxT1[0]))
     total, _ = jax.lax.scan(add, zeros, micro_KxMxT1)
     return jax.tree.map(lambda x: x / k, total)
+
+  def microbatches(self, batch_BxT1: jax.Array) -> jax.Array:
+    """The batch as `train.microbatches` microbatches, k × (B/k) × (T+1): row j of every k rows goes to microbatch j,
+    so each device keeps its own rows."""
+    k = self.cfg.train.microbatches
+    B, T1 = batch_BxT1.shape
+    return jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
 
   def _train_step(self, state: State, batch_BxT1: jax.Array, fast: bool) -> tuple[State, dict]:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run."""
@@ -218,14 +224,15 @@ class Trainer:
     return new_state, metrics
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
-    """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there)."""
-    _, (ce, _, _) = self._loss(state["params"], state["calib"], batch_BxT1, jnp.float32(0.0), state["step"],
-                               self.fast_cfg, False)
-    return ce
+    """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there), one microbatch at a time."""
+    ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
+                                          state["step"], self.fast_cfg, False)[1][0]
+    return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
 
   def _diagnostics(self, state: State, batch_BxT1: jax.Array) -> dict[str, jax.Array]:
     """Scale-anchoring diagnostics at the current gates: logit norm, s(h), s_tgt, radial gradient at h, each c."""
     step, cfg, calib = state["step"], self.model_cfg, state["calib"]
+    batch_BxT1 = self.microbatches(batch_BxT1)[0]  # one microbatch: what fits in memory
     gate = self.method.gates(step)
     variables = {"params": state["params"], CALIB: calib}
     model = Transformer(cfg)

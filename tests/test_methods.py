@@ -44,6 +44,8 @@ def test_k_accumulated_microbatches_give_the_update_of_one_k_times_larger_batch(
     np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6), s4["params"], s1["params"])
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), s4["calib"], s1["calib"])
+  batch = jax.device_put(batches(1, seed=2)[0], one.batch_sharding)  # evaluation goes microbatch by microbatch too
+  np.testing.assert_allclose(four.eval_step(s1, batch), one.eval_step(s1, batch), rtol=1e-6)
 
 
 def test_fakeln_removes_every_mlp_norm_then_every_attention_norm_then_the_final_norm():
