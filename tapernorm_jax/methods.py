@@ -41,8 +41,8 @@ class TaperNorm:
     self.off_step = self.phases.taper_end  # every gate is 0 from here on
 
   def gates(self, step: jax.Array) -> jax.Array:
-    """The global gate."""
-    return schedules.gate(step, self.phases)
+    """The global gate (1 throughout for a model without tapered norms, which nothing would gate)."""
+    return schedules.gate(step, self.phases) if self.norms else jnp.float32(1.0)
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """c* = num/(den + δ), γ̃ ← γ and s_tgt at the taper start; unchanged at every other step."""
