@@ -1,0 +1,223 @@
+"""Sweeps: grid expansion and its errors, device packing, failure isolation, resume, command lines, end to end."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import pytest
+
+from configs.sweeps import cpu_mini, table2
+from tapernorm_jax import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
+        "train": {"steps": 6, "batch_size": 4, "log_every": 3, "diag_every": 3, "eval_batches": 1},
+        "checkpoint": {"every": 3}, "taper": {"gate_warmup_frac": 0.34},
+        "data": {"synthetic_train_stories": 200, "synthetic_valid_stories": 30}}
+
+
+def tiny_sweep(data_dir: str, grids: list[dict]) -> dict:
+  """A sweep of the tiny config over `grids`, its data prepared in `data_dir`."""
+  return {"name": "tiny", "seeds": (0,), "grids": grids,
+          "overrides": {**TINY, "data": {**TINY["data"], "data_dir": data_dir}}}
+
+
+def quiet(_: str) -> None:
+  """Swallows progress lines."""
+
+
+def test_the_shipped_sweeps_expand_to_their_grids():
+  cells = sweep.expand(table2.get_config())
+  assert len(cells) == 4 * 3 * 6 + 2 * 6
+  names = {c.name for c in cells}
+  assert {"baseline-1m-aux0-seed0", "internal_taper-30m-aux1-seed5", "all_taper-9m-aux1-seed3",
+          "final_taper-30m-aux0-seed0", "all_taper-30m-aux0-seed5"} <= names
+  assert "final_taper-1m-aux0-seed0" not in names
+  mini = sweep.expand(cpu_mini.get_config())
+  assert {(c.variant, c.aux) for c in mini} == {("baseline", 0), ("internal_taper", 1), ("all_taper", 1),
+                                                 ("all_taper", 0), ("final_taper", 0)}
+  assert len({c.seed for c in mini}) >= 3 and {c.size for c in mini} == {"cpu"}
+  cfg = mini[0].config()
+  assert cfg.train.diag_every == dict(mini[0].overrides)["train.diag_every"] and cfg.data.source == "synthetic"
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(grids=[dict(variants=["all_tapr"], sizes=["cpu"])]), "grids[0].variants[0]='all_tapr': unknown variant"),
+    (dict(grids=[dict(variants=["all_taper:aux=2"], sizes=["cpu"])]), "grids[0].variants[0]='all_taper:aux=2'"),
+    (dict(grids=[dict(variants=["baseline"], sizes=["2m"])]), "grids[0].sizes[0]='2m': unknown size"),
+    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], seeds=[-1])]), "grids[0].seeds[0]=-1"),
+    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], sizes2=1)]), "grids[0].sizes2: not a grid field"),
+    (dict(overrides={"train": {"stepz": 5}}), "overrides.train.stepz=5: no such config field"),
+    (dict(overrides={"trian": {"steps": 5}}), "overrides.trian.steps=5: trian is not a config section"),
+    (dict(overrides={"train": {"steps": "many"}}), "overrides.train.steps='many'"),
+    (dict(grid=[]), "grid: not a sweep field"),
+    (dict(overrides={"seed": 3}), "overrides.seed=3: set variants, sizes and seeds in the grid"),
+    (dict(overrides={"taper": {"aux_weight": 0.5}}), "overrides.taper.aux_weight=0.5 contradicts baseline:aux=0"),
+])
+def test_bad_sweeps_name_the_field_and_value(change, message):
+  bad = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu"])], **change}
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.expand(bad)
+  assert message in str(e.value)
+
+
+def test_device_groups_pack_cells_onto_devices():
+  devices = jax.devices()
+  assert len(devices) == 8
+  assert sweep.device_groups(devices, 0) == [devices]  # CPU default: one cell at a time, all devices
+  assert sweep.device_groups(devices, 8) == [[d] for d in devices]
+  assert sweep.device_groups(devices, 3) == [devices[0:2], devices[2:4], devices[4:6]]
+  assert sweep.device_groups(devices[:1], 2) == [devices[:1], devices[:1]]  # CPU cells may share a device
+  with pytest.raises(sweep.SweepError, match="--parallel=-1"):
+    sweep.device_groups(devices, -1)
+
+
+def fake_results(run_dir: str) -> dict:
+  """What loop.run writes for a complete run (enough for cell_status)."""
+  results = {"variant": "x", "size": "cpu", "seed": 0, "steps": 6, "complete": True, "final_val_loss": 1.0}
+  with open(os.path.join(run_dir, "results.json"), "w") as f:
+    json.dump(results, f)
+  return results
+
+
+def test_cell_status_reads_known_results_schemas_only(tmp_path):
+  fake_results(str(tmp_path))
+  assert sweep.cell_status(str(tmp_path)).state == "complete"  # no schema field: schema 0
+  for schema, state in ((1, "complete"), (99, "failed")):
+    results = {**json.loads((tmp_path / "results.json").read_text()), "schema": schema}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    status = sweep.cell_status(str(tmp_path))
+    assert status.state == state
+  assert "schema=99" in status.error
+  assert sweep.cell_status(str(tmp_path / "nothing")).state == "pending"
+
+
+def test_parallel_runner_isolates_failures_and_skips_complete_cells(tmp_path):
+  cells = sweep.expand({"seeds": (0, 1, 2), "grids": [dict(variants=["baseline", "all_taper"], sizes=["cpu"])]})
+  lock, running, seen = threading.Lock(), set(), []
+
+  def run_fn(cfg, run_dir, *, devices):
+    with lock:
+      assert not running & set(devices), "two cells on one device"
+      running.update(devices)
+      seen.append(os.path.basename(run_dir))
+    time.sleep(0.05)
+    print("a line from the cell")
+    with lock:
+      running.difference_update(devices)
+    if cfg.variant == "all_taper" and cfg.seed == 1:
+      raise FloatingPointError("loss is nan at step 3")
+    return fake_results(run_dir)
+
+  lines = []
+  statuses = sweep.run(cells, str(tmp_path), parallel=4, devices=jax.devices()[:4], run_fn=run_fn, echo=lines.append)
+  assert sorted(seen) == sorted(c.name for c in cells)
+  assert statuses["all_taper-cpu-aux1-seed1"].state == "failed"
+  assert "FloatingPointError: loss is nan at step 3" in statuses["all_taper-cpu-aux1-seed1"].error
+  assert sum(s.state == "complete" for s in statuses.values()) == 5
+  record = sweep.read_record(str(tmp_path / "baseline-cpu-aux0-seed0"))
+  assert record["status"] == "complete" and len(record["devices"]) == 1
+  assert "a line from the cell" in (tmp_path / "baseline-cpu-aux0-seed0" / sweep.CELL_LOG).read_text()
+  assert "5/6 complete, 0 running, 1 failed" in lines[-1]
+  seen.clear()
+  sweep.run(cells, str(tmp_path), parallel=2, devices=jax.devices()[:2], run_fn=run_fn, echo=quiet)
+  assert seen == ["all_taper-cpu-aux1-seed1"]  # complete cells are skipped, the failed one retried
+  seen.clear()
+  sweep.run(cells, str(tmp_path), devices=jax.devices()[:2], run_fn=run_fn, retry_failed=False, echo=quiet)
+  assert seen == []
+
+
+def test_progress_line_counts_and_estimates(tmp_path):
+  cells = sweep.expand({"seeds": (0, 1), "grids": [dict(variants=["baseline"], sizes=["cpu"])]})
+  progress = sweep.Progress(cells, str(tmp_path))
+  assert progress.line().startswith("sweep: 0/2 complete, 0 running, 0 failed, 2 to run")
+  assert "ETA —" in progress.line()
+  assert sweep.duration(3725) == "1h02m" and sweep.duration(65) == "1m05s" and sweep.duration(4) == "4s"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("data"))
+
+
+def write_sweep_file(path, sweep_cfg: dict) -> str:
+  """A sweep file whose get_config() returns `sweep_cfg`."""
+  path.write_text(f"def get_config():\n  return {sweep_cfg!r}\n")
+  return str(path)
+
+
+def run_cli(module: str, *flags: str, check: bool = True) -> subprocess.CompletedProcess:
+  """`python -m <module> <flags>` from the repository root (8 fake CPU devices, as set by conftest)."""
+  proc = subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                        check=False)
+  if check and proc.returncode:
+    raise AssertionError(f"{module} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
+  return proc
+
+
+@pytest.mark.slow
+def test_tiny_sweep_end_to_end_resume_skip_a_failing_cell_and_the_report(tmp_path, data_dir):
+  grids = [dict(variants=["baseline", "all_taper:aux=0"], sizes=["cpu"]),
+           dict(variants=["internal_taper"], sizes=["cpu"], overrides={"taper": {"taper_end": 99}})]  # > steps
+  sweep_file = write_sweep_file(tmp_path / "tiny.py", tiny_sweep(data_dir, grids))
+  workdir = str(tmp_path / "study")
+  first = run_cli("experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}", "--parallel=2", check=False)
+  assert first.returncode == 1 and "2 of 3 cells complete, 1 failed" in first.stdout
+  statuses = {c.name: sweep.cell_status(os.path.join(workdir, c.name))
+              for c in sweep.expand(tiny_sweep(data_dir, grids))}
+  assert {n: s.state for n, s in statuses.items()} == {
+      "baseline-cpu-aux0-seed0": "complete", "all_taper-cpu-aux0-seed0": "complete",
+      "internal_taper-cpu-aux1-seed0": "failed"}
+  assert "taper.taper_end=99" in statuses["internal_taper-cpu-aux1-seed0"].error
+  results = statuses["all_taper-cpu-aux0-seed0"].results
+  assert results["steps"] == 6 and results["devices"] == 4  # 8 devices, 2 cells at a time
+  mtime = os.path.getmtime(os.path.join(workdir, "baseline-cpu-aux0-seed0", "results.json"))
+  again = run_cli("experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}", "--parallel=2", check=False)
+  assert "2 already done or skipped, 1 to run" in again.stdout
+  assert os.path.getmtime(os.path.join(workdir, "baseline-cpu-aux0-seed0", "results.json")) == mtime
+  run_cli("experiments.report", f"--workdir={workdir}")
+  with open(os.path.join(workdir, "report.md")) as f:
+    text = f.read()
+  assert "2 of 3 runs complete." in text and "`internal_taper-cpu-aux1-seed0` (ValueError: taper.taper_end=99" in text
+  assert sorted(os.listdir(os.path.join(workdir, "figures"))) == [
+      "fig2_val_loss_vs_params.png", "fig3_logit_norm.png", "fig4_grad_norm.png"]  # no internal_taper: no loss plot
+
+
+@pytest.mark.slow
+def test_printed_commands_run_as_written(tmp_path, data_dir):
+  cells = sweep.expand(tiny_sweep(data_dir, [dict(variants=["all_taper:aux=0", "baseline"], sizes=["cpu"])]))
+  workdir = str(tmp_path / "study")
+  os.makedirs(os.path.join(workdir, cells[1].name))
+  fake_results(os.path.join(workdir, cells[1].name))  # complete: no command for it
+  path, count = sweep.write_commands(cells, workdir)
+  with open(path) as f:
+    lines = f.read().splitlines()
+  assert count == 1 and len(lines) == 1
+  assert "--config=configs/all_taper.py:size=cpu,aux=0,seed=0" in lines[0]
+  assert "--config.train.steps=6" in lines[0] and f"--workdir={workdir}/all_taper-cpu-aux0-seed0" in lines[0]
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  subprocess.run(["bash", "-c", lines[0]], cwd="/", env=env, check=True, capture_output=True, timeout=600)
+  assert sweep.cell_status(os.path.join(workdir, cells[0].name)).state == "complete"
+  assert sweep.write_commands(cells, workdir)[1] == 0
+
+
+def test_printed_commands_name_config_overrides_and_workdir(tmp_path):
+  cells = sweep.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
+                        "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 10}}})
+  line = sweep.command_line(cells[0], str(tmp_path), python="python3")
+  assert line == (f"cd {ROOT} && python3 -m experiments.tinystories "
+                  "--config=configs/final_taper.py:size=30m,aux=0,seed=3 "
+                  f"--workdir={tmp_path}/final_taper-30m-aux0-seed3 "
+                  "'--config.data.manual_dir=/data/tiny stories' --config.train.steps=10")
+
+
+def test_cli_bad_sweep_is_one_short_error(tmp_path):
+  bad = write_sweep_file(tmp_path / "bad.py", {"seeds": (0,), "grids": [dict(variants=["basline"], sizes=["cpu"])]})
+  proc = run_cli("experiments.sweep", f"--sweep={bad}", f"--workdir={tmp_path / 'w'}", check=False)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: grids[0].variants[0]='basline': unknown variant")
+  assert "Traceback" not in proc.stderr
