@@ -1,10 +1,10 @@
 """Shared defaults for every TinyStories variant (the paper's setup, docs/method.md §8); variant files set the norms."""
 
-import difflib
 from typing import Any
 
 import ml_collections
 
+from tapernorm_jax import config_fields
 from tapernorm_jax.data import corpora
 
 # The paper's widths and step counts (docs/method.md §8); `cpu` is a preset that trains in minutes on 2 cores.
@@ -91,31 +91,32 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       aux_weight=0.1))  # λ of mean((s(h) − batch mean s(h))²), on from the first removal
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, distributed=False))
-  c.checkpoint = ml_collections.ConfigDict(dict(every=100 if cpu else 5_000, keep=3))
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every=100 if cpu else 5_000, keep=3,
+      on_damaged="stop"))  # a latest checkpoint that cannot be read: stop (naming it), or fallback to an older one
   return c
 
 
 def override(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Sets dotted fields (`{"train.steps": 600}`, as `--config.train.steps=600` would); unknown fields are an error."""
+  """Sets dotted fields (`{"train.steps": 600}`, as `--config.train.steps=600` would); unknown fields, and two
+  different values for fields that share one (`model.T` and `data.seq_len`), are an error."""
+  for dotted in changes:
+    if problem := config_fields.problem(cfg, dotted):
+      hint = config_fields.nearest(cfg, dotted)
+      raise ValueError(f"config field {dotted!r} does not exist ({problem})"
+                       + (f"; did you mean {hint!r}?" if hint else ""))
+  for group in config_fields.conflicting(cfg, changes):
+    given = " and ".join(f"{dotted}={value!r}" for dotted, value in group)
+    raise ValueError(f"{given}: these fields are one shared value (setting one sets the other); give only one")
   for dotted, value in changes.items():
     *sections, field = dotted.split(".")
     node = cfg
     for name in sections:
-      node = node[name] if name in node and isinstance(node[name], ml_collections.ConfigDict) else None
-      if node is None:
-        break
-    if node is None or field not in node:
-      known = [".".join(path) for path in _field_paths(cfg)]
-      hint = difflib.get_close_matches(dotted, known, n=1)
-      raise ValueError(f"config field {dotted!r} does not exist" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+      node = node[name]
     node[field] = value
   return cfg
 
 
 def _field_paths(cfg: ml_collections.ConfigDict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
   """Every leaf field of `cfg` as a path."""
-  paths = []
-  for name, value in cfg.items():
-    nested = isinstance(value, ml_collections.ConfigDict)
-    paths += _field_paths(value, prefix + (name,)) if nested else [prefix + (name,)]
-  return paths
+  return config_fields.field_paths(cfg, prefix)

@@ -9,7 +9,7 @@ result and writes it as JSON to --out.
 import json
 import os
 
-from absl import app, flags
+from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import data as bench
@@ -36,4 +36,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -13,7 +13,7 @@ and how: `tapernorm_jax/benchmarks/decode.py`. Writes `results.json` and `table.
 import dataclasses
 import os
 
-from absl import app, flags
+from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import decode as bench
@@ -47,4 +47,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -7,7 +7,7 @@ writes results.json and table.md under --out.
 
 import os
 
-from absl import app, flags
+from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import train as bench
@@ -30,4 +30,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

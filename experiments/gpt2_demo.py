@@ -14,7 +14,7 @@ import statistics
 from absl import app, flags, logging
 
 from configs import base, gpt2
-from tapernorm_jax import hf, inference, loop
+from tapernorm_jax import cli, hf, inference, loop
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.tables import markdown_table
 
@@ -36,6 +36,8 @@ def main(argv: list[str]) -> None:
   """Pretrain, save as Hugging Face GPT-2, fine-tune with every method, tabulate."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _SEEDS.value or not all(seed.isdigit() for seed in _SEEDS.value):
+    raise app.UsageError(f"--seeds={','.join(_SEEDS.value)}: give comma-separated non-negative integers, e.g. 0,1")
   logging.set_verbosity(logging.WARNING)
   pre_dir, hf_dir = os.path.join(_WORKDIR.value, "pretrain"), os.path.join(_WORKDIR.value, "pretrain", "hf")
   before = results_of(gpt2.get_config("model=demo,method=vanilla,pretrain=1"), pre_dir)
@@ -66,4 +68,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -13,11 +13,10 @@ import os
 
 from absl import app, flags, logging
 import jax
-from ml_collections import config_flags
 
-from tapernorm_jax import hf, inference, loop
+from tapernorm_jax import cli, hf, inference, loop
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, method=, seed=.",
+_CONFIG = cli.define_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, method=, seed=.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/gpt2-<model>-<method>-seed<N>).")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Save and exit after this step (simulates preemption).")
@@ -34,6 +33,8 @@ def main(argv: list[str]) -> None:
   """Entry point."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _STOP_AFTER.value is not None and _STOP_AFTER.value < 1:
+    raise app.UsageError(f"--stop_after={_STOP_AFTER.value}: must be a step >= 1 (leave it out to train to the end)")
   cfg = _CONFIG.value
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
   if cfg.mesh.distributed:
@@ -50,4 +51,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -1,10 +1,238 @@
-"""Command-line flags generated from a settings dataclass, so a benchmark's fields, defaults and help live once."""
+"""What every entry point shares: `run(main)` in place of absl's `app.run(main)`, and flags from a settings dataclass.
+
+`run` reports a user's mistake as one line on stderr, `error: <what, the value, what is allowed, the fix>`,
+and exits without a traceback:
+
+    exit 2   a mistake: an unknown or unparsable flag, a missing config file, an unknown config field (with
+             the nearest valid name), two flags that set one shared config value, or an error raised by main
+             for its input (ValueError from this project's code, FileNotFoundError and the other OSErrors about
+             paths, tapernorm_jax.errors.UserError: a damaged checkpoint, an unreachable hub, a tokenizer that
+             does not match its cache)
+    exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), or
+             the device ran out of memory (XLA's RESOURCE_EXHAUSTED)
+
+Anything else is a bug and keeps its traceback; `--verbose` shows the traceback for mistakes too.
+"""
 
 import dataclasses
+import difflib
+import functools
+import glob
+import os
+import re
+import sys
+import traceback
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from absl import app, flags
+import ml_collections
+from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as config_flag_types  # is_config_flag is not re-exported
+
+from tapernorm_jax import config_fields
+from tapernorm_jax.errors import UserError
+
+EXIT_MISTAKE = 2
+EXIT_STOPPED = 1
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_DIRS = tuple(os.path.join(ROOT, name) + os.sep for name in ("tapernorm_jax", "configs", "experiments"))
+PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+_VERBOSE = flags.DEFINE_bool("verbose", False, "On a mistake, show the full traceback instead of the one-line message.")
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line."""
+  app.run(guard(main), flags_parser=parse_flags)
+
+
+def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """`main` with its user errors turned into `error: ...` on stderr and exit code 2 (1 for a non-finite loss)."""
+
+  @functools.wraps(main)
+  def guarded(argv: list[str]) -> Any:
+    try:
+      return main(argv)
+    except Exception as e:  # noqa: BLE001 (classified below; bugs are re-raised)
+      code = exit_code(e)
+      if code is None or verbose(argv):
+        raise
+      fail(describe(e), code)
+
+  return guarded
+
+
+def out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA running out of device memory."""
+  return type(error).__name__ == "JaxRuntimeError" and str(error).startswith("RESOURCE_EXHAUSTED")
+
+
+def describe(error: BaseException) -> str:
+  """The one-line message for a user error."""
+  if out_of_memory(error):
+    return (f"out of device memory ({str(error).splitlines()[0]}); lower train.batch_size or raise "
+            "train.microbatches, shorten model.T, or use a smaller model")
+  return str(error)
+
+
+def exit_code(error: BaseException) -> int | None:
+  """The exit code for a user error, or None for a bug (which keeps its traceback)."""
+  if isinstance(error, FloatingPointError) or out_of_memory(error):
+    return EXIT_STOPPED
+  if isinstance(error, (UserError, app.UsageError, *PATH_ERRORS)):
+    return EXIT_MISTAKE
+  if isinstance(error, ValueError) and raised_in_project(error):
+    return EXIT_MISTAKE
+  return None
+
+
+def raised_in_project(error: BaseException) -> bool:
+  """Whether `error` was raised by this project's code (its message was written for the user), not a library's."""
+  frames = traceback.extract_tb(error.__traceback__)
+  return bool(frames) and frames[-1].filename.startswith(PROJECT_DIRS)
+
+
+def raised_in(error: BaseException, package: str) -> bool:
+  """Whether the innermost frame of `error`'s traceback is in `package`."""
+  frames = traceback.extract_tb(error.__traceback__)
+  return bool(frames) and f"{os.sep}{package}{os.sep}" in frames[-1].filename
+
+
+def verbose(argv: list[str] | None = None) -> bool:
+  """--verbose, also before (or when) the flags could be parsed."""
+  if flags.FLAGS.is_parsed():
+    return _VERBOSE.value
+  return any(arg in ("--verbose", "-verbose", "--verbose=true", "--verbose=True") for arg in argv or sys.argv)
+
+
+def fail(message: str, code: int = EXIT_MISTAKE) -> NoReturn:
+  """Prints `error: message` as one line on stderr and exits with `code`."""
+  sys.stdout.flush()
+  line = " ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())
+  sys.stderr.write(f"error: {line}\n")
+  sys.stderr.flush()
+  sys.exit(code)
+
+
+class FlagMistake(UserError, ValueError):
+  """A mistake on the command line found before (or after) absl parsed it."""
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every mistake (unknown flag, bad value, config file, config field) in one line."""
+  try:
+    check_config_arguments(argv)
+    rest = flags.FLAGS(argv)
+    check_parsed_configs()
+  except (flags.Error, FlagMistake, AttributeError, KeyError, OSError) as e:
+    from_library = isinstance(e, (flags.Error, FlagMistake)) or raised_in(e, "ml_collections") or raised_in(e, "absl")
+    if verbose(argv) or not from_library:  # an AttributeError in a config file's own code is a bug there
+      raise
+    fail(flag_message(e))
+  return rest
+
+
+def flag_message(error: BaseException) -> str:
+  """One line for a parsing error: ours as they are, absl's and ml_collections' without their tracebacks."""
+  if isinstance(error, FlagMistake):
+    return str(error)
+  if isinstance(error, flags.UnrecognizedFlagError):
+    hint = difflib.get_close_matches(error.flagname, list(flags.FLAGS), n=1)
+    return (f"--{error.flagname}: no such flag" + (f"; did you mean --{hint[0]}?" if hint else "")
+            + " (--helpshort lists them)")
+  if isinstance(error, flags.IllegalFlagValueError) and "Error whilst parsing config file" in str(error):
+    inner = error
+    while inner.__context__ is not None:  # ml_collections re-raises get_config's error with its traceback
+      inner = inner.__context__
+    return f"{str(error).split(':', 1)[0].removeprefix('flag ')}: {inner}"
+  text = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+  if required := re.match(r"flag --(\S+)=None: Flag --\1 must have a value other than None", text):
+    return f"--{required[1]} is required: {flags.FLAGS[required[1]].help}"
+  return text.removeprefix("flag ").replace("\\n", " ").replace("\n", " ")
+
+
+def define_config_file(name: str, default: str | None, help_string: str, **kwargs: Any) -> flags.FlagHolder:
+  """`config_flags.DEFINE_config_file`, safe to import with a bad override: ml_collections loads the default config
+  and applies `--name.x.y=` overrides when the flag is defined (at import, before `run`), so an unknown field raised
+  there; it is now left to `parse_flags` to report in one line."""
+  try:
+    return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
+  except Exception:  # noqa: BLE001 (reported by parse_flags' check_config_arguments)
+    return config_flags.DEFINE_config_file(name, default, help_string, sys_argv=sys.argv[:1], **kwargs)
+
+
+def config_flag_names() -> list[str]:
+  """The names of every config flag (`--config`, `--sweep`, ...) defined for this program."""
+  return [name for name in list(flags.FLAGS)
+          if config_flag_types.is_config_flag(flags.FLAGS[name]) and name == flags.FLAGS[name].name]
+
+
+def check_config_arguments(argv: list[str]) -> None:
+  """Before absl parses them: the config file each config flag names exists and loads, and every override
+  (`--config.train.steps=...`) names a field it has; FlagMistake names the argument, the problem and the fix."""
+  for name in config_flag_names():
+    flag = flags.FLAGS[name]
+    given = [(i, arg) for i, arg in enumerate(argv) if re.match(rf"^--?{re.escape(name)}(=|$)", arg)]
+    overrides = [arg for arg in argv if re.match(rf"^--?(no)?{re.escape(name)}\.", arg)]
+    if given:
+      i, arg = given[-1]
+      value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+      config = load_config(flag, name, value)
+    elif overrides:
+      config = flag.value
+      if not isinstance(config, ml_collections.ConfigDict):
+        raise FlagMistake(missing_default(name, flag))
+    else:
+      continue
+    for arg in overrides:
+      dotted = re.sub(rf"^--?(no)?{re.escape(name)}\.", "", arg).split("=", 1)[0]
+      if problem := config_fields.problem(config, dotted, name):
+        hint = config_fields.nearest(config, dotted)
+        raise FlagMistake(f"{arg}: {problem}" + (f"; did you mean --{name}.{hint}?" if hint else
+                                                 f"; {name} has the fields: {', '.join(config.keys())}"))
+
+
+def load_config(flag: Any, name: str, value: str) -> ml_collections.ConfigDict:
+  """The config `--name=value` loads (`path.py[:arguments]`); FlagMistake if the file is missing or refuses."""
+  path = value.split(":", 1)[0]
+  if not path:
+    raise FlagMistake(f"--{name}=: give a config file, e.g. --{name}={flag.default_as_str.strip(chr(39))}")
+  if not os.path.isfile(path):
+    near = difflib.get_close_matches(path, glob.glob(os.path.join(os.path.dirname(path) or ".", "*.py")), n=1)
+    raise FlagMistake(f"--{name}={value}: no such file {path!r} (paths are relative to {os.getcwd()})"
+                      + (f"; did you mean --{name}={near[0]}{value[len(path):]}?" if near else ""))
+  try:
+    config = flag.parser.parse(value)
+  except (ValueError, TypeError) as e:
+    inner = e
+    while inner.__context__ is not None:  # ml_collections re-raises get_config's error with its traceback
+      inner = inner.__context__
+    raise FlagMistake(f"--{name}={value}: {inner}") from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise FlagMistake(f"--{name}={value}: the file's get_config() returned {type(config).__name__}, not a config")
+  return config
+
+
+def missing_default(name: str, flag: Any) -> str:
+  """The message for a config flag whose default file could not be loaded (run from another directory)."""
+  default = flag.default_as_str.strip("'")
+  return (f"--{name} was not given and its default {default!r} is not there (paths are relative to {os.getcwd()}); "
+          f"run from the repository root or pass --{name}=PATH")
+
+
+def check_parsed_configs() -> None:
+  """After parsing: every config flag holds a config, and no two overrides gave one shared field different values
+  (`data.seq_len` is `model.T`: the last would silently win)."""
+  for name in config_flag_names():
+    flag = flags.FLAGS[name]
+    if not isinstance(flag.value, ml_collections.ConfigDict):
+      raise FlagMistake(missing_default(name, flag))
+    for group in config_fields.conflicting(flag.value, config_flags.get_override_values(flag)):
+      given = " and ".join(f"--{name}.{dotted}={value}" for dotted, value in group)
+      raise FlagMistake(f"{given}: these fields are one shared value (setting one sets the other, and the last "
+                        "would win); give only one of them")
 
 
 def define_flags(cls: type, help_texts: dict[str, str], flag_values: flags.FlagValues = flags.FLAGS) -> dict[str, Any]:
@@ -23,21 +251,29 @@ def define_flags(cls: type, help_texts: dict[str, str], flag_values: flags.FlagV
 
 
 def from_flags(cls: type, holders: dict[str, Any]) -> Any:
-  """The dataclass `cls` with every field taken from its flag (comma lists converted to typed tuples)."""
+  """The dataclass `cls` with every field taken from its flag (comma lists converted to typed tuples); a value the
+  dataclass refuses (its message starts `field=value:`) is an app.UsageError naming the flag."""
   hints = typing.get_type_hints(cls)
   values = {}
   for name, holder in holders.items():
     kind = hints[name]
     if typing.get_origin(kind) is tuple:
       item = typing.get_args(kind)[0]
-      values[name] = tuple(item(x) for x in holder.value)
+      try:
+        values[name] = tuple(item(x) for x in holder.value)
+      except ValueError:
+        raise app.UsageError(f"--{name}={','.join(holder.value)}: give a comma-separated list of "
+                             f"{item.__name__}s") from None
     else:
       values[name] = holder.value
-  return cls(**values)
+  try:
+    return cls(**values)
+  except ValueError as e:
+    raise app.UsageError(f"--{e}" if str(e).split("=", 1)[0] in holders else str(e)) from None
 
 
 def settings(argv: list[str], cls: type, holders: dict[str, Any]) -> Any:
   """`from_flags` for an entry point's `main(argv)`: positional arguments are a usage error."""
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}; every setting is a --flag (--helpshort lists them)")
   return from_flags(cls, holders)

@@ -9,9 +9,17 @@ query at position p see slots ≤ p.
     logits_BxV, cache = prefill(variables, cfg, prompt_BxP, lengths_B, cache)
     logits_BxV, cache = decode_step(variables, cfg, tokens_B, index_B, cache)
     tokens_BxN = generate(variables, cfg, prompt_BxP, lengths_B, key, max_new_tokens=N)
+
+Requests outside the model's domain are a ValueError naming the argument, raised while tracing
+(the shapes and sampling settings are static): `temperature` < 0, `top_k` outside [0, V],
+`max_new_tokens` < 1, a gpt2 request past its model.T learned positions, a chunk longer than
+the cache. An llama (RoPE) request that runs past model.T, the context it was trained on, is
+served with a warning that gives the counts, once per compiled shape.
 """
 
 import functools
+import logging
+import math
 from typing import Any
 
 import jax
@@ -23,6 +31,7 @@ from tapernorm_jax.model import LayerCache, ModelConfig, Transformer
 Array = jax.Array
 PyTree = Any
 Cache = list[LayerCache]
+log = logging.getLogger(__name__)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
@@ -54,8 +63,21 @@ def decode_step(variables: PyTree, cfg: ModelConfig, tokens_B: Array, index_B: A
   return model.apply(variables, h_Bx1xD, gate, method=Transformer.logits)[:, 0], cache
 
 
+def check_sampling(temperature: float, top_k: int, V: int) -> None:
+  """Raises ValueError naming the argument unless `temperature` ≥ 0 (finite) and 0 ≤ `top_k` ≤ V."""
+  if isinstance(temperature, jax.core.Tracer) or isinstance(top_k, jax.core.Tracer):
+    raise ValueError("temperature and top_k must be Python numbers (static arguments), not traced values")
+  if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature={temperature!r}: must be a finite number >= 0 (0 is greedy; 1 samples the "
+                     "model's own distribution)")
+  if not isinstance(top_k, int) or not 0 <= top_k <= V:
+    raise ValueError(f"top_k={top_k!r}: must be an integer in [0, {V}], the vocabulary size (0 samples among all "
+                     "tokens)")
+
+
 def sample(logits_BxV: Array, key: Array, temperature: float = 0.0, top_k: int = 0) -> Array:
   """Greedy when `temperature` is 0, else softmax(logits / temperature) sampling, over the top k when k > 0."""
+  check_sampling(temperature, top_k, logits_BxV.shape[-1])
   if temperature == 0.0:
     return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   logits_BxV = logits_BxV.astype(jnp.float32) / temperature
@@ -100,6 +122,7 @@ def generate(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: 
              max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, eos_id: int | None = None,
              gate: Array | float = 0.0) -> Array:
   """Prefill plus `max_new_tokens − 1` decode steps in one compiled function; returns the new tokens B×N."""
+  check_sampling(temperature, top_k, cfg.V)
   check_lengths(cfg, prompt_BxP.shape[1], max_new_tokens)
   cache = init_cache(cfg, prompt_BxP.shape[0], cache_length(prompt_BxP.shape[1], max_new_tokens))
   logits_BxV, cache = prefill(variables, cfg, prompt_BxP, lengths_B, cache, gate)
@@ -115,13 +138,23 @@ def cache_length(prompt_length: int, max_new_tokens: int) -> int:
 
 
 def check_lengths(cfg: ModelConfig, prompt_length: int, max_new_tokens: int) -> None:
-  """Raises ValueError if a request cannot be served (learned positions stop at cfg.T)."""
-  if max_new_tokens < 1 or prompt_length < 1:
-    raise ValueError(f"need a prompt of at least one token and max_new_tokens ≥ 1, got {prompt_length} and "
-                     f"{max_new_tokens}")
-  if cfg.family == "gpt2" and prompt_length + max_new_tokens - 1 > cfg.T:
-    raise ValueError(f"prompt length {prompt_length} + max_new_tokens {max_new_tokens} − 1 exceeds model.T={cfg.T}, "
-                     "the last learned position of a gpt2 model")
+  """Raises ValueError if a request cannot be served (learned positions stop at cfg.T); warns when an llama request
+  runs past cfg.T, the context its RoPE model was trained on."""
+  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 1")
+  if prompt_length < 1:
+    raise ValueError(f"prompt length {prompt_length}: every prompt needs at least one token")
+  last = prompt_length + max_new_tokens - 1  # positions 0 … last − 1 are fed to the model
+  if cfg.family == "gpt2" and last > cfg.T:
+    raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {prompt_length} tokens + max_new_tokens − 1 = "
+                     f"{last} exceeds model.T={cfg.T}, the learned positions of a gpt2 model; lower max_new_tokens to "
+                     f"<= {cfg.T - prompt_length + 1} or shorten the prompt" if prompt_length <= cfg.T else
+                     f"prompt length {prompt_length} exceeds model.T={cfg.T}, the learned positions of a gpt2 "
+                     "model; shorten the prompt")
+  if cfg.family == "llama" and last > cfg.T:
+    log.warning("decoding positions 0…%d (a prompt of %d tokens + %d new), past the model.T=%d positions this RoPE "
+                "model was trained on; what comes after position %d is extrapolation and usually degrades", last - 1,
+                prompt_length, max_new_tokens, cfg.T, cfg.T - 1)
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

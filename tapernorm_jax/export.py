@@ -21,6 +21,7 @@ import orbax.checkpoint as ocp
 import safetensors.flax
 from flax import traverse_util
 
+from tapernorm_jax import damaged
 from tapernorm_jax import fold as fold_lib
 from tapernorm_jax import model
 from tapernorm_jax.model import ModelConfig
@@ -65,6 +66,8 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
   else:
     fold_lib.check_matches(variables, cfg)
   directory = Path(directory).absolute()
+  if directory.exists() and not directory.is_dir():
+    raise NotADirectoryError(f"{directory} is a file; give a new directory for the export")
   if directory.exists() and any(directory.iterdir()):
     raise FileExistsError(f"{directory} exists and is not empty; choose a new export directory")
   directory.mkdir(parents=True, exist_ok=True)
@@ -93,14 +96,21 @@ def load(directory: str | Path, source: str = "orbax") -> Exported:
                      "named the norm parameters scale/scale_tilde/bias, now gamma/gamma_tilde/beta): export the "
                      "model again with this version")
   cfg = ModelConfig.from_config(info["model"])
-  if source == "orbax":
-    target = restore_target(cfg)
-    with ocp.StandardCheckpointer() as checkpointer:
-      variables = checkpointer.restore(directory / VARIABLES_DIR, target)
-  elif source == "safetensors":
-    variables = unflatten(safetensors.flax.load_file(str(directory / SAFETENSORS_FILE)))
-  else:
-    raise ValueError(f"source must be 'orbax' or 'safetensors', got {source!r}")
+  if source not in ("orbax", "safetensors"):
+    raise ValueError(f"source={source!r}: choose 'orbax' or 'safetensors'")
+  damaged.quiet_aborted_reads()
+  try:
+    if source == "orbax":
+      with ocp.StandardCheckpointer() as checkpointer:
+        variables = checkpointer.restore(directory / VARIABLES_DIR, restore_target(cfg))
+    else:
+      variables = unflatten(safetensors.flax.load_file(str(directory / SAFETENSORS_FILE)))
+  except Exception as e:  # TensorStore, Orbax and safetensors errors: the files are not what was written
+    where, other = (VARIABLES_DIR + "/", "safetensors") if source == "orbax" else (SAFETENSORS_FILE, "orbax")
+    reason = damaged.read_error(e, str(directory / VARIABLES_DIR))
+    raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
+                                         f"export the model again, or load it with source={other!r}", None,
+                                         reason) from e
   fold_lib.check_matches(variables, cfg)
   tokenizer_dir = directory / info["tokenizer"]["dir"] if info.get("tokenizer") else None
   return Exported(variables=variables, model_cfg=cfg, tokenizer_dir=tokenizer_dir, info=info)

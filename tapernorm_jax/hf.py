@@ -34,6 +34,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from tapernorm_jax import files, layout
 from tapernorm_jax.fold import check_matches
+from tapernorm_jax.errors import UserError
 from tapernorm_jax.layout import Path as ModelPath
 from tapernorm_jax.model import ModelConfig, init
 
@@ -48,7 +49,7 @@ BLOCK = "{i}"  # stands for the block index in TABLE
 Fix = Callable[[np.ndarray, ModelConfig], np.ndarray]
 
 
-class HubUnavailableError(OSError):
+class HubUnavailableError(UserError, OSError):
   """A hub name could not be fetched (offline, or the hub refused) and is not a local directory either."""
 
 

@@ -15,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from tapernorm_jax import decode, export, layout
+from tapernorm_jax import damaged, decode, export, layout
 from tapernorm_jax import fold as fold_lib
 from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables
 
@@ -41,15 +41,25 @@ def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict
   with open(config_path) as f:
     run_cfg = json.load(f)
   model_cfg = ModelConfig.from_config(run_cfg["model"])
-  with ocp.CheckpointManager(os.path.join(workdir, "checkpoints")) as manager:
+  directory = os.path.join(workdir, "checkpoints")
+  with ocp.CheckpointManager(directory) as manager:
+    steps = sorted(manager.all_steps())
     step = manager.latest_step() if step is None else step
-    if step is None or step not in manager.all_steps():
+    if step is None or step not in steps:
       raise FileNotFoundError(f"no checkpoint {'at step ' + str(step) if step is not None else ''} in "
-                              f"{workdir}/checkpoints (steps: {sorted(manager.all_steps())})")
+                              f"{directory} (steps: {steps})")
     target = export.restore_target(model_cfg)
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                     partial_restore=True)))
+    damaged.quiet_aborted_reads()
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                       partial_restore=True)))
+    except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
+      older = [s for s in steps if s < step]
+      fix = f"load an older one with --step={older[-1]}" if older else "there is no older checkpoint"
+      reason = damaged.read_error(e, os.path.join(directory, str(step)))
+      raise damaged.DamagedCheckpointError(f"the checkpoint at step {step} in {directory} is damaged: {reason}; "
+                                           f"{fix}", step, reason) from e
   return dict(restored["state"]), {**run_cfg, "restored_step": step}
 
 
@@ -78,9 +88,22 @@ def fold_if_tapered(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelC
   return fold_lib.fold(variables, cfg) if cfg.tapered else (variables, cfg)
 
 
+def parse_token_ids(text: str, V: int) -> list[int]:
+  """Comma-separated token ids, each in [0, V); ValueError naming the first bad one."""
+  ids = []
+  for item in filter(None, (t.strip() for t in text.split(","))):
+    try:
+      ids.append(int(item))
+    except ValueError:
+      raise ValueError(f"{text!r}: {item!r} is not a token id; give comma-separated integers") from None
+    if not 0 <= ids[-1] < V:
+      raise ValueError(f"{text!r}: token id {ids[-1]} is outside the vocabulary [0, {V})")
+  return ids
+
+
 def encode_prompts(loaded: Loaded, texts: list[str], token_lists: list[str] = ()) -> list[list[int]]:
   """Token ids per prompt: text through the tokenizer (after bos, as in training), or comma-separated ids."""
-  prompts = [[int(t) for t in s.split(",") if t.strip()] for s in token_lists]
+  prompts = [parse_token_ids(s, loaded.model_cfg.V) for s in token_lists]
   if texts:
     if loaded.tokenizer is None:
       raise ValueError("this model has no tokenizer here; give token ids instead of text")
@@ -88,6 +111,31 @@ def encode_prompts(loaded: Loaded, texts: list[str], token_lists: list[str] = ()
   if not prompts:
     raise ValueError("give at least one prompt (text or token ids)")
   return prompts
+
+
+def fit_prompts(prompts: list[list[int]], cfg: ModelConfig, max_new_tokens: int,
+                truncate: bool = False) -> tuple[list[list[int]], str | None]:
+  """The prompts, each within the model's context: model.T tokens (llama), or model.T − max_new_tokens + 1 (gpt2,
+  whose learned positions must also hold the new tokens). A longer one is a ValueError naming it; with `truncate`
+  it keeps its last tokens, and the returned note counts what was cut (None when nothing was)."""
+  room = cfg.T - max_new_tokens + 1 if cfg.family == "gpt2" else cfg.T
+  if room < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens}: a gpt2 model with model.T={cfg.T} learned positions can "
+                     f"generate at most {cfg.T} tokens")
+  long = [(i, len(p)) for i, p in enumerate(prompts) if len(p) > room]
+  if not long:
+    return prompts, None
+  what = f"model.T={cfg.T}" + (f" − max_new_tokens + 1 = {room}" if cfg.family == "gpt2" else
+                                ", the context this RoPE model was trained on")
+  if not truncate:
+    i, n = long[0]
+    others = f" ({len(long)} prompts are too long)" if len(long) > 1 else ""
+    raise ValueError(f"prompt {i + 1} has {n} tokens, more than {what}{others}; shorten it, or keep its last {room} "
+                     "tokens (truncate=True)")
+  cut = [p[-room:] if len(p) > room else p for p in prompts]
+  dropped = sum(n - room for _, n in long)
+  return cut, (f"cut {len(long)} of {len(prompts)} prompt(s) to their last {room} tokens ({what}), dropping "
+               f"{dropped} token(s) from their starts")
 
 
 def continue_prompts(variables: PyTree, cfg: ModelConfig, prompts: list[list[int]], max_new_tokens: int,

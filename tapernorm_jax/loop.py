@@ -2,7 +2,8 @@
 
     run(cfg, workdir)   train (or resume) one run and write its results
     RunDir              config.json (refuses a changed model on resume), metrics.jsonl truncation, results.json
-    restore_or_init     the latest complete checkpoint, or a fresh state
+    restore_or_init     the latest complete checkpoint (or, with checkpoint.on_damaged=fallback, the newest one
+                        that restores), or a fresh state
     StepReporter        reads each step's metrics one step behind, writes them, stops on a non-finite loss
     Profiler            a jax.profiler trace of `train.profile_steps` steps into <workdir>/profile
 """
@@ -40,13 +41,14 @@ class RunDir:
   def __init__(self, workdir: str):
     self.path = os.path.abspath(os.path.expanduser(workdir))
     self.writer = jax.process_index() == 0
+    check_directory(self.path, "--workdir")
 
   def file(self, name: str) -> str:
     """The path of `name` inside the run directory."""
     return os.path.join(self.path, name)
 
-  def check_or_write_config(self, cfg: ml_collections.ConfigDict) -> None:
-    """Saves the resolved config; on resume, refuses a model that differs from the saved one."""
+  def check_config(self, cfg: ml_collections.ConfigDict) -> None:
+    """On resume, refuses a model that differs from the saved one (before anything is read or written)."""
     path = self.file("config.json")
     if os.path.exists(path):
       with open(path) as f:
@@ -57,8 +59,16 @@ class RunDir:
         raise ValueError(f"--workdir={self.path} holds a run whose model config differs: "
                          + ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in differing.items())
                          + ". Use a new --workdir, or the saved config to resume.")
+
+  def write_config(self, cfg: ml_collections.ConfigDict) -> None:
+    """Saves the resolved config (an unchanged file is left as it is)."""
+    path, resolved = self.file("config.json"), json.loads(cfg.to_json_best_effort())
+    if os.path.exists(path):
+      with open(path) as f:
+        if json.load(f) == resolved:
+          return
     if self.writer:
-      write_json_atomically(path, json.loads(cfg.to_json_best_effort()))
+      write_json_atomically(path, resolved)
 
   def truncate_metrics(self, step: int) -> None:
     """Drops metric records from `step` on (left by a run that died after its last checkpoint)."""
@@ -72,23 +82,36 @@ class RunDir:
       write_json_atomically(self.file("results.json"), results)
 
 
-def restore_or_init(trainer: Trainer, ckpt: Checkpointer, train_it: Any, cfg: ml_collections.ConfigDict
-                    ) -> tuple[State, int]:
-  """The state and data position of the latest complete checkpoint, or a fresh state at step 0: random, or the
-  pretrained Hugging Face GPT-2 that `cfg.init_from` names."""
-  start = ckpt.latest_step() or 0
-  if not start and cfg.get("init_from"):
+def check_directory(path: str, flag: str) -> None:
+  """Raises NotADirectoryError naming `flag` when `path`, or a directory above it, is a file."""
+  if os.path.isfile(path):
+    raise NotADirectoryError(f"{flag}={path} is a file; give a directory")
+  parent = os.path.dirname(path)
+  while parent and not os.path.exists(parent) and os.path.dirname(parent) != parent:
+    parent = os.path.dirname(parent)
+  if os.path.isfile(parent):
+    raise NotADirectoryError(f"{flag}={path}: {parent} is a file, so no directory can be made there; give another "
+                             "path")
+
+
+def restore_or_init(trainer: Trainer, ckpt: Checkpointer, cfg: ml_collections.ConfigDict
+                    ) -> tuple[State, int, Any]:
+  """(state, step, data state) of the latest complete checkpoint, or a fresh state at step 0 (data state None):
+  random, or the pretrained Hugging Face GPT-2 that `cfg.init_from` names."""
+  fallback = cfg.checkpoint.get("on_damaged", "stop") == "fallback"
+  restored = ckpt.restore_latest(trainer.abstract_state(), fallback=fallback)
+  if restored is not None:
+    for step, reason, path in restored.moved:
+      log(f"the checkpoint at step {step} is damaged ({reason}); moved it aside to {path}")
+    log(f"resuming from the checkpoint at step {restored.step} in {ckpt.directory}")
+    return restored.state, restored.step, restored.data_state
+  if cfg.get("init_from"):
     from tapernorm_jax import hf  # the hub client and safetensors: only for pretrained starts
     variables, pretrained_cfg = hf.load_gpt2(cfg.init_from)
     check_pretrained(trainer.model_cfg, pretrained_cfg, cfg.init_from)
     log(f"starting from the pretrained model {cfg.init_from}")
-    return trainer.state_from_params(variables["params"]), 0
-  if not start:
-    return trainer.init_state(cfg.seed), 0
-  log(f"resuming from the checkpoint at step {start} in {ckpt.directory}")
-  state, data_state = ckpt.restore(start, trainer.abstract_state())
-  train_it.set_state(data_state)
-  return state, start
+    return trainer.state_from_params(variables["params"]), 0, None
+  return trainer.init_state(cfg.seed), 0, None
 
 
 class StepReporter:
@@ -188,11 +211,16 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   rundir = RunDir(workdir)
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
   trainer = Trainer(cfg, mesh)  # validates the config before anything compiles
+  rundir.check_config(cfg)
   os.makedirs(rundir.path, exist_ok=True)
-  rundir.check_or_write_config(cfg)
+  ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
+  state, start, data_state = restore_or_init(trainer, ckpt, cfg)  # before the data: a damaged checkpoint fails fast
+  rundir.write_config(cfg)
   prepared = data.prepare(cfg.data)
   T, B, steps = cfg.model.T, cfg.train.batch_size, cfg.train.steps
   train_it = data.train_iterator(prepared, batch_size=B, seq_len=T, seed=cfg.seed)
+  if data_state is not None:
+    train_it.set_state(data_state)
   pi, pc = jax.process_index(), jax.process_count()
   n_eval = cfg.train.eval_batches
   windows = {"val": data.eval_batches(prepared, B, T, n_eval),
@@ -200,9 +228,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
                 for name, tokens in data.eval_sets(cfg.data, prepared).items()}}
   eval_sets = {name: [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)]) for b in batches]
                for name, batches in windows.items()}
-
-  ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
-  state, start = restore_or_init(trainer, ckpt, train_it, cfg)
   rundir.truncate_metrics(start)
   writer = MetricsWriter(rundir.path)
   log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "

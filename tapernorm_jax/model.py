@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tapernorm_jax import layout
 from tapernorm_jax.norms import NORM_MODES, RENAMED_MODES, Norm, ScaleMonitor
@@ -339,6 +340,7 @@ class Transformer(nn.Module):
     """Runs Q new tokens per row at positions index_B + 0…Q−1 over the KV cache; returns (h_BxQxD, cache)."""
     if len(cache) != self.cfg.L:
       raise ValueError(f"the cache has {len(cache)} layers, the model {self.cfg.L}")
+    check_cache_write(self.cfg, tokens_BxQ.shape[1], cache[0]["k"].shape[-1], index_B)
     positions_BxQ = index_B[:, None] + jnp.arange(tokens_BxQ.shape[1])[None, :]
     gates = norm_gates(gate, self.cfg)
     h_BxQxD = self.embed_tokens(tokens_BxQ, positions_BxQ)
@@ -370,8 +372,29 @@ class Transformer(nn.Module):
     return logits_BxTxV
 
 
+def check_cache_write(cfg: ModelConfig, Q: int, S: int, index_B: Array) -> None:
+  """Raises ValueError unless Q tokens per row fit the S-slot cache: at trace time from the static shapes, and also
+  from `index_B` when it is concrete (under jit it is traced, and an index past the end would be clamped silently)."""
+  if Q > S:
+    raise ValueError(f"tokens_BxQ has {Q} tokens per row but the cache has only {S} slots (slot = position); "
+                     "allocate a longer cache")
+  if cfg.family == "gpt2" and S > cfg.T:
+    raise ValueError(f"the cache has {S} slots but a gpt2 model has model.T={cfg.T} learned positions; allocate at "
+                     f"most {cfg.T} slots")
+  if not isinstance(index_B, jax.core.Tracer):
+    index = np.asarray(index_B)
+    if index.size and (index.min() < 0 or index.max() + Q > S):
+      raise ValueError(f"index_B={index.tolist()}: writing {Q} token(s) from slot {int(index.max())} runs past the "
+                       f"cache's {S} slots (slots 0…{S - 1}); allocate a longer cache (decode.init_cache)"
+                       if index.min() >= 0 else f"index_B={index.tolist()}: cache slots start at 0")
+
+
 def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:
   """One gate per norm (layout.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates."""
+  if not isinstance(gate, jax.core.Tracer):  # a concrete gate is checked; a traced one (the train step's) cannot be
+    values = np.asarray(gate)
+    if not np.all((values >= 0) & (values <= 1)):
+      raise ValueError(f"gate={values.tolist()}: must lie in [0, 1] (1: the normalized branch, 0: the g = 0 map)")
   gate = jnp.asarray(gate, jnp.float32)
   n = 2 * cfg.L + 1
   if gate.ndim > 1 or (gate.ndim == 1 and gate.shape[0] != n):

@@ -20,6 +20,7 @@ from flax import traverse_util
 from jax.sharding import Mesh
 
 from tapernorm_jax import calibration, layout, losses, methods, schedules, sharding
+from tapernorm_jax.checkpoint import ON_DAMAGED
 from tapernorm_jax.model import ModelConfig, Transformer
 from tapernorm_jax.norms import CALIB, CALIB_STATS
 
@@ -49,11 +50,20 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       (cfg.taper.delta >= 0, "taper.delta", "must be >= 0"),
       (cfg.train.profile_steps >= 0, "train.profile_steps", "must be >= 0 (0 turns profiling off)"),
       (cfg.train.profile_start >= 0, "train.profile_start", "must be >= 0"),
+      (0.0 <= cfg.opt.b1 < 1.0, "opt.b1", "Adam's β1 must lie in [0, 1)"),
+      (0.0 <= cfg.opt.b2 < 1.0, "opt.b2", "Adam's β2 must lie in [0, 1)"),
+      (cfg.opt.clip > 0, "opt.clip", "the global-norm clip must be positive"),
+      *[(cfg.train[f] >= 1, f"train.{f}", "must be >= 1") for f in ("log_every", "diag_every", "eval_batches")],
+      (cfg.checkpoint.every >= 1, "checkpoint.every", "must be >= 1 (a checkpoint every this many steps)"),
+      (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (the number of checkpoints kept)"),
+      (0 <= cfg.seed < 2**32, "seed", "must be an integer in [0, 2**32)"),
   ]
   for ok, field, problem in checks:
     if not ok:
-      section, name = field.split(".")
-      raise ValueError(f"{field}={cfg[section][name]!r}: {problem}")
+      value = cfg
+      for name in field.split("."):
+        value = value[name]
+      raise ValueError(f"{field}={value!r}: {problem}")
   if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:
     raise ValueError(f"taper.taper_end={cfg.taper.taper_end}: must be -1 (the last step) or in "
                      f"(0, train.steps={cfg.train.steps}]")
@@ -63,6 +73,9 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   if gated and phases.taper_start < 1:
     raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
                      "needs at least one (raise it or train.steps)")
+  if cfg.checkpoint.get("on_damaged", "stop") not in ON_DAMAGED:
+    raise ValueError(f"checkpoint.on_damaged={cfg.checkpoint.on_damaged!r}: choose one of {ON_DAMAGED} (fallback "
+                     "resumes from the newest checkpoint that restores and moves damaged ones aside)")
   if cfg.get("method", "taper") not in methods.METHODS:
     raise ValueError(f"method={cfg.method!r}: choose one of {methods.METHODS}")
   if cfg.get("method", "taper") == "fakeln":

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from tapernorm_jax import data
-from tapernorm_jax.benchmarks.timing import seconds_per_batch
+from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
 from tapernorm_jax.data import stories
 
 
@@ -22,6 +22,9 @@ class Settings:
   seq_len: int = 512
   batches: int = 3_000
   data_dir: str = ""  # "" = a fresh temporary directory
+
+  def __post_init__(self):
+    check_at_least(self, 1, "stories", "vocab_size", "batch_size", "seq_len", "batches")
 
 
 def loader_rate(iterator: Any, s: Settings, num_batches: int) -> dict[str, float]:

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from configs import base
 from tapernorm_jax import decode, hardware, inference
-from tapernorm_jax.benchmarks.timing import bandwidth_probe, read_bandwidth, summary, time_interleaved
+from tapernorm_jax.benchmarks.timing import (bandwidth_probe, check_at_least, read_bandwidth, summary,
+                                             time_interleaved)
 from tapernorm_jax.model import ModelConfig, init, param_count
 from tapernorm_jax.tables import markdown_table
 
@@ -57,6 +58,10 @@ class Settings:
       raise ValueError(f"size={self.size!r}: choose one of {sorted(base.SIZES)}")
     if self.variant not in VARIANTS:
       raise ValueError(f"variant={self.variant!r}: choose one of {VARIANTS} (a model with tapered norms)")
+    check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
+    check_at_least(self, 0, "warmup", "min_sample_s")
+    if self.dtype not in ("", "float32", "bfloat16", "float16", "float64"):
+      raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16, float16 or float64 (or leave it empty)")
     self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
 
 

@@ -10,6 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def check_at_least(settings: Any, minimum: float, *names: str) -> None:
+  """Raises ValueError `name=value: must be >= minimum` for the first setting (or item of a tuple setting) below it."""
+  for name in names:
+    value = getattr(settings, name)
+    if any(v < minimum for v in (value if isinstance(value, tuple) else (value,))):
+      raise ValueError(f"{name}={value!r}: must be >= {minimum}" + (" (each)" if isinstance(value, tuple) else ""))
+
+
 def time_interleaved(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int,
                      min_sample_s: float) -> dict[str, list[float]]:
   """Seconds per call of each function: compile and warm-up, then `repeats` samples taken round-robin over the

@@ -11,7 +11,7 @@ import numpy as np
 
 from configs import base
 from tapernorm_jax import data, hardware, sharding
-from tapernorm_jax.benchmarks.timing import seconds_per_batch
+from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
 from tapernorm_jax.tables import markdown_table
 from tapernorm_jax.train import Trainer
 
@@ -31,6 +31,12 @@ class Settings:
   seq: int = 512
   steps: int = 5
   repeats: int = 5
+
+  def __post_init__(self):
+    unknown = [size for size in self.sizes if size not in base.SIZES]
+    if unknown or not self.sizes:
+      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(base.SIZES)}")
+    check_at_least(self, 1, "batch", "seq", "steps", "repeats")
 
 
 def run_steps(step_fn, state, batch, steps: int) -> tuple[list[float], dict, dict]:

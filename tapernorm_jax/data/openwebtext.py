@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tapernorm_jax.errors import DownloadError
 from tapernorm_jax.files import write_json_atomically
 
 REPO = "Skylion007/openwebtext"
@@ -94,7 +95,7 @@ def hub_shards(downloads: Path) -> tuple[str, list[str]]:
       except hub_errors.RevisionNotFoundError:
         listings[revision] = []
       except Exception as e:  # offline: the Hub client raises OSError subclasses or its HTTP library's errors
-        raise RuntimeError(
+        raise DownloadError(
             f"could not list the parquet shards of the Hugging Face dataset {REPO} ({reason(e)}); tried "
             f"{'; '.join(f'{p} at revision {r}' for r, p in LAYOUTS)}. {offline_help()}") from None
     names = sorted(name for name in listings[revision] if fnmatch.fnmatch(name, pattern))
@@ -119,8 +120,8 @@ def hub_paths(downloads: Path) -> Iterator[Path]:
       try:
         path = download_hub_file(revision, name, downloads)
       except Exception as e:  # offline, or the Hub refused: same advice as for the listing
-        raise RuntimeError(f"could not download {name} (revision {revision}) of the Hugging Face dataset {REPO} "
-                           f"into {downloads} ({reason(e)}). {offline_help()}") from None
+        raise DownloadError(f"could not download {name} (revision {revision}) of the Hugging Face dataset {REPO} "
+                            f"into {downloads} ({reason(e)}). {offline_help()}") from None
     yield path
 
 

@@ -1,17 +1,23 @@
 """Plain local text files as a corpus: a path or glob, documents split on a separator.
 
 Files are read in chunks (a 2 GB file never sits in memory at once), decoded as UTF-8 with
-bad bytes replaced by U+FFFD, and `\\r\\n` line ends are normalised to `\\n`. Each document is
-stripped of surrounding whitespace; empty documents are dropped.
+every byte that is not valid UTF-8 replaced by U+FFFD (a warning per file gives the count),
+and `\\r\\n` line ends are normalised to `\\n`. Each document is stripped of surrounding
+whitespace; empty documents are dropped.
 """
 
 import codecs
 import glob
+import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 CHUNK_BYTES = 1 << 20
+BAD_BYTE = re.compile("[\udc80-\udcff]")  # how `surrogateescape` decodes a byte that is not valid UTF-8
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, int]] = set()  # files whose replaced bytes were already reported
 
 
 def resolve(pattern: str, what: str = "text files") -> list[Path]:
@@ -50,16 +56,25 @@ def split_documents(chunks: Iterable[str], separator: str) -> Iterator[str]:
 
 
 def read_chunks(path: Path) -> Iterator[str]:
-  """The text of `path` in chunks: UTF-8 with bad bytes replaced, `\\r\\n` and `\\r` turned into `\\n`."""
-  decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-  carry = ""
+  """The text of `path` in chunks: UTF-8, each invalid byte replaced by U+FFFD (counted, and warned about once at
+  the end of the file), `\\r\\n` and `\\r` turned into `\\n`."""
+  decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+  carry, replaced = "", 0
   with open(path, "rb") as f:
     while block := f.read(CHUNK_BYTES):
-      text = carry + decoder.decode(block)
+      text, bad = BAD_BYTE.subn("\ufffd", carry + decoder.decode(block))
+      replaced += bad
       # Hold back a trailing `\r` so a `\r\n` split across two blocks becomes one newline.
       text, carry = (text[:-1], "\r") if text.endswith("\r") else (text, "")
       yield text.replace("\r\n", "\n").replace("\r", "\n")
-  yield (carry + decoder.decode(b"", final=True)).replace("\r", "\n")
+  text, bad = BAD_BYTE.subn("\ufffd", carry + decoder.decode(b"", final=True))
+  replaced += bad
+  yield text.replace("\r", "\n")
+  key = (str(Path(path).resolve()), os.stat(path).st_mtime_ns)
+  if replaced and key not in _WARNED:  # once per file, though a corpus is read twice (tokenizer, then tokens)
+    _WARNED.add(key)
+    log.warning("%s: %d byte(s) are not valid UTF-8; each was replaced by U+FFFD. Re-encode the file as UTF-8 to "
+                "keep that text.", path, replaced)
 
 
 def read_documents(paths: Iterable[Path], separator: str) -> Iterator[str]:

@@ -21,6 +21,7 @@ import tensorflow_datasets as tfds
 from tqdm import tqdm
 
 from tapernorm_jax.data import text_files
+from tapernorm_jax.errors import DownloadError
 
 BASE_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
 FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "validation": "TinyStoriesV2-GPT4-valid.txt"}
@@ -99,7 +100,7 @@ def raw_dir(data_dir: Path, manual_dir: str = "") -> Path:
         download_file(url, downloads / name)
   except (urllib.error.URLError, OSError) as e:
     looked = f"the manual directory {manual} and {downloads}" if manual else f"{downloads} (data.manual_dir is not set)"
-    raise RuntimeError(
+    raise DownloadError(
         f"could not download TinyStories: fetching {url} failed ({e}). Looked in {looked}. "
         f"Offline, put {FILES['train']} and {FILES['validation']} in a directory and pass "
         f"--config.data.manual_dir=DIR, or train on the offline corpus with --config.data.source=synthetic."

@@ -10,14 +10,18 @@ import dataclasses
 import hashlib
 import io
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
+from tapernorm_jax.errors import UserError
 from tapernorm_jax.tokenizer import SentencePiece
 
+MAX_SENTENCE_BYTES = 1 << 20  # SentencePiece skips longer training sentences (documents here)
+log = logging.getLogger(__name__)
 MODEL_FILE = "tokenizer.model"
 SETTINGS_FILE = "tokenizer.json"
 
@@ -38,7 +42,7 @@ class TokenizerSettings:
     return dataclasses.asdict(self)
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(UserError, ValueError):
   """A cached tokenizer was trained with other settings than the ones asked for."""
 
 
@@ -87,27 +91,30 @@ def load(directory: Path, expected: TokenizerSettings) -> Tokenizer:
   return tokenizer
 
 
-def take_bytes(documents: Iterable[str], budget: int) -> Iterator[str]:
-  """The first documents of `documents` whose UTF-8 sizes sum to at most `budget` (at least one)."""
+def take_bytes(documents: Iterable[str], budget: int, too_long: list[int] | None = None) -> Iterator[str]:
+  """The first documents of `documents` whose UTF-8 sizes sum to at most `budget` (at least one); the sizes of those
+  over MAX_SENTENCE_BYTES, which SentencePiece leaves out, are appended to `too_long`."""
   used = 0
   for doc in documents:
     size = len(doc.encode("utf-8"))
     if used and used + size > budget:
       return
     used += size
+    if size > MAX_SENTENCE_BYTES and too_long is not None:
+      too_long.append(size)
     yield doc
 
 
 def train(documents: Iterable[str], settings: TokenizerSettings, corpus_name: str = "the corpus") -> Tokenizer:
   """Trains a tokenizer on `documents` (a document is one SentencePiece sentence)."""
-  model = io.BytesIO()
-  texts = take_bytes(documents, settings.train_bytes)
+  model, too_long = io.BytesIO(), []
+  texts = take_bytes(documents, settings.train_bytes, too_long)
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=texts, model_writer=model, model_type=settings.model_type,
         vocab_size=settings.vocab_size, byte_fallback=settings.byte_fallback,
         character_coverage=settings.character_coverage, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, user_defined_symbols=["\n"], max_sentence_length=1 << 20,
+        remove_extra_whitespaces=False, user_defined_symbols=["\n"], max_sentence_length=MAX_SENTENCE_BYTES,
         unk_surface="\u2047", num_threads=2, minloglevel=2)
   except RuntimeError as e:
     if match := re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e)):
@@ -117,4 +124,8 @@ def train(documents: Iterable[str], settings: TokenizerSettings, corpus_name: st
     if "sentences_.empty()" in str(e):
       raise ValueError(f"{corpus_name} has no training text to train a tokenizer on") from e
     raise
+  if too_long:
+    log.warning("%s: %d document(s) longer than %d bytes (the longest %d) were left out of tokenizer training, as "
+                "SentencePiece skips them; they are still tokenized and trained on", corpus_name, len(too_long),
+                MAX_SENTENCE_BYTES, max(too_long))
   return Tokenizer(model.getvalue(), settings)

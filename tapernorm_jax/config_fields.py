@@ -1,0 +1,61 @@
+"""Names inside an ml_collections config: every field's dotted path, the nearest to a misspelled one, and fields that
+share one value through a FieldReference (`data.seq_len` is `model.T`: setting one sets both)."""
+
+import difflib
+from typing import Any
+
+import ml_collections
+
+
+def field_paths(cfg: ml_collections.ConfigDict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+  """Every leaf field of `cfg` as a path."""
+  paths = []
+  for name, value in cfg.items():
+    nested = isinstance(value, ml_collections.ConfigDict)
+    paths += field_paths(value, prefix + (name,)) if nested else [prefix + (name,)]
+  return paths
+
+
+def nearest(cfg: ml_collections.ConfigDict, dotted: str) -> str | None:
+  """The existing dotted field name closest to `dotted`, or None when nothing is close."""
+  known = [".".join(path) for path in field_paths(cfg)]
+  matches = difflib.get_close_matches(dotted, known, n=1, cutoff=0.6)
+  if not matches:  # a badly misspelled section: compare the last part within the sections that exist
+    *_, last = dotted.rpartition(".")
+    by_last = {path.rpartition(".")[2]: path for path in known}
+    matches = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.75)]
+  return matches[0] if matches else None
+
+
+def problem(cfg: ml_collections.ConfigDict, dotted: str, name: str = "config") -> str | None:
+  """Why `dotted` is not a field of `cfg` (e.g. "config.train has no field 'stepz'"), or None when it is one."""
+  node: Any = cfg
+  parts = dotted.split(".")
+  for i, part in enumerate(parts):
+    where = ".".join([name, *parts[:i]])
+    if not isinstance(node, ml_collections.ConfigDict):
+      return f"{where} is a value, not a section"
+    if part not in node:
+      kind = "field" if i == len(parts) - 1 else "section"
+      return f"{where} has no {kind} {part!r}"
+    node = node[part]
+  return None
+
+
+def reference(cfg: ml_collections.ConfigDict, dotted: str) -> ml_collections.FieldReference | None:
+  """The FieldReference that field `dotted` holds (shared with every field that refers to it), or None."""
+  *sections, leaf = dotted.split(".")
+  node = cfg
+  for name in sections:
+    node = node[name]
+  value = dict(node.items(preserve_field_references=True)).get(leaf)
+  return value if isinstance(value, ml_collections.FieldReference) else None
+
+
+def conflicting(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> list[list[tuple[str, Any]]]:
+  """Groups of changed fields that hold one shared value yet were given different values (the last would win)."""
+  groups: dict[int, list[tuple[str, Any]]] = {}
+  for dotted, value in changes.items():
+    if problem(cfg, dotted) is None and (ref := reference(cfg, dotted)) is not None:
+      groups.setdefault(id(ref), []).append((dotted, value))
+  return [group for group in groups.values() if len({repr(value) for _, value in group}) > 1]
