@@ -5,11 +5,9 @@ OUT/report.md (status, Table 2, logit/gradient norms, figures), OUT/results.csv 
 and OUT/figures/*.png. Works on partial studies: missing and failed cells are listed, not invented.
 """
 
-import sys
-
 from absl import app, flags
 
-from tapernorm_jax import report
+from tapernorm_jax import cli, report
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (the sweep's --workdir, or any directory of runs).")
 _OUT = flags.DEFINE_string("out", None, "Where to write report.md, results.csv and figures/ (default: --workdir).")
@@ -20,13 +18,10 @@ def main(argv: list[str]) -> None:
   """Entry point."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    written = report.write_report(_WORKDIR.value, _OUT.value)
-  except ValueError as e:
-    sys.exit(f"error: {e}")
+  written = report.write_report(_WORKDIR.value, _OUT.value)  # bad input raises ValueError: one line via cli.run
   print(f"{written['complete']} of {written['runs']} runs complete; wrote {written['report']}, {written['csv']} and "
         f"{len(written['figures'])} figures")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

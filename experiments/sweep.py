@@ -13,10 +13,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tapernorm_jax import sweep
+from tapernorm_jax import cli, sweep
 
-_SWEEP = config_flags.DEFINE_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.",
-                                         lock_config=True)
+_SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
 _PARALLEL = flags.DEFINE_integer("parallel", 0, "Cells at once, each on its own share of the devices "
                                  "(0: one per device on accelerators, one at a time on CPU).")
@@ -34,17 +33,14 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
-  try:
-    cells = sweep.expand(_SWEEP.value)
-    sweep.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
-    if _LAUNCH.value == "print":
-      path, count = sweep.write_commands(cells, workdir, _PYTHON.value)
-      print(f"{count} of {len(cells)} cells pending; their command lines are in {path}")
-      return
-    statuses = sweep.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
-                         progress_every=_PROGRESS.value)
-  except sweep.SweepError as e:
-    sys.exit(f"error: {e}")
+  cells = sweep.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
+  sweep.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
+  if _LAUNCH.value == "print":
+    path, count = sweep.write_commands(cells, workdir, _PYTHON.value)
+    print(f"{count} of {len(cells)} cells pending; their command lines are in {path}")
+    return
+  statuses = sweep.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
+                       progress_every=_PROGRESS.value)
   failed = [name for name, s in statuses.items() if s.state == "failed"]
   print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
         + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")
@@ -54,4 +50,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -17,6 +17,7 @@ import jax
 import ml_collections
 
 from configs import base
+from tapernorm_jax.errors import UserError
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: configs/ and experiments/
@@ -27,7 +28,7 @@ RESULTS_SCHEMAS = (0, 1)  # results.json schemas this module reads; a missing `s
 RunFn = Callable[..., dict]  # loop.run's signature: (cfg, workdir, *, devices) -> results
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
   """A bad sweep file, flag or grid; the message names the field and its value."""
 
 

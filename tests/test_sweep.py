@@ -145,8 +145,8 @@ def data_dir(tmp_path_factory):
 
 
 def write_sweep_file(path, sweep_cfg: dict) -> str:
-  """A sweep file whose get_config() returns `sweep_cfg`."""
-  path.write_text(f"def get_config():\n  return {sweep_cfg!r}\n")
+  """A sweep file whose get_config() returns `sweep_cfg` as a ConfigDict, as the shipped sweep files do."""
+  path.write_text(f"import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({sweep_cfg!r})\n")
   return str(path)
 
 
@@ -218,6 +218,6 @@ def test_printed_commands_name_config_overrides_and_workdir(tmp_path):
 def test_cli_bad_sweep_is_one_short_error(tmp_path):
   bad = write_sweep_file(tmp_path / "bad.py", {"seeds": (0,), "grids": [dict(variants=["basline"], sizes=["cpu"])]})
   proc = run_cli("experiments.sweep", f"--sweep={bad}", f"--workdir={tmp_path / 'w'}", check=False)
-  assert proc.returncode == 1
+  assert proc.returncode == 2  # a user error (cli.run); 1 is a sweep with failed cells
   assert proc.stderr.strip().splitlines()[-1].startswith("error: grids[0].variants[0]='basline': unknown variant")
   assert "Traceback" not in proc.stderr
