@@ -137,6 +137,7 @@ def test_requests_past_the_learned_positions_are_refused():
     decode.pad_prompts([[1], []])
 
 
+@pytest.mark.slow  # compiles four forms twice; the benchmark's smoke run
 def test_decode_benchmark_runs_every_form_on_the_same_weights():
   cfg = bench.model_config("cpu", "internal_taper", "float32").replace(V=97, L=1)
   forms = inference.forms(inference.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)

@@ -80,7 +80,16 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
     assert json.load(f)["model"]["D"] == 32
 
 
-@pytest.mark.parametrize("stop", [pytest.param(3, marks=pytest.mark.slow), 12], ids=["stop-in-warmup", "stop-in-taper"])
+def test_resume_in_the_same_process_is_bit_identical(uninterrupted, data_dir, tmp_path):
+  workdir = str(tmp_path)
+  loop.run(config(data_dir), workdir, stop_after=12)  # stopped inside the taper, then resumed from the checkpoint
+  results = loop.run(config(data_dir), workdir)
+  assert losses(workdir) == losses(uninterrupted[0]) and results["resumed_from"] == 12
+  assert results["final_val_loss"] == uninterrupted[1]["final_val_loss"]
+
+
+@pytest.mark.slow  # a training subprocess: nothing in memory survives the stop
+@pytest.mark.parametrize("stop", [3, 12], ids=["stop-in-warmup", "stop-in-taper"])
 def test_resume_in_a_fresh_process_is_bit_identical(uninterrupted, data_dir, tmp_path, stop):
   workdir = str(tmp_path)
   first = loop.run(config(data_dir), workdir, stop_after=stop)
