@@ -8,16 +8,15 @@ with the method's schedule, evaluates every set at g = 0 and writes the same run
 also writes `<workdir>/hf`, a Hugging Face GPT-2 directory that `transformers` and `init_from` load.
 """
 
-import json
 import os
 
-from absl import app, flags, logging
+from absl import flags
 import jax
 
-from tapernorm_jax import cli, hf, inference, loop
+from tapernorm_jax import cli, hf, inference
 
 _CONFIG = cli.define_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, method=, seed=.",
-                                          lock_config=True)
+                                 lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/gpt2-<model>-<method>-seed<N>).")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Save and exit after this step (simulates preemption).")
 
@@ -30,25 +29,14 @@ def default_workdir(cfg) -> str:
 
 
 def main(argv: list[str]) -> None:
-  """Entry point."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _STOP_AFTER.value is not None and _STOP_AFTER.value < 1:
-    raise app.UsageError(f"--stop_after={_STOP_AFTER.value}: must be a step >= 1 (leave it out to train to the end)")
+  """Entry point; a finished LayerNorm model is also written as a Hugging Face GPT-2 directory."""
   cfg = _CONFIG.value
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO
-  if cfg.mesh.distributed:
-    jax.distributed.initialize()
   workdir = _WORKDIR.value or default_workdir(cfg)
-  results = loop.run(cfg, workdir, stop_after=_STOP_AFTER.value)
+  results = cli.train(argv, cfg, workdir, _STOP_AFTER.value)
   if jax.process_index() == 0 and results["complete"] and cfg.model.internal_norm == cfg.model.final_norm == "plain":
     loaded = inference.load(workdir)
     out = hf.save_gpt2(loaded.variables, loaded.model_cfg, os.path.join(workdir, "hf"))
     print(f"Hugging Face GPT-2 directory: {out}")
-  if jax.process_index() == 0:
-    print(json.dumps(results, indent=2))
-    print(f"run directory: {os.path.abspath(workdir)}")
-
 
 if __name__ == "__main__":
   cli.run(main)

@@ -16,6 +16,7 @@ Anything else is a bug and keeps its traceback; `--verbose` shows the traceback 
 
 import dataclasses
 import difflib
+import json
 import functools
 import glob
 import os
@@ -26,7 +27,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from absl import app, flags
+from absl import app, flags, logging
 import ml_collections
 from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flag_types  # is_config_flag is not re-exported
@@ -270,6 +271,24 @@ def from_flags(cls: type, holders: dict[str, Any]) -> Any:
     return cls(**values)
   except ValueError as e:
     raise app.UsageError(f"--{e}" if str(e).split("=", 1)[0] in holders else str(e)) from None
+
+
+def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:
+  """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
+  import jax  # the training stack: only for the entry points that train
+  from tapernorm_jax import loop
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if stop_after is not None and stop_after < 1:
+    raise app.UsageError(f"--stop_after={stop_after}: must be a step >= 1 (leave it out to train to the end)")
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
+  if cfg.mesh.distributed:
+    jax.distributed.initialize()
+  results = loop.run(cfg, workdir, stop_after=stop_after)
+  if jax.process_index() == 0:
+    print(json.dumps(results, indent=2))
+    print(f"run directory: {os.path.abspath(workdir)}")
+  return results
 
 
 def settings(argv: list[str], cls: type, holders: dict[str, Any]) -> Any:

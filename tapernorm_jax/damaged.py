@@ -49,4 +49,23 @@ def quiet_aborted_reads() -> None:
 
   hook.drops_aborted_reads = True
   sys.unraisablehook = hook
-  logging.getLogger("asyncio").addFilter(lambda record: not ABORTED_TASK.match(record.getMessage()))
+  logging.getLogger("asyncio").addFilter(lambda record: not is_aborted_read(record))
+
+
+def is_aborted_read(record: logging.LogRecord) -> bool:
+  """Whether asyncio's record is an unretrieved task of a failed restore: by its message, or by an Orbax or
+  TensorStore frame in its exception's traceback (the task's repr does not always name them)."""
+  message = record.getMessage()
+  if ABORTED_TASK.match(message):
+    return True
+  if not message.startswith(("Task exception was never retrieved", "Future exception was never retrieved")):
+    return False
+  error = record.exc_info[1] if record.exc_info else None
+  while error is not None:
+    tb = error.__traceback__
+    while tb is not None:
+      if any(f"{os.sep}{name}{os.sep}" in tb.tb_frame.f_code.co_filename for name in ("orbax", "tensorstore")):
+        return True
+      tb = tb.tb_next
+    error = error.__cause__ or error.__context__
+  return False

@@ -390,6 +390,12 @@ def new_figure(width: float, height: float) -> Figure:
   return fig
 
 
+def size_panels(count: int, panel_width: float) -> tuple[Figure, Any]:
+  """A figure with one panel per model size in a row (between 7.5 and 20 inches wide), and its axes."""
+  fig = new_figure(min(max(panel_width * count, 7.5), 20), 4.8)
+  return fig, fig.subplots(1, count, squeeze=False)[0]
+
+
 def _log_y(ax: Any) -> None:
   """Log y axis with plain-number tick labels, and labelled minor ticks where the data span few decades."""
   ax.set_yscale("log")
@@ -459,8 +465,7 @@ def figure_logit_norm(curves: Curves) -> Figure | None:
   sizes = [s for s in curves.sizes() if any(curves.curves(rs, "logit_norm") for rs in curves.by_key(s).values())]
   if not sizes:
     return None
-  fig = new_figure(min(max(5.2 * len(sizes), 7.5), 20), 4.8)
-  axes = fig.subplots(1, len(sizes), squeeze=False)[0]
+  fig, axes = size_panels(len(sizes), 5.2)
   for ax, size in zip(axes, sizes):
     groups = curves.by_key(size)
     for key, runs in groups.items():
@@ -531,8 +536,7 @@ def figure_train_loss(curves: Curves) -> Figure | None:
   sizes = [s for s in curves.sizes() if all(k in curves.by_key(s) for k in pair)]
   if not sizes:
     return None
-  fig = new_figure(min(max(5.4 * len(sizes), 7.5), 20), 4.8)
-  axes = fig.subplots(1, len(sizes), squeeze=False)[0]
+  fig, axes = size_panels(len(sizes), 5.4)
   for ax, size in zip(axes, sizes):
     groups = curves.by_key(size)
     window = _window(curves, size)

@@ -255,7 +255,8 @@ def test_the_cache_refuses_writes_past_its_end_and_gpt2_past_its_positions():
   variables, cfg = _llama()
   cache = decode.init_cache(cfg, 1, 4)
   tokens_B = jnp.asarray([1], jnp.int32)
-  with pytest.raises(ValueError, match=r"index_B=\[4\]: writing 1 token\(s\) from slot 4 runs past the cache's 4 slots"):
+  past_the_end = r"index_B=\[4\]: writing 1 token\(s\) from slot 4 runs past the cache's 4 slots"
+  with pytest.raises(ValueError, match=past_the_end):
     decode.decode_step(variables, cfg, tokens_B, jnp.asarray([4], jnp.int32), cache)
   with pytest.raises(ValueError, match=r"tokens_BxQ has 5 tokens per row but the cache has only 4 slots"):  # traced
     jax.jit(lambda p, n: decode.prefill(variables, cfg, p, n, cache))(jnp.ones((1, 5), jnp.int32),
