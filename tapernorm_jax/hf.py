@@ -336,9 +336,8 @@ def save_gpt2(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, e
                                         .astype(np.float32)) for e in entries(cfg)}
   directory = Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  tmp = directory / f"{WEIGHTS_FILE}.tmp-{os.getpid()}"
-  safetensors.numpy.save_file(tensors, str(tmp), metadata={"format": "pt"})  # transformers wants format=pt
-  os.chmod(tmp, 0o644)  # safetensors creates it owner-only
-  os.replace(tmp, directory / WEIGHTS_FILE)
+  with files.atomic_path(directory / WEIGHTS_FILE) as tmp:
+    safetensors.numpy.save_file(tensors, tmp, metadata={"format": "pt"})  # transformers wants format=pt
+    os.chmod(tmp, 0o644)  # safetensors creates it owner-only
   files.write_json_atomically(str(directory / CONFIG_FILE), hf_config(cfg, eos_id))
   return directory

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from configs import base
-from tapernorm_jax import hardware, sweep
+from tapernorm_jax import files, hardware, sweep
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.tables import markdown_table
 
@@ -626,9 +626,8 @@ def save_png(fig: Figure, path: str) -> None:
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=DPI)
   image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  image.save(tmp, format="PNG", optimize=True)
-  os.replace(tmp, path)
+  with files.atomic_path(path) as tmp:
+    image.save(tmp, format="PNG", optimize=True)
 
 
 def setup_lines(runs: Sequence[Run]) -> list[str]:
