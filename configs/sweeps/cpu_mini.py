@@ -1,7 +1,7 @@
 """A CPU mini-study in the shape of Table 2 and Figure 3: the `cpu` preset (2 layers, d = 64, 300 steps of
 16 × 128 tokens) on the offline synthetic corpus; baseline, internal_taper (+aux), all_taper (+aux) and the
 unanchored all_taper (aux=0) and final_taper × 3 seeds. A tiny model on a synthetic corpus, not the
-paper's setting (docs/method.md §8). About 20 minutes on 2 CPU cores:
+paper's setting (docs/method.md §8). About 21 minutes on 2 idle CPU cores (82.5 s a cell):
 
     python -m experiments.sweep --sweep=configs/sweeps/cpu_mini.py --workdir=runs/cpu_mini
     python -m experiments.report --workdir=runs/cpu_mini
