@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One entry point: sets up .venv on first use (or when pyproject.toml changes), then runs a task.
+# One entry point: sets up .venv on first use (or when pyproject.toml or constraints.txt changes), then runs a task.
+# The install is pinned by constraints.txt (exact versions that install together), so dev and CI get one set.
 #   ./dev.sh train [FLAGS...]   train all_taper at the CPU preset on the offline corpus (flags go to the trainer)
 #   ./dev.sh test  [ARGS...]    run the test suite (what CI runs)
 #   ./dev.sh python ARGS...   run the venv's python
@@ -15,12 +16,12 @@ pick_python() {
   exit 1
 }
 
-if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ]; then
+if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ] || [ constraints.txt -nt .venv/.installed ]; then
   py=$(pick_python)
   echo "setting up .venv with $py (one-time, ~1 minute)..." >&2
   "$py" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test]' -c constraints.txt
   touch .venv/.installed
 fi
 
