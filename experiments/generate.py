@@ -9,11 +9,9 @@ refused, or with `--truncate_prompts` keeps its last tokens, with a warning that
 The library side: `tapernorm_jax/inference.py`.
 """
 
-import os
-
 from absl import app, flags, logging
 
-from tapernorm_jax import cli, decode, export, inference
+from tapernorm_jax import cli, decode, export, files, inference
 from tapernorm_jax.model import DTYPES
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory or export directory.", required=True)
@@ -68,9 +66,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("give a prompt: --prompt=TEXT or --tokens=1,2,3 (either may be repeated)")
   if _DTYPE.value and _DTYPE.value not in DTYPES:
     raise app.UsageError(f"--dtype={_DTYPE.value}: choose one of {', '.join(DTYPES)}")
-  out = _EXPORT_DIR.value and os.path.abspath(os.path.expanduser(_EXPORT_DIR.value))
-  if out and os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    problem = "is a file" if not os.path.isdir(out) else "exists and is not empty"
+  out = _EXPORT_DIR.value and files.workdir_path(_EXPORT_DIR.value)  # local or a URL
+  if out and out.exists() and (not out.is_dir() or any(out.iterdir())):
+    problem = "is a file" if not out.is_dir() else "exists and is not empty"
     raise app.UsageError(f"--export_dir={_EXPORT_DIR.value}: {problem}; give a new directory (an export never "
                          "overwrites one)")
   loaded = inference.load(_WORKDIR.value, _STEP.value)

@@ -13,7 +13,7 @@ import os
 from absl import flags
 import jax
 
-from tapernorm_jax import cli, hf, inference
+from tapernorm_jax import cli, files, hf, inference
 
 _CONFIG = cli.define_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, method=, seed=.",
                                  lock_config=True)
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
   results = cli.train(argv, cfg, workdir, _STOP_AFTER.value)
   if jax.process_index() == 0 and results["complete"] and cfg.model.internal_norm == cfg.model.final_norm == "plain":
     loaded = inference.load(workdir)
-    out = hf.save_gpt2(loaded.variables, loaded.model_cfg, os.path.join(workdir, "hf"))
+    out = hf.save_gpt2(loaded.variables, loaded.model_cfg, files.workdir_path(workdir) / "hf")
     print(f"Hugging Face GPT-2 directory: {out}")
 
 if __name__ == "__main__":

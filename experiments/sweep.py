@@ -13,7 +13,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tapernorm_jax import cli, sweep
+from tapernorm_jax import cli, files, sweep
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
+  workdir = os.path.abspath(files.local_path(_WORKDIR.value, "--workdir"))  # cells run and are read here: local only
   cells = sweep.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
   sweep.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
   if _LAUNCH.value == "print":

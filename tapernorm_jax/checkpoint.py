@@ -4,6 +4,9 @@ A checkpoint that Orbax lists as complete but cannot read back (a file truncated
 inside it) raises `DamagedCheckpointError` naming the step, the directory and the newest other
 checkpoint. `restore_latest(..., fallback=True)` then resumes from the newest one that does
 restore and moves the damaged ones aside (`<step>.damaged-<time>`, never deleted).
+
+The directory may be local or a URL (`gs://bucket/run/checkpoints`): every path is an `etils.epath.Path`, which
+Orbax takes as it is.
 """
 
 import json
@@ -14,6 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import orbax.checkpoint as ocp
 
+from tapernorm_jax import files
 from tapernorm_jax.damaged import DamagedCheckpointError, quiet_aborted_reads, read_error
 
 PyTree = Any
@@ -34,8 +38,8 @@ class Restored(NamedTuple):
 class Checkpointer:
   """Saves asynchronously, keeps the last `keep`; only complete checkpoints are ever listed or restored."""
 
-  def __init__(self, directory: str, keep: int = 3):
-    self.directory = os.path.abspath(directory)
+  def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    self.directory = files.workdir_path(directory)
     # create=False: the directory appears with the first save, so a run that fails before saving leaves none
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=False, cleanup_tmp_directories=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
@@ -50,7 +54,7 @@ class Checkpointer:
 
   def save(self, step: int, state: PyTree, data_state: Any) -> None:
     """Starts an asynchronous save of `state` and the data iterator state at `step`."""
-    os.makedirs(self.directory, exist_ok=True)
+    self.directory.mkdir(parents=True, exist_ok=True)
     self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                      data=ocp.args.JsonSave(data_state)), force=True)
 
@@ -59,8 +63,8 @@ class Checkpointer:
     be read raises DamagedCheckpointError."""
     self.check_layout(step)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
-    step_dir = os.path.join(self.directory, str(step))
-    missing = [name for name in REQUIRED_FILES if not os.path.exists(os.path.join(step_dir, name))]
+    step_dir = self.directory / str(step)
+    missing = [name for name in REQUIRED_FILES if not (step_dir / name).exists()]
     if missing:
       raise self.damaged(step, f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
     quiet_aborted_reads()
@@ -68,7 +72,7 @@ class Checkpointer:
       restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                      data=ocp.args.JsonRestore()))
     except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
-      raise self.damaged(step, read_error(e, step_dir)) from e
+      raise self.damaged(step, read_error(e, os.fspath(step_dir))) from e
     return restored["state"], restored["data"]
 
   def restore_latest(self, target: PyTree, fallback: bool = False) -> Restored | None:
@@ -98,27 +102,26 @@ class Checkpointer:
     fix = (f"The newest other checkpoint is step {older[-1]}: to resume from it, re-run with "
            f"--config.checkpoint.on_damaged=fallback (step {step} is then moved aside to {step}.damaged-<time>, "
            "not deleted)" if older else
-           f"There is no older checkpoint: move {os.path.join(self.directory, str(step))} away to start over, or "
+           f"There is no older checkpoint: move {self.directory / str(step)} away to start over, or "
            "use a new --workdir")
     return DamagedCheckpointError(f"the checkpoint at step {step} in {self.directory} is damaged: {reason}. {fix}.",
                                   step, reason)
 
   def move_aside(self, step: int) -> str:
     """Renames the checkpoint at `step` to `<step>.damaged-<time>` (kept for inspection); returns the new path."""
-    source = os.path.join(self.directory, str(step))
-    target = f"{source}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    source = self.directory / str(step)
+    target = source.parent / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     if jax.process_index() == 0:
-      os.rename(source, target)
+      source.rename(target)
     self._manager.reload()
-    return target
+    return os.fspath(target)
 
   def check_layout(self, step: int) -> None:
     """Raises ValueError for a checkpoint written before the norm parameters were renamed (tapernorm_jax 0.1)."""
-    path = os.path.join(self.directory, str(step), "state", "_METADATA")
-    if os.path.exists(path):
+    path = self.directory / str(step) / "state" / "_METADATA"
+    if path.exists():
       try:
-        with open(path) as f:
-          keys = json.load(f).get("tree_metadata", {})
+        keys = json.loads(path.read_text()).get("tree_metadata", {})
       except ValueError:  # truncated: restore() reports it as damage
         return
       if LEGACY_KEY in keys:

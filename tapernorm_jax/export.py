@@ -7,11 +7,14 @@
                            `vocab.json` + `merges.txt` (GPT-2's BPE); config.json names its kind
 
 Loading needs only `model.py` (and `sentencepiece` or `tokenizers` for the tokenizer): no training code.
+DIR may be local or a URL (`gs://bucket/export`); a remote tokenizer is copied to a local directory to load.
 """
 
 import dataclasses
 import json
-from pathlib import Path
+import os
+import pathlib
+import tempfile
 from typing import Any
 
 import flax.linen as nn
@@ -19,9 +22,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import safetensors.flax
+from etils import epath
 from flax import traverse_util
 
-from tapernorm_jax import damaged
+from tapernorm_jax import damaged, files
 from tapernorm_jax import fold as fold_lib
 from tapernorm_jax import model
 from tapernorm_jax.model import ModelConfig
@@ -44,18 +48,18 @@ class Exported:
 
   variables: PyTree  # {"params": ..., "calib": ...}
   model_cfg: ModelConfig
-  tokenizer_dir: Path | None
+  tokenizer_dir: epath.Path | None
   info: dict  # the whole config.json
 
 
-def is_export(directory: str | Path) -> bool:
+def is_export(directory: str | os.PathLike) -> bool:
   """Whether `directory` holds an export (rather than, say, a training workdir)."""
-  path = Path(directory) / CONFIG_FILE
+  path = files.workdir_path(directory) / CONFIG_FILE
   return path.is_file() and json.loads(path.read_text()).get("format") == FORMAT
 
 
-def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool = True,
-         tokenizer: Any = None, extra: dict | None = None) -> Path:
+def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fold: bool = True,
+         tokenizer: Any = None, extra: dict | None = None) -> epath.Path:
   """Writes the model (folded first when `fold` and it has tapered norms) as an export; returns the directory."""
   cfg = ModelConfig.from_config(model_cfg)
   variables = nn.unbox(variables)
@@ -65,7 +69,7 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
     variables, cfg = fold_lib.fold(variables, cfg)
   else:
     fold_lib.check_matches(variables, cfg)
-  directory = Path(directory).absolute()
+  directory = files.workdir_path(directory)
   if directory.exists() and not directory.is_dir():
     raise NotADirectoryError(f"{directory} is a file; give a new directory for the export")
   if directory.exists() and any(directory.iterdir()):
@@ -74,10 +78,10 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
   host = jax.tree.map(np.asarray, jax.device_get(variables))
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(directory / VARIABLES_DIR, host)
-  safetensors.flax.save_file(flatten(host), str(directory / SAFETENSORS_FILE), metadata={"format": FORMAT})
+  with files.atomic_path(directory / SAFETENSORS_FILE) as tmp:
+    safetensors.flax.save_file(flatten(host), tmp, metadata={"format": FORMAT})
   if tokenizer is not None:  # anything with `kind` and `save(directory)`: SentencePiece or GPT2Tokenizer
-    (directory / TOKENIZER_DIR).mkdir()
-    tokenizer.save(directory / TOKENIZER_DIR)
+    save_tokenizer(tokenizer, directory / TOKENIZER_DIR)
   info = dict(format=FORMAT, version=VERSION, model=dataclasses.asdict(cfg), folded=folded,
               tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
               **(extra or {}))
@@ -85,9 +89,9 @@ def save(directory: str | Path, variables: PyTree, model_cfg: Any, *, fold: bool
   return directory
 
 
-def load(directory: str | Path, source: str = "orbax") -> Exported:
+def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
   """Loads an export from its Orbax checkpoint (`source="orbax"`) or its safetensors file."""
-  directory = Path(directory).absolute()
+  directory = files.workdir_path(directory)
   if not is_export(directory):
     raise FileNotFoundError(f"{directory} is not a {FORMAT} directory (no {CONFIG_FILE} with format={FORMAT!r})")
   info = json.loads((directory / CONFIG_FILE).read_text())
@@ -104,10 +108,13 @@ def load(directory: str | Path, source: str = "orbax") -> Exported:
       with ocp.StandardCheckpointer() as checkpointer:
         variables = checkpointer.restore(directory / VARIABLES_DIR, restore_target(cfg))
     else:
-      variables = unflatten(safetensors.flax.load_file(str(directory / SAFETENSORS_FILE)))
+      path = directory / SAFETENSORS_FILE  # read whole from an object store, memory-mapped locally
+      local = not files.is_url(path)
+      variables = unflatten(safetensors.flax.load_file(os.fspath(path)) if local else
+                            safetensors.flax.load(path.read_bytes()))
   except Exception as e:  # TensorStore, Orbax and safetensors errors: the files are not what was written
     where, other = (VARIABLES_DIR + "/", "safetensors") if source == "orbax" else (SAFETENSORS_FILE, "orbax")
-    reason = damaged.read_error(e, str(directory / VARIABLES_DIR))
+    reason = damaged.read_error(e, os.fspath(directory / VARIABLES_DIR))
     raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
                                          f"export the model again, or load it with source={other!r}", None,
                                          reason) from e
@@ -144,4 +151,16 @@ def load_tokenizer(exported: Exported) -> Any:
     TOKENIZERS["gpt2"] = GPT2Tokenizer
   if kind not in TOKENIZERS:
     raise ValueError(f"{exported.tokenizer_dir}: unknown tokenizer kind {kind!r}")
-  return TOKENIZERS[kind].load(exported.tokenizer_dir)
+  directory = exported.tokenizer_dir
+  return TOKENIZERS[kind].load(files.download_tree(directory) if files.is_url(directory) else directory)
+
+
+def save_tokenizer(tokenizer: Any, directory: epath.Path) -> None:
+  """Writes the tokenizer's files into the new `directory` (through a local temporary one when it is remote)."""
+  if not files.is_url(directory):
+    directory.mkdir()
+    tokenizer.save(directory)
+    return
+  with tempfile.TemporaryDirectory(prefix="tapernorm-tokenizer-") as local:
+    tokenizer.save(pathlib.Path(local))
+    files.upload_tree(local, directory)

@@ -1,30 +1,152 @@
-"""Atomic file writes: a reader never sees half a file, a crash never leaves one."""
+"""Run-directory files, local or remote (`gs://bucket/run`, any etils.epath URL), and atomic writes.
+
+Every read and write in a run or export directory goes through `workdir_path`, an `etils.epath.Path`:
+a local path is expanded and made absolute, a URL is left as it is (gs:// needs the `gcs` extra).
+Local-only settings (the prepared-data cache) go through `local_path`, which refuses a URL by name.
+
+Atomic writes: locally the file is written as a temporary sibling and renamed into place (a reader
+never sees half a file, a crash never leaves one). An object store has no atomic rename (it is a
+copy and a delete) but publishes an object only when its upload completes, so there the file is
+written locally and uploaded in one piece, straight to its name. Writers that only write local files
+or that append (TensorBoard's, the profiler's, metrics.jsonl) write into a `Mirror`: a local
+directory whose files are uploaded whole to the remote one.
+"""
 
 import contextlib
 import json
 import os
+import pathlib
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
+
+import fsspec
+from etils import epath
+
+from tapernorm_jax.errors import UserError
+
+
+class LocalPathError(UserError, ValueError):
+  """A setting that must name a local directory was given a URL."""
+
+
+def is_url(path: str | os.PathLike) -> bool:
+  """Whether `path` is a URL (`gs://...`) rather than a local path."""
+  return "://" in os.fspath(path)
+
+
+class MissingFilesystemError(UserError, ImportError):
+  """A URL whose filesystem (gcsfs for gs://, s3fs for s3://) is not installed, or that epath does not know."""
+
+
+def workdir_path(path: str | os.PathLike) -> epath.Path:
+  """`path` as an epath.Path: a URL as it is (its filesystem must be installed), a local path with `~` expanded,
+  made absolute."""
+  text = os.fspath(path)
+  if not is_url(text):
+    return epath.Path(os.path.abspath(os.path.expanduser(text)))
+  protocol = text.split("://", 1)[0]
+  try:
+    fsspec.get_filesystem_class(protocol)  # imports gcsfs for gs://: what epath's backend will use
+    return epath.Path(text)
+  except (ImportError, ValueError, KeyError) as e:
+    raise MissingFilesystemError(f"{text}: no filesystem for {protocol}:// is installed ({e}); for gs:// install the "
+                                 "gcs extra: pip install 'tapernorm_jax[gcs]'") from e
+
+
+def local_path(path: str | os.PathLike, field: str) -> pathlib.Path:
+  """A local directory setting with `~` expanded; a URL raises LocalPathError naming `field`."""
+  text = os.fspath(path)
+  if is_url(text):
+    raise LocalPathError(f"{field}={text}: must be a local directory (it is read and written by local tools); give "
+                         "a path on this machine, e.g. the default ~/.cache/tapernorm_jax")
+  return pathlib.Path(os.path.expanduser(text))
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
-  """A temporary sibling of `path` to write (by any writer); renamed into place when the block succeeds."""
-  tmp = f"{path}.tmp-{os.getpid()}"
+  """A local temporary file to write (by any writer) that becomes `path` when the block succeeds: renamed into
+  place locally, uploaded in one piece to a URL."""
+  if is_url(path):
+    fd, tmp = tempfile.mkstemp(prefix="tapernorm-upload-")
+    os.close(fd)
+  else:
+    tmp = f"{path}.tmp-{os.getpid()}"
   try:
     yield tmp
-    os.replace(tmp, path)
+    if is_url(path):
+      epath.Path(tmp).copy(workdir_path(path), overwrite=True)
+    else:
+      os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
 
 
-def write_text_atomically(path: str, text: str) -> None:
-  """Writes `text` to a temporary sibling of `path` and renames it into place."""
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+  """Writes `text` to a temporary file and moves it to `path` (see `atomic_path`)."""
   with atomic_path(path) as tmp, open(tmp, "w") as f:
     f.write(text)
 
 
-def write_json_atomically(path: str, obj: Any) -> None:
+def write_json_atomically(path: str | os.PathLike, obj: Any) -> None:
   """Writes `obj` as indented, key-sorted JSON, atomically."""
   write_text_atomically(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def upload_tree(local: str | os.PathLike, remote: epath.Path) -> None:
+  """Copies every file under the local directory `local` to the same relative path under `remote`."""
+  for root, _, names in os.walk(local):
+    target = remote / os.path.relpath(root, local)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+      epath.Path(root, name).copy(target / name, overwrite=True)
+
+
+def download_tree(remote: epath.Path, local: pathlib.Path | None = None) -> pathlib.Path:
+  """Copies every file under `remote` into `local` (default: a new temporary directory); returns it."""
+  local = local or pathlib.Path(tempfile.mkdtemp(prefix="tapernorm-download-"))
+  local.mkdir(parents=True, exist_ok=True)
+  for item in remote.iterdir():
+    if item.is_dir():
+      download_tree(item, local / item.name)
+    else:
+      item.copy(local / item.name, overwrite=True)
+  return local
+
+
+class Mirror:
+  """A local staging directory for `remote`; `upload` copies the files changed since the last upload, whole."""
+
+  def __init__(self, remote: epath.Path):
+    self.remote = remote
+    self.local = epath.Path(tempfile.mkdtemp(prefix="tapernorm-mirror-"))
+    self._uploaded: dict[str, tuple[int, int]] = {}
+
+  def download(self, name: str) -> None:
+    """Copies the remote file `name`, if there is one, into the staging directory (to append to it)."""
+    source = self.remote / name
+    if source.exists():
+      source.copy(self.local / name, overwrite=True)
+      self._uploaded[name] = self._stamp(name)
+
+  def upload(self) -> None:
+    """Uploads every staged file that is new or changed."""
+    for root, _, names in os.walk(self.local):
+      for name in names:
+        relative = os.path.relpath(os.path.join(root, name), self.local)
+        if self._uploaded.get(relative) != (stamp := self._stamp(relative)):
+          (self.remote / relative).parent.mkdir(parents=True, exist_ok=True)
+          (self.local / relative).copy(self.remote / relative, overwrite=True)
+          self._uploaded[relative] = stamp
+
+  def close(self) -> None:
+    """Uploads what changed and removes the staging directory."""
+    self.upload()
+    shutil.rmtree(self.local, ignore_errors=True)
+
+  def _stamp(self, relative: str) -> tuple[int, int]:
+    """(size, mtime) of a staged file: what tells a changed file."""
+    stat = os.stat(self.local / relative)
+    return stat.st_size, stat.st_mtime_ns

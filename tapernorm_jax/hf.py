@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors
 import safetensors.numpy
+from etils import epath
 from flax import traverse_util
 from huggingface_hub import errors as hub_errors
 from huggingface_hub.utils import validate_repo_id
@@ -325,8 +326,9 @@ def hf_config(cfg: ModelConfig, eos_id: int | None = None) -> dict:
   }
 
 
-def save_gpt2(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, eos_id: int | None = None) -> Path:
-  """Writes a LayerNorm gpt2 model as a Hugging Face GPT-2 directory (config.json, model.safetensors); returns it."""
+def save_gpt2(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, eos_id: int | None = None) -> epath.Path:
+  """Writes a LayerNorm gpt2 model as a Hugging Face GPT-2 directory (config.json, model.safetensors), local or a
+  URL; returns it."""
   cfg = ModelConfig.from_config(model_cfg)
   exportable(cfg)
   plain = nn.unbox(variables)
@@ -334,10 +336,10 @@ def save_gpt2(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, e
   params = traverse_util.flatten_dict(plain["params"])
   tensors = {e.hf: np.ascontiguousarray(e.rule.to_hf(np.asarray(jax.device_get(params[e.path])), cfg)
                                         .astype(np.float32)) for e in entries(cfg)}
-  directory = Path(directory)
+  directory = files.workdir_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   with files.atomic_path(directory / WEIGHTS_FILE) as tmp:
     safetensors.numpy.save_file(tensors, tmp, metadata={"format": "pt"})  # transformers wants format=pt
     os.chmod(tmp, 0o644)  # safetensors creates it owner-only
-  files.write_json_atomically(str(directory / CONFIG_FILE), hf_config(cfg, eos_id))
+  files.write_json_atomically(directory / CONFIG_FILE, hf_config(cfg, eos_id))
   return directory

@@ -15,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from tapernorm_jax import damaged, decode, export, layout
+from tapernorm_jax import damaged, decode, export, files, layout
 from tapernorm_jax import fold as fold_lib
 from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables
 
@@ -32,16 +32,16 @@ class Loaded:
   tokenizer: Any | None
 
 
-def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict]:
-  """Restores only {"params", "calib"} of the `state` item at `step` (default: latest); returns (variables, config)."""
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  config_path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(config_path):
+def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tuple[PyTree, dict]:
+  """Restores only {"params", "calib"} of the `state` item at `step` (default: latest) of a run directory, local or
+  remote; returns (variables, config)."""
+  workdir = files.workdir_path(workdir)
+  config_path = workdir / "config.json"
+  if not config_path.is_file():
     raise FileNotFoundError(f"{config_path} not found: --workdir must be a training run or an export directory")
-  with open(config_path) as f:
-    run_cfg = json.load(f)
+  run_cfg = json.loads(config_path.read_text())
   model_cfg = ModelConfig.from_config(run_cfg["model"])
-  directory = os.path.join(workdir, "checkpoints")
+  directory = workdir / "checkpoints"
   with ocp.CheckpointManager(directory) as manager:
     steps = sorted(manager.all_steps())
     step = manager.latest_step() if step is None else step
@@ -57,7 +57,7 @@ def load_checkpoint(workdir: str, step: int | None = None) -> tuple[PyTree, dict
     except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
       older = [s for s in steps if s < step]
       fix = f"load an older one with --step={older[-1]}" if older else "there is no older checkpoint"
-      reason = damaged.read_error(e, os.path.join(directory, str(step)))
+      reason = damaged.read_error(e, os.fspath(directory / str(step)))
       raise damaged.DamagedCheckpointError(f"the checkpoint at step {step} in {directory} is damaged: {reason}; "
                                            f"{fix}", step, reason) from e
   return dict(restored["state"]), {**run_cfg, "restored_step": step}
@@ -74,8 +74,8 @@ def run_tokenizer(run_cfg: dict) -> Any | None:
   return prepared.tokenizer
 
 
-def load(path: str, step: int | None = None) -> Loaded:
-  """Loads an export directory, or a training run's checkpoint with its tokenizer."""
+def load(path: str | os.PathLike, step: int | None = None) -> Loaded:
+  """Loads an export directory, or a training run's checkpoint with its tokenizer (either local or a URL)."""
   if export.is_export(path):
     exported = export.load(path)
     return Loaded(exported.variables, exported.model_cfg, export.load_tokenizer(exported))

@@ -6,6 +6,9 @@
                         that restores), or a fresh state
     StepReporter        reads each step's metrics one step behind, writes them, stops on a non-finite loss
     Profiler            a jax.profiler trace of `train.profile_steps` steps into <workdir>/profile
+
+The workdir may be local or a URL (`--workdir=gs://bucket/run`): run-directory files go through `files.workdir_path`
+(etils.epath), checkpoints through Orbax, metrics and TensorBoard events through `metrics.MetricsWriter`.
 """
 
 import json
@@ -17,9 +20,10 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import data, sharding
+from tapernorm_jax import data, files, sharding
 from tapernorm_jax.checkpoint import Checkpointer
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.metrics import MetricsWriter, read_jsonl
@@ -38,21 +42,20 @@ def log(message: str) -> None:
 class RunDir:
   """The files of one run directory; only process 0 writes."""
 
-  def __init__(self, workdir: str):
-    self.path = os.path.abspath(os.path.expanduser(workdir))
+  def __init__(self, workdir: str | os.PathLike):
+    self.path = files.workdir_path(workdir)
     self.writer = jax.process_index() == 0
     check_directory(self.path, "--workdir")
 
-  def file(self, name: str) -> str:
+  def file(self, name: str) -> epath.Path:
     """The path of `name` inside the run directory."""
-    return os.path.join(self.path, name)
+    return self.path / name
 
   def check_config(self, cfg: ml_collections.ConfigDict) -> None:
     """On resume, refuses a model that differs from the saved one (before anything is read or written)."""
     path = self.file("config.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        saved = json.load(f)
+    if path.exists():
+      saved = json.loads(path.read_text())
       differing = {k: (saved["model"].get(k), v) for k, v in cfg.model.to_dict().items()
                    if saved["model"].get(k) != v}
       if differing:
@@ -63,17 +66,15 @@ class RunDir:
   def write_config(self, cfg: ml_collections.ConfigDict) -> None:
     """Saves the resolved config (an unchanged file is left as it is)."""
     path, resolved = self.file("config.json"), json.loads(cfg.to_json_best_effort())
-    if os.path.exists(path):
-      with open(path) as f:
-        if json.load(f) == resolved:
-          return
+    if path.exists() and json.loads(path.read_text()) == resolved:
+      return
     if self.writer:
       write_json_atomically(path, resolved)
 
   def truncate_metrics(self, step: int) -> None:
     """Drops metric records from `step` on (left by a run that died after its last checkpoint)."""
     path = self.file("metrics.jsonl")
-    if os.path.exists(path) and self.writer:
+    if self.writer and path.exists():
       write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] < step))
 
   def write_results(self, results: dict[str, Any]) -> None:
@@ -82,14 +83,16 @@ class RunDir:
       write_json_atomically(self.file("results.json"), results)
 
 
-def check_directory(path: str, flag: str) -> None:
-  """Raises NotADirectoryError naming `flag` when `path`, or a directory above it, is a file."""
-  if os.path.isfile(path):
+def check_directory(path: epath.Path, flag: str) -> None:
+  """Raises NotADirectoryError naming `flag` when `path`, or (locally) a directory above it, is a file."""
+  if path.is_file():
     raise NotADirectoryError(f"{flag}={path} is a file; give a directory")
-  parent = os.path.dirname(path)
-  while parent and not os.path.exists(parent) and os.path.dirname(parent) != parent:
-    parent = os.path.dirname(parent)
-  if os.path.isfile(parent):
+  if files.is_url(path):  # an object store has no files standing in for directories
+    return
+  parent = path.parent
+  while not parent.exists() and parent.parent != parent:
+    parent = parent.parent
+  if parent.is_file():
     raise NotADirectoryError(f"{flag}={path}: {parent} is a file, so no directory can be made there; give another "
                              "path")
 
@@ -147,6 +150,7 @@ class StepReporter:
       self.ckpt.wait()
       last = self.ckpt.latest_step()
       where = f"step {last} in {self.ckpt.directory}" if last else "none (no checkpoint was saved yet)"
+      self.writer.flush()  # the records before this step, uploaded in a remote run directory
       raise FloatingPointError(f"loss is {loss} at step {step}; stopping. Last good checkpoint: {where}. Lower "
                                "--config.opt.lr or check the data, then re-run to resume.")
     self.writer.write(step, {**m, **rate})
@@ -157,16 +161,19 @@ class StepReporter:
 
 
 class Profiler:
-  """Traces steps [start, start + count) with jax.profiler into `directory` (count 0: off)."""
+  """Traces steps [start, start + count) with jax.profiler into `directory` (count 0: off); a remote directory gets
+  the trace through a local `files.Mirror`, uploaded when it stops."""
 
-  def __init__(self, directory: str, start: int, count: int):
+  def __init__(self, directory: epath.Path, start: int, count: int):
     self.directory, self.start, self.stop = directory, start, start + count
     self.active = False
+    self.mirror: files.Mirror | None = None
 
   def before_step(self, step: int) -> None:
     """Starts the trace at the first traced step."""
     if step == self.start and self.stop > self.start:
-      jax.profiler.start_trace(self.directory)
+      self.mirror = files.Mirror(self.directory) if files.is_url(self.directory) else None
+      jax.profiler.start_trace(os.fspath(self.mirror.local if self.mirror else self.directory))
       self.active = True
 
   def after_step(self, step: int, state: State) -> None:
@@ -174,6 +181,8 @@ class Profiler:
     if self.active and step + 1 >= self.stop:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()
+      if self.mirror:
+        self.mirror.close()
       self.active = False
       log(f"profile of steps {self.start}–{self.stop - 1} written to {self.directory}")
 
@@ -204,7 +213,7 @@ def eval_metrics(losses: dict[str, float]) -> dict[str, float]:
   return {"val_loss" if name == "val" else f"eval/{name}": value for name, value in losses.items()}
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
+def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_after: int | None = None,
         devices: list | None = None) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir`; returns the results also written to `results.json`."""
   t_start = time.time()
@@ -212,7 +221,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
   trainer = Trainer(cfg, mesh)  # validates the config before anything compiles
   rundir.check_config(cfg)
-  os.makedirs(rundir.path, exist_ok=True)
+  rundir.path.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
   state, start, data_state = restore_or_init(trainer, ckpt, cfg)  # before the data: a damaged checkpoint fails fast
   rundir.write_config(cfg)
@@ -255,6 +264,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None 
     if done % cfg.checkpoint.every == 0 or done == steps or stopping:
       reporter.drain()
       ckpt.save(done, state, train_it.get_state())
+      writer.flush()
     if stopping:
       break
   reporter.drain()

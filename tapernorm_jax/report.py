@@ -690,8 +690,8 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
 
 def write_report(workdir: str, out: str | None = None) -> dict[str, Any]:
   """Reads the study in `workdir`; writes report.md, results.csv and figures/*.png to `out` (default: workdir)."""
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  out = os.path.abspath(os.path.expanduser(out or workdir))
+  workdir = os.path.abspath(files.local_path(workdir, "--workdir"))  # the study tools read local directories only
+  out = os.path.abspath(files.local_path(out or workdir, "--out"))
   if not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir}: no such directory")
   runs = read_runs(workdir)

@@ -1,11 +1,10 @@
 """The corpora a config can name (`synthetic`, `tinystories`, `text`, `openwebtext`), as one `Corpus` interface."""
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
+from tapernorm_jax import files
 from tapernorm_jax.data import stories, text_files
 
 SOURCES = ("synthetic", "tinystories", "text", "openwebtext")
@@ -80,7 +79,7 @@ def tinystories(cfg: Any) -> Corpus:
   """TinyStories V2 through its TFDS ArrayRecord dataset, built (and downloaded) on first use."""
   from tapernorm_jax.data import tinystories as ts  # imports tensorflow_datasets: only when asked for
 
-  data_dir = Path(os.path.expanduser(setting(cfg, "data_dir")))
+  data_dir = files.local_path(setting(cfg, "data_dir"), "data.data_dir")
   manual_dir = setting(cfg, "manual_dir")
 
   def documents(split: str) -> Iterator[str]:
@@ -108,7 +107,7 @@ def openwebtext(cfg: Any) -> Corpus:
     origin = dict(files=text_files.file_fingerprint(paths))
     shards = lambda: iter(paths)  # noqa: E731
   else:
-    downloads = Path(os.path.expanduser(setting(cfg, "data_dir"))) / "downloads" / "openwebtext"
+    downloads = files.local_path(setting(cfg, "data_dir"), "data.data_dir") / "downloads" / "openwebtext"
     origin = dict(repo=owt.REPO, layouts=owt.LAYOUTS)
     shards = lambda: owt.hub_paths(downloads)  # noqa: E731
   limits = {"train": max_documents or None, "validation": owt.validation_limit(max_documents, fraction)}

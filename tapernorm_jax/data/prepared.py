@@ -12,7 +12,6 @@ the vocabulary fits) and read back memory-mapped.
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator
 from itertools import chain, islice
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from tapernorm_jax import files
 from tapernorm_jax.data import cache_dirs, corpora, tokenizer_choice
 from tapernorm_jax.data.cache_dirs import COMPLETE  # noqa: F401 (callers and tests use prepared.COMPLETE)
 from tapernorm_jax.data.tokenizer_choice import CorpusTokenizer, TokenizerChoice
@@ -140,7 +140,7 @@ def prepare(cfg: Any) -> Prepared:
     raise ValueError(f"data.vocab_size must be a positive integer, got {vocab_size!r}")
   corpus = corpora.from_config(cfg)
   choice = tokenizer_choice.from_config(cfg, int(vocab_size))  # GPT-2: an error unless vocab_size matches it
-  data_dir = Path(os.path.expanduser(corpora.setting(cfg, "data_dir")))
+  data_dir = files.local_path(corpora.setting(cfg, "data_dir"), "data.data_dir")
   directory = cache_path(data_dir, corpus, choice)
   if not cache_dirs.is_complete(directory):
     log.info("preparing %s into %s", corpus.name, directory)
