@@ -64,7 +64,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       T=128 if cpu else 512, internal_norm=internal, final_norm=final, eps=1e-5, rope_base=10_000.0,
       tie_embeddings=True, logits_bias=False, init_std=0.02, param_dtype="float32",
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
-      attention_impl=None, remat=False))
+      attention_impl="auto", remat=False))
 
   c.data = ml_collections.ConfigDict(dict(  # every field and its meaning: tapernorm_jax/data/corpora.py DEFAULTS
       corpora.DEFAULTS, source="synthetic" if cpu else "tinystories", vocab_size=c.model.get_ref("V"),

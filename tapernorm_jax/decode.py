@@ -50,7 +50,8 @@ def prefill(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: A
   """Runs the (right-padded) prompts into the cache; returns the logits after each row's last prompt token."""
   model = Transformer(cfg)
   index_B = jnp.zeros(prompt_BxP.shape[0], jnp.int32)
-  h_BxPxD, cache = model.apply(variables, prompt_BxP, cache, index_B, gate, method=Transformer.decode)
+  h_BxPxD, cache = model.apply(variables, prompt_BxP, cache, index_B, gate, from_start=True,
+                               method=Transformer.decode)
   h_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None].astype(jnp.int32), axis=1)
   return model.apply(variables, h_Bx1xD, gate, method=Transformer.logits)[:, 0], cache
 

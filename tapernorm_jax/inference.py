@@ -186,11 +186,11 @@ def select(variables: PyTree, cfg: ModelConfig) -> PyTree:
 
 
 def last_token_logits(cfg: ModelConfig) -> Any:
-  """A jitted forward that runs every position through the blocks and the head on the last position only."""
+  """A jitted last-token-logits forward (B×V): every block but the last on all positions, the rest on the last."""
   model = Transformer(cfg)
 
   def forward(variables: PyTree, tokens_BxT: jax.Array) -> jax.Array:
-    h_BxTxD = model.apply(variables, tokens_BxT, 0.0, method=Transformer.hidden)
-    return model.apply(variables, h_BxTxD[:, -1:], 0.0, method=Transformer.logits)[:, 0]
+    h_Bx1xD = model.apply(variables, tokens_BxT, 0.0, method=Transformer.last_hidden)
+    return model.apply(variables, h_Bx1xD, 0.0, method=Transformer.logits)[:, 0]
 
   return jax.jit(forward)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import layout
+from tapernorm_jax import attention, layout
 from tapernorm_jax.norms import NORM_MODES, RENAMED_MODES, Norm, ScaleMonitor
 
 Array = jax.Array
@@ -59,7 +59,7 @@ class ModelConfig:
   init_std: float = 0.02
   dtype: str = "float32"
   param_dtype: str = "float32"
-  attention_impl: str | None = None
+  attention_impl: str = "auto"
   remat: bool = False
 
   def __post_init__(self):
@@ -69,6 +69,8 @@ class ModelConfig:
         warnings.warn(f"model.{field}={old!r} is deprecated; it is now called {RENAMED_MODES[old]!r}",
                       DeprecationWarning, stacklevel=3)
         object.__setattr__(self, field, RENAMED_MODES[old])
+    if self.attention_impl is None:  # configs written before attention.py said None for automatic
+      object.__setattr__(self, "attention_impl", "auto")
     validate(self)
 
   @property
@@ -145,8 +147,8 @@ def validate(cfg: ModelConfig) -> None:
     fail("dtype", f"choose one of {DTYPES}")
   if cfg.param_dtype not in DTYPES[1:]:
     fail("param_dtype", f"choose one of {DTYPES[1:]}")
-  if cfg.attention_impl not in (None, "xla", "cudnn"):
-    fail("attention_impl", "choose None (automatic), 'xla' or 'cudnn'")
+  if cfg.attention_impl not in attention.IMPLS:
+    fail("attention_impl", f"choose one of {attention.IMPLS} (docs/method.md §13)")
   if cfg.logits_bias and cfg.tie_embeddings:
     fail("logits_bias", "a logits bias comes with an untied head; set model.tie_embeddings=False")
 
@@ -208,35 +210,55 @@ def rope(x_BxTxHxK: Array, positions_BxT: Array, base: float) -> Array:
 
 
 class Attention(nn.Module):
-  """Causal multi-head self-attention through `jax.nn.dot_product_attention`, optionally over a KV cache."""
+  """Causal multi-head self-attention through `model.attention_impl` (attention.py), optionally over a KV cache."""
 
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
-               index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
-    """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×T×D, cache)."""
+               index_B: Array | None = None, *, from_start: bool = False,
+               last_only: bool = False) -> Array | tuple[Array, LayerCache]:
+    """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×T×D, cache).
+
+    `from_start`: the chunk starts every row at slot 0 (a prefill), so it attends within itself through the
+    selected implementation instead of over the cache. `last_only`: only the last position's output (B×1×D).
+    """
     cfg, dt = self.cfg, self.cfg.compute_dtype
     K = cfg.D // cfg.H
     w_qkv_Dx3xHxK = _param(self, layout.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
-                           cfg.param_dtype)
-    # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the whole kernel.
-    qkv_BxTx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxTxD.astype(dt), w_qkv_Dx3xHxK.astype(dt))
+                           cfg.param_dtype).astype(dt)
+    x_BxTxD = x_BxTxD.astype(dt)
+    if last_only:  # keys and values of every position, the query of the last one only
+      q_Bx1x1xHxK = jnp.einsum("bld,dthk->blthk", x_BxTxD[:, -1:], w_qkv_Dx3xHxK[:, :1])
+      kv_BxTx2xHxK = jnp.einsum("bld,dthk->blthk", x_BxTxD, w_qkv_Dx3xHxK[:, 1:])
+      qkv_BxTx3xHxK = None
+    else:  # output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel
+      qkv_BxTx3xHxK = jnp.einsum("bld,dthk->blthk", x_BxTxD, w_qkv_Dx3xHxK)
     if cfg.family == "gpt2":
-      qkv_BxTx3xHxK += _param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None,
-                              cfg.param_dtype).astype(dt)
-    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+      bias_3xHxK = _param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None,
+                          cfg.param_dtype).astype(dt)
+      if last_only:
+        q_Bx1x1xHxK, kv_BxTx2xHxK = q_Bx1x1xHxK + bias_3xHxK[:1], kv_BxTx2xHxK + bias_3xHxK[1:]
+      else:
+        qkv_BxTx3xHxK += bias_3xHxK
+    if last_only:
+      q_BxTxHxK, (k_BxTxHxK, v_BxTxHxK) = q_Bx1x1xHxK[:, :, 0], (kv_BxTx2xHxK[:, :, i] for i in range(2))
+    else:
+      q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
     if cfg.family == "llama":
-      q_BxTxHxK = rope(q_BxTxHxK, positions_BxT, cfg.rope_base)
+      q_BxTxHxK = rope(q_BxTxHxK, positions_BxT[:, -1:] if last_only else positions_BxT, cfg.rope_base)
       k_BxTxHxK = rope(k_BxTxHxK, positions_BxT, cfg.rope_base)
-    if cache is None:
-      out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True,
-                                                 implementation=cfg.attention_impl)
-      return self.project_out(out_BxTxHxK)
-    cache = {"k": write_cache(cache["k"], k_BxTxHxK, index_B, keys=True),
-             "v": write_cache(cache["v"], v_BxTxHxK, index_B, keys=False)}
-    out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
-    return self.project_out(out_BxTxHxK), cache
+    if cache is not None:
+      cache = {"k": write_cache(cache["k"], k_BxTxHxK, index_B, keys=True),
+               "v": write_cache(cache["v"], v_BxTxHxK, index_B, keys=False)}
+    if last_only:  # the last position sees every key: no mask
+      out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation="xla")
+    elif cache is None or from_start:
+      out_BxTxHxK = attention.causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, cfg.attention_impl)
+    else:
+      out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
+    out_BxTxD = self.project_out(out_BxTxHxK)
+    return out_BxTxD if cache is None else (out_BxTxD, cache)
 
   def project_out(self, out_BxTxHxK: Array) -> Array:
     """The output projection H×K → D (with bias for gpt2)."""
@@ -272,15 +294,21 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
-               index_B: Array | None = None) -> Array | tuple[Array, LayerCache]:
-    """One residual block (gates of its attention and MLP norms); with `cache` also returns its updated KV cache."""
+               index_B: Array | None = None, from_start: bool = False,
+               last_only: bool = False) -> Array | tuple[Array, LayerCache]:
+    """One residual block (gates of its attention and MLP norms); with `cache` also returns its updated KV cache.
+
+    `last_only` returns the last position only (B×1×D): its attention and MLP run on that position alone.
+    `from_start` and `last_only` are passed by position (static arguments under `nn.remat`).
+    """
     cfg = self.cfg
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
     x_BxTxD = norm(layout.ATTN_NORM)(h_BxTxD, gates_2[0])
-    attn = Attention(cfg, name=layout.ATTN)(x_BxTxD, positions_BxT, cache, index_B)
+    attn = Attention(cfg, name=layout.ATTN)(x_BxTxD, positions_BxT, cache, index_B, from_start=from_start,
+                                            last_only=last_only)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
-    h_BxTxD = h_BxTxD + attn_BxTxD
+    h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
     h_BxTxD = h_BxTxD + Mlp(cfg, name=layout.MLP)(norm(layout.MLP_NORM)(h_BxTxD, gates_2[1]))
     return h_BxTxD if cache is None else (h_BxTxD, cache)
 
@@ -296,7 +324,7 @@ class Transformer(nn.Module):
 
   def setup(self):  # attribute names are the layout's: embed, pos_embed, final_norm, pre_logit, head, logits_bias
     cfg = self.cfg
-    block = nn.remat(Block) if cfg.remat else Block
+    block = nn.remat(Block, static_argnums=(6, 7)) if cfg.remat else Block  # self is 0: from_start, last_only
     self.embed = self.param(layout.EMBED, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
                                                                   ("vocab", "embed")), (cfg.V, cfg.D),
                             cfg.param_dtype)
@@ -330,14 +358,27 @@ class Transformer(nn.Module):
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     gates = norm_gates(gate, self.cfg)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
-    for i, block in enumerate(self.blocks):
-      h_BxTxD = block(h_BxTxD, positions_BxT, gates[2 * i:2 * i + 2])
+    for i in range(self.cfg.L):
+      h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
     self.pre_logit(h_BxTxD)
     return h_BxTxD
 
+  def last_hidden(self, tokens_BxT: Array, gate: Array | float = 1.0) -> Array:
+    """The pre-logit state of the last position only (B×1×D): the last block's queries and MLP run there alone."""
+    positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
+    gates = norm_gates(gate, self.cfg)
+    h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
+    for i in range(self.cfg.L - 1):
+      h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
+    return self.block(self.cfg.L - 1, h_BxTxD, positions_BxT, gates, last_only=True)
+
   def decode(self, tokens_BxQ: Array, cache: list[LayerCache], index_B: Array,
-             gate: Array | float = 1.0) -> tuple[Array, list[LayerCache]]:
-    """Runs Q new tokens per row at positions index_B + 0…Q−1 over the KV cache; returns (h_BxQxD, cache)."""
+             gate: Array | float = 1.0, from_start: bool = False) -> tuple[Array, list[LayerCache]]:
+    """Runs Q new tokens per row at positions index_B + 0…Q−1 over the KV cache; returns (h_BxQxD, cache).
+
+    `from_start=True` promises index_B = 0 everywhere (a prefill): the chunk then attends within itself through
+    `model.attention_impl`, which sees exactly the slots the cache would show it.
+    """
     if len(cache) != self.cfg.L:
       raise ValueError(f"the cache has {len(cache)} layers, the model {self.cfg.L}")
     check_cache_write(self.cfg, tokens_BxQ.shape[1], cache[0]["k"].shape[-1], index_B)
@@ -345,10 +386,15 @@ class Transformer(nn.Module):
     gates = norm_gates(gate, self.cfg)
     h_BxQxD = self.embed_tokens(tokens_BxQ, positions_BxQ)
     new_cache = []
-    for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
-      h_BxQxD, layer_cache = block(h_BxQxD, positions_BxQ, gates[2 * i:2 * i + 2], layer_cache, index_B)
+    for i, layer_cache in enumerate(cache):
+      h_BxQxD, layer_cache = self.block(i, h_BxQxD, positions_BxQ, gates, layer_cache, index_B, from_start)
       new_cache.append(layer_cache)
     return h_BxQxD, new_cache
+
+  def block(self, i: int, h_BxTxD: Array, positions_BxT: Array, gates: Array, cache: LayerCache | None = None,
+            index_B: Array | None = None, from_start: bool = False, last_only: bool = False) -> Any:
+    """Block i with its two gates; every argument goes by position, as `nn.remat`'s static arguments must."""
+    return self.blocks[i](h_BxTxD, positions_BxT, gates[2 * i:2 * i + 2], cache, index_B, from_start, last_only)
 
   def embed_tokens(self, tokens_BxT: Array, positions_BxT: Array) -> Array:
     """Token embeddings (plus learned positions for gpt2) in the compute dtype."""
