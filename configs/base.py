@@ -90,7 +90,9 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       gap_final=2,  # steps from the last attention norm to the final norm
       aux_weight=0.1))  # λ of mean((s(h) − batch mean s(h))²), on from the first removal
 
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, distributed=False))
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1, fsdp=1, distributed=False,  # distributed: call jax.distributed.initialize (one process per host)
+      coordinator_address="", num_processes=-1, process_id=-1))  # its arguments; ""/-1: auto-detected
   c.checkpoint = ml_collections.ConfigDict(dict(
       every=100 if cpu else 5_000, keep=3,
       on_damaged="stop"))  # a latest checkpoint that cannot be read: stop (naming it), or fallback to an older one

@@ -276,18 +276,17 @@ def from_flags(cls: type, holders: dict[str, Any]) -> Any:
 def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:
   """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
   import jax  # the training stack: only for the entry points that train
-  from tapernorm_jax import loop
+  from tapernorm_jax import files, loop, sharding
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if stop_after is not None and stop_after < 1:
     raise app.UsageError(f"--stop_after={stop_after}: must be a step >= 1 (leave it out to train to the end)")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
-  if cfg.mesh.distributed:
-    jax.distributed.initialize()
+  sharding.initialize_distributed(cfg.mesh)  # with mesh.distributed: one process per host (or per GPU)
   results = loop.run(cfg, workdir, stop_after=stop_after)
   if jax.process_index() == 0:
     print(json.dumps(results, indent=2))
-    print(f"run directory: {os.path.abspath(workdir)}")
+    print(f"run directory: {files.workdir_path(workdir)}")
   return results
 
 

@@ -1,9 +1,11 @@
 """Device mesh and logical-axis rules: parallelism is a config change (`mesh.data`, `mesh.fsdp`)."""
 
+import re
 from typing import Any
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -32,6 +34,37 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: list | None = None) -> Mes
   if data < 1 or data * fsdp != n:
     raise ValueError(f"mesh.data={data} × mesh.fsdp={fsdp} must equal the device count ({n}); use mesh.data=-1")
   return Mesh(np.asarray(devices).reshape(data, fsdp), MESH_AXES, axis_types=(AxisType.Auto,) * 2)
+
+
+def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+  """`jax.distributed.initialize`'s arguments from `mesh.*` (None: single process); unset fields are auto-detected."""
+  address, count, index = (mesh_cfg.get("coordinator_address", ""), mesh_cfg.get("num_processes", -1),
+                           mesh_cfg.get("process_id", -1))
+  given = [f"mesh.{name}={value!r}" for name, value, unset in (("coordinator_address", address, ""),
+                                                               ("num_processes", count, -1),
+                                                               ("process_id", index, -1)) if value != unset]
+  if not mesh_cfg.distributed:
+    if given:
+      raise ValueError(f"{', '.join(given)} without mesh.distributed=True: set it to start a multi-process run, or "
+                       "leave those fields unset")
+    return None
+  if count != -1 and count < 1:
+    raise ValueError(f"mesh.num_processes={count!r}: must be >= 1, or -1 to auto-detect")
+  if index != -1 and not (index >= 0 and (count == -1 or index < count)):
+    allowed = "must be >= 0" if count == -1 else f"must lie in [0, mesh.num_processes={count})"
+    raise ValueError(f"mesh.process_id={index!r}: {allowed}, or -1 to auto-detect")
+  if address and not re.fullmatch(r"\S+:\d+", address):
+    raise ValueError(f"mesh.coordinator_address={address!r}: give HOST:PORT of process 0 (e.g. 10.0.0.2:1234), or "
+                     "leave it empty to auto-detect")
+  return {"coordinator_address": address or None, "num_processes": None if count == -1 else count,
+          "process_id": None if index == -1 else index}
+
+
+def initialize_distributed(mesh_cfg: ml_collections.ConfigDict) -> None:
+  """`jax.distributed.initialize` with `distributed_options(mesh_cfg)` when `mesh.distributed` is set."""
+  options = distributed_options(mesh_cfg)
+  if options is not None:
+    jax.distributed.initialize(**options)
 
 
 def shardings(variables: Any, mesh: Mesh) -> Any:

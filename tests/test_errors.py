@@ -73,7 +73,9 @@ def run_dir(tmp_path) -> str:
                                                              "one shared value", "give only one"]),
     (["--config.model.H=5"], ["model.H=5: the number of heads must divide model.D=64"]),
     (["--workdr=x"], ["--workdr: no such flag; did you mean --workdir?"]),
-], ids=["unknown-field", "missing-file", "bad-file-argument", "shared-field-twice", "invalid-value", "unknown-flag"])
+    (["--config.mesh.process_id=1"], ["mesh.process_id=1 without mesh.distributed=True"]),
+], ids=["unknown-field", "missing-file", "bad-file-argument", "shared-field-twice", "invalid-value", "unknown-flag",
+        "multi-host-field-alone"])
 def test_config_and_flag_mistakes_are_one_line_naming_the_flag(run_dir, args, fragments):
   before = snapshot(run_dir)
   line = one_line_error(run_cli("tinystories", *args, f"--workdir={run_dir}"))

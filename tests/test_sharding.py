@@ -1,11 +1,13 @@
-"""Mesh construction and logical-axis sharding on 8 fake CPU devices."""
+"""Mesh construction and logical-axis sharding on 8 fake CPU devices; the multi-host start's config fields."""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
+from configs import base
 from tapernorm_jax import sharding
 from tapernorm_jax.model import ModelConfig, Transformer, init
 
@@ -30,3 +32,29 @@ def test_fsdp_shards_embed_axis_and_matches_single_device_forward():
 def test_bad_mesh_shapes_are_named(data, fsdp, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     sharding.make_mesh(data, fsdp)
+
+
+def mesh_config(**fields) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({**base.get_config().mesh.to_dict(), **fields})
+
+
+def test_distributed_options_default_to_auto_detection_and_pass_explicit_values():
+  assert sharding.distributed_options(mesh_config()) is None  # one process: no jax.distributed.initialize
+  assert sharding.distributed_options(mesh_config(distributed=True)) == {
+      "coordinator_address": None, "num_processes": None, "process_id": None}
+  assert sharding.distributed_options(mesh_config(distributed=True, coordinator_address="10.0.0.2:1234",
+                                                  num_processes=4, process_id=3)) == {
+      "coordinator_address": "10.0.0.2:1234", "num_processes": 4, "process_id": 3}
+
+
+@pytest.mark.parametrize("fields,problem", [
+    ({"process_id": 1}, r"mesh\.process_id=1 without mesh\.distributed=True"),
+    ({"distributed": True, "num_processes": 0}, r"mesh\.num_processes=0: must be >= 1"),
+    ({"distributed": True, "num_processes": 2, "process_id": 2}, r"mesh\.process_id=2: must lie in \[0, .*=2\)"),
+    ({"distributed": True, "process_id": -2}, r"mesh\.process_id=-2: must be >= 0, or -1"),
+    ({"distributed": True, "coordinator_address": "localhost"},
+     r"mesh\.coordinator_address='localhost': give HOST:PORT"),
+])
+def test_bad_distributed_fields_are_named(fields, problem):
+  with pytest.raises(ValueError, match=problem):
+    sharding.distributed_options(mesh_config(**fields))
