@@ -1,0 +1,175 @@
+"""Inference throughput against PyTorch: Hugging Face transformers' Llama and this project on the same weights.
+
+    pip install -e '.[peer]' -c constraints.txt     # torch and transformers: used by this script only
+    python -m experiments.benchmark_peer            # the paper's grid at 30M: forward and decode
+    python -m experiments.benchmark_peer --quick    # a 1M-model smoke run
+    python -m experiments.benchmark_peer --modes=forward --batches=1 --lengths=128,256 --nocompile
+
+The baseline form of decode.py's calibrated-looking internal_taper weights is written as a
+Hugging Face `LlamaForCausalLM` checkpoint (tapernorm_jax/hf_llama.py, numpy only), loaded with
+SDPA attention and checked first: its last-token logits must be within 1e-3 of this project's
+in float32, or nothing is timed. Then, per cell and interleaved in this one process: HF eager
+(`model(ids, logits_to_keep=1, use_cache=False)` under `torch.inference_mode`), HF under
+`torch.compile` (reported `n/a` with the reason where it fails), and this project's jitted
+baseline and folded forms; for decode, `generate` (compiled: with a static cache) against
+`decode.generate`. PyTorch runs on the GPU when jax does and CUDA is there, else on the CPU with
+every core. What is timed and how: tapernorm_jax/benchmarks/peer.py. Writes results.json and
+table.md under --out.
+"""
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+from absl import flags
+
+from tapernorm_jax import cli
+
+try:
+  import torch
+  import transformers
+except ImportError as e:
+  cli.fail(f"experiments/benchmark_peer.py needs PyTorch and transformers ({e.name} is not installed); install the "
+           "peer extra: pip install -e '.[peer]' -c constraints.txt")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tapernorm_jax import hf_llama  # noqa: E402
+from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
+from tapernorm_jax.files import write_json_atomically, write_text_atomically  # noqa: E402
+
+_SETTINGS = cli.define_flags(bench.Settings, {
+    "size": "Model size (the paper's 1m/3m/9m/30m, or cpu).", "variant": "internal_taper or all_taper.",
+    "modes": "forward and/or decode.", "batches": "Batch sizes of the forward mode.",
+    "lengths": "Sequence lengths T of the forward mode.", "decode_batches": "Batch sizes of the decode mode.",
+    "prompt": "Prompt length P of the decode mode.", "new_tokens": "Tokens N generated per row in the decode mode.",
+    "repeats": "Timed samples per contender and cell (median and spread reported).",
+    "warmup": "Untimed calls per contender and cell after compiling.",
+    "min_sample_s": "Each timed sample loops calls for at least this long.",
+    "dtype": "Compute and weight dtype of both (default: float32 on CPU, else bfloat16).", "seed": "Weight seed.",
+    "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
+    "threads": "PyTorch's intra-op threads (0: every core)."})
+_QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")
+_OUT = flags.DEFINE_string("out", "runs/benchmark_peer", "Output directory for results.json and table.md.")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def reason(error: BaseException) -> str:
+  """An exception as one short line: its type and the first line of its message."""
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:200] if lines else ''}".rstrip(": ")
+
+
+class HuggingFacePeer:
+  """LlamaForCausalLM from a checkpoint directory: eager, and under torch.compile where that works."""
+
+  def __init__(self, directory: str, s: bench.Settings):
+    self.device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(s.threads or os.cpu_count())
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32)
+    self.model = model.to(self.device).eval()
+    self.compile = s.compile
+    self.compiled = None
+    if s.compile:  # one graph per shape, like a jitted function; every cell's shape must fit the cache of graphs
+      dynamo = torch._dynamo.config
+      setattr(dynamo, "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit", 64)
+
+  def logits(self, tokens_BxT: np.ndarray) -> np.ndarray:
+    """Last-token logits B×V as float32 numpy."""
+    with torch.inference_mode():
+      logits_Bx1xV = self.model(self.ids(tokens_BxT), logits_to_keep=1, use_cache=False).logits
+    return logits_Bx1xV[:, -1].float().cpu().numpy()
+
+  def to(self, dtype: str) -> None:
+    """Weights and compute in `dtype`."""
+    self.model = self.model.to(TORCH_DTYPES[dtype])
+
+  def ids(self, tokens: np.ndarray) -> torch.Tensor:
+    """Token ids as an int64 tensor on the model's device."""
+    return torch.from_numpy(np.asarray(tokens, np.int64)).to(self.device)
+
+  def synced(self, fn: Any) -> Any:
+    """`fn` under inference_mode, returning only when the device is done (CPU calls are synchronous anyway)."""
+
+    def call() -> Any:
+      with torch.inference_mode():
+        out = fn()
+      if self.device == "cuda":
+        torch.cuda.synchronize()
+      return out
+
+    return call
+
+  def first_call(self, fn: Any) -> Any:
+    """`fn` if one call of it (compiling) succeeds, else the reason it failed."""
+    if not self.compile:
+      return "skipped: --nocompile"
+    try:
+      fn()
+    except Exception as e:  # noqa: BLE001 (torch.compile fails in many ways; the table reports the reason)
+      print(f"torch.compile failed: {reason(e)}", flush=True)
+      return reason(e)
+    return fn
+
+  def forward_calls(self, tokens_BxT: np.ndarray) -> bench.Calls:
+    """Last-token logits: eager, and the torch.compile'd module (static shapes: one graph per cell)."""
+    ids_BxT = self.ids(tokens_BxT)
+    eager = self.synced(lambda: self.model(ids_BxT, logits_to_keep=1, use_cache=False).logits)
+    if self.compile and self.compiled is None:
+      self.compiled = torch.compile(self.model, dynamic=False)
+    compiled = self.synced(lambda: self.compiled(ids_BxT, logits_to_keep=1, use_cache=False).logits)
+    return {"hf_eager": eager, "hf_compiled": self.first_call(compiled)}
+
+  def decode_calls(self, prompt_BxP: np.ndarray, new_tokens: int) -> bench.Calls:
+    """Greedy `generate` of exactly `new_tokens` tokens: eager with the default dynamic cache, and with a static
+    cache and transformers' own torch.compile of the decoding step."""
+    ids_BxP = self.ids(prompt_BxP)
+    P = ids_BxP.shape[1]
+    args = dict(attention_mask=torch.ones_like(ids_BxP), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                do_sample=False, pad_token_id=0)
+    generate = lambda **extra: self.model.generate(ids_BxP, **args, **extra)[:, P:].cpu()
+    compile_config = transformers.CompileConfig(fullgraph=False, mode="reduce-overhead" if self.device == "cuda"
+                                                else "default")
+    compile_config._compile_all_devices = self.device == "cpu"  # transformers compiles on GPUs only, unless told
+    compiled = self.synced(lambda: generate(cache_implementation="static", compile_config=compile_config))
+    return {"hf_eager": self.synced(generate), "hf_compiled": self.first_call(compiled)}
+
+  def describe(self) -> dict[str, Any]:
+    """Versions, device and threads."""
+    device = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "device": device,
+            "threads": torch.get_num_threads(), "attention": "sdpa"}
+
+
+def main(argv: list[str]) -> None:
+  """Entry point."""
+  s = cli.settings(argv, bench.Settings, _SETTINGS)
+  if _QUICK.value:
+    s = dataclasses.replace(s, **bench.QUICK)
+  forms = bench.weights(s)
+  variables, cfg = forms["baseline"]
+  with tempfile.TemporaryDirectory(prefix="tapernorm-hf-llama-") as directory:
+    hf_llama.save_llama(variables, cfg, directory)
+    peer = HuggingFacePeer(directory, s)
+  tokens_BxT = np.random.default_rng(s.seed).integers(0, cfg.V, (2, min(128, cfg.T)), dtype=np.int32)
+  checked = bench.parity(bench.last_logits(variables, cfg, tokens_BxT), peer.logits(tokens_BxT))
+  print(f"{s.size} {s.variant} baseline form as LlamaForCausalLM: last-token logits match ours to "
+        f"{checked['max_abs_diff']:.2e} (largest logit {checked['max_abs_logit']:.2f}, tolerance "
+        f"{checked['tolerance']:g}); timing in {s.dtype} on torch {peer.describe()['device']} "
+        f"({torch.get_num_threads()} thread(s)) and jax {jax.default_backend()}", flush=True)
+  peer.to(s.dtype)
+  results = bench.run(s, peer, forms, checked)
+  table = bench.markdown(results)
+  os.makedirs(_OUT.value, exist_ok=True)
+  write_json_atomically(os.path.join(_OUT.value, "results.json"), results)
+  write_text_atomically(os.path.join(_OUT.value, "table.md"), table + "\n")
+  print("\n" + table)
+  print(f"wrote {os.path.join(_OUT.value, 'results.json')} and table.md ({results['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+  cli.run(main)

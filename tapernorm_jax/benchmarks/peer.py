@@ -1,0 +1,284 @@
+"""This project's inference next to another implementation of the same model on the same weights (a peer).
+
+The peer is Hugging Face transformers in experiments/benchmark_peer.py; this module holds what
+needs no PyTorch: the settings, the weights (decode.py's calibrated-looking internal_taper
+weights, as `baseline` and `folded` forms), this project's contenders, the interleaved grid and
+the table. A peer offers, per cell, calls that take no arguments (or a one-line reason why one
+cannot run), timed round-robin with this project's (`timing.time_interleaved`):
+
+    forward   last-token logits of B×T tokens, no KV cache (the paper's measurement, docs/method.md §9);
+              tokens/s = B·T ÷ seconds per call
+    decode    greedy generation of N tokens after a P-token prompt, prefill included (an end-to-end
+              `generate`); tokens/s = B·N ÷ seconds per call
+
+Only the `baseline` form is a Hugging Face Llama (plain RMSNorms); `folded` is the g = 0 model of
+the same weights (other numbers, as in decode.py), the one a folded checkpoint would serve.
+"""
+
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import base
+from tapernorm_jax import decode, hardware, inference
+from tapernorm_jax.benchmarks.decode import model_config
+from tapernorm_jax.benchmarks.timing import check_at_least, summary, time_interleaved
+from tapernorm_jax.errors import UserError
+from tapernorm_jax.model import ModelConfig, init, param_count
+from tapernorm_jax.tables import markdown_table
+
+PyTree = Any
+Calls = dict[str, Callable[[], Any] | str]  # a call, or the reason it cannot run ("n/a" in the table)
+MODES = ("forward", "decode")
+FORMS = ("baseline", "folded")  # this project's contenders; `baseline` is what the peer loads
+PEERS = ("hf_eager", "hf_compiled")
+LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
+          "folded": "ours folded"}
+PARITY_TOLERANCE = 1e-3  # max |logit difference| between the peer and the baseline form, both in float32
+
+
+class ParityError(UserError, ValueError):
+  """The peer's logits are not this project's on the same weights and tokens: any timing would compare two models."""
+
+
+class Peer(Protocol):
+  """The other implementation: its calls for one cell of each mode, and what it is."""
+
+  def forward_calls(self, tokens_BxT: np.ndarray) -> Calls:
+    """Last-token logits of `tokens_BxT` per peer contender (hf_eager, hf_compiled)."""
+
+  def decode_calls(self, prompt_BxP: np.ndarray, new_tokens: int) -> Calls:
+    """Greedy generation of `new_tokens` tokens per contender; each call returns the new tokens B×N (CPU)."""
+
+  def describe(self) -> dict[str, Any]:
+    """Versions, device, threads."""
+
+
+@dataclasses.dataclass
+class Settings:
+  """Everything that defines one peer benchmark run (defaults: the paper's grid at 30M)."""
+
+  size: str = "30m"
+  variant: str = "internal_taper"
+  modes: tuple[str, ...] = MODES
+  batches: tuple[int, ...] = (1, 4)
+  lengths: tuple[int, ...] = (128, 256, 512)
+  decode_batches: tuple[int, ...] = (1, 4)
+  prompt: int = 128
+  new_tokens: int = 128
+  repeats: int = 7
+  warmup: int = 2
+  min_sample_s: float = 1.0
+  dtype: str = ""  # "" = float32 on CPU, bfloat16 on accelerators
+  seed: int = 0
+  compile: bool = True
+  threads: int = 0  # PyTorch's intra-op threads; 0 = every core (os.cpu_count())
+
+  def __post_init__(self):
+    unknown = set(self.modes) - set(MODES)
+    if unknown or not self.modes:
+      raise ValueError(f"modes={','.join(self.modes)}: choose from {', '.join(MODES)}")
+    if self.size not in base.SIZES:
+      raise ValueError(f"size={self.size!r}: choose one of {sorted(base.SIZES)}")
+    if self.variant not in ("internal_taper", "all_taper"):
+      raise ValueError(f"variant={self.variant!r}: choose internal_taper or all_taper (a model with tapered norms)")
+    check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
+    check_at_least(self, 0, "warmup", "min_sample_s", "threads")
+    if self.dtype not in ("", "float32", "bfloat16", "float16"):
+      raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16 (or leave it empty)")
+    self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+
+
+QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
+             warmup=1, min_sample_s=0.05)  # a smoke run of a few minutes (mostly torch.compile)
+
+
+def weights(s: Settings) -> dict[str, tuple[PyTree, ModelConfig]]:
+  """The `baseline` and `folded` forms, in float32, of the weights benchmarks/decode.py times (same seeds)."""
+  cfg = model_config(s.size, s.variant, "float32")
+  make = jax.jit(lambda k0, k1: inference.perturbed(init(cfg, k0), k1, (0.05, 0.5), 0.1))
+  forms = inference.forms(make(jax.random.key(s.seed), jax.random.key(s.seed + 1)), cfg)
+  return {name: forms[name] for name in FORMS}
+
+
+def in_dtype(variables: PyTree, cfg: ModelConfig, dtype: str) -> tuple[PyTree, ModelConfig]:
+  """The form with its floating-point variables and its compute in `dtype`."""
+  if jnp.dtype(dtype) == jnp.dtype(cfg.param_dtype) == jnp.dtype(cfg.compute_dtype):
+    return variables, cfg
+  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return jax.tree.map(cast, variables), cfg.replace(dtype=dtype, param_dtype=dtype)
+
+
+def last_logits(variables: PyTree, cfg: ModelConfig, tokens_BxT: np.ndarray) -> np.ndarray:
+  """This project's last-token logits B×V, float32 matmuls at full precision (no TF32 on GPUs)."""
+  with jax.default_matmul_precision("highest"):
+    return np.asarray(inference.last_token_logits(cfg)(variables, jnp.asarray(tokens_BxT)))
+
+
+def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARITY_TOLERANCE) -> dict[str, float]:
+  """Max |difference| of two sets of last-token logits (and relative to the largest logit); ParityError above
+  `tolerance`."""
+  ours_BxV, theirs_BxV = np.asarray(ours_BxV, np.float64), np.asarray(theirs_BxV, np.float64)
+  if ours_BxV.shape != theirs_BxV.shape:
+    raise ParityError(f"the peer's last-token logits have shape {theirs_BxV.shape}, ours {ours_BxV.shape}")
+  diff = float(np.abs(ours_BxV - theirs_BxV).max())
+  out = {"max_abs_diff": diff, "max_abs_logit": float(np.abs(ours_BxV).max()), "tolerance": tolerance}
+  if not diff <= tolerance:
+    raise ParityError(f"the Hugging Face model's last-token logits differ from this project's baseline form by up "
+                      f"to {diff:.3g} (tolerance {tolerance:g}; largest logit {out['max_abs_logit']:.3g}): the "
+                      "exported checkpoint is not the same model (tapernorm_jax/hf_llama.py's name table or "
+                      "config), so no timing is reported")
+  return out
+
+
+def forward_calls(forms: dict[str, tuple[PyTree, ModelConfig]], tokens_BxT: np.ndarray) -> Calls:
+  """This project's jitted last-token-logits forward per form."""
+  tokens_BxT = jnp.asarray(tokens_BxT)
+  return {name: (lambda f=inference.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
+
+
+def decode_calls(forms: dict[str, tuple[PyTree, ModelConfig]], prompt_BxP: np.ndarray, new_tokens: int) -> Calls:
+  """This project's jitted greedy prefill-and-decode (`decode.generate`) per form."""
+  prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
+  lengths_B = jnp.full((prompt_BxP.shape[0],), prompt_BxP.shape[1], jnp.int32)
+  key = jax.random.key(0)
+  return {name: (lambda v=v, cfg=cfg: decode.generate(v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens))
+          for name, (v, cfg) in forms.items()}
+
+
+def measure(calls: Calls, work: float, s: Settings) -> dict[str, dict]:
+  """Per contender: throughput (work per second) of the runnable calls, timed round-robin; {"na": reason} for the
+  rest."""
+  runnable = {name: fn for name, fn in calls.items() if callable(fn)}
+  samples = time_interleaved(runnable, s.repeats, s.warmup, s.min_sample_s) if runnable else {}
+  return {name: summary(samples[name], work) if name in samples else {"na": fn} for name, fn in calls.items()}
+
+
+def agreement(reference_BxN: Any, other_BxN: Any) -> int:
+  """How many leading generated tokens agree in every row."""
+  a_BxN, b_BxN = np.asarray(reference_BxN), np.asarray(other_BxN)
+  if a_BxN.shape != b_BxN.shape:
+    return 0
+  same_N = np.all(a_BxN == b_BxN, axis=0)
+  return int(same_N.size if same_N.all() else np.argmin(same_N))
+
+
+def bench_forward(peer: Peer, forms: dict, s: Settings) -> list[dict]:
+  """Tokens/s of the last-token-logits forward per (B, T) cell: the peer's contenders and this project's forms."""
+  rows = []
+  V = next(iter(forms.values()))[1].V
+  for B in s.batches:
+    for T in s.lengths:
+      tokens_BxT = np.random.default_rng(1000 * B + T).integers(0, V, (B, T), dtype=np.int32)
+      calls = {**peer.forward_calls(tokens_BxT), **forward_calls(forms, tokens_BxT)}
+      row = {"B": B, "T": T, "contenders": measure(calls, B * T, s)}
+      rows.append(row)
+      log_row(f"forward B={B} T={T}", row)
+  return rows
+
+
+def bench_decode(peer: Peer, forms: dict, s: Settings) -> list[dict]:
+  """Tokens/s of greedy generation (prefill included) per batch size; greedy agreement with this project's."""
+  rows = []
+  V = next(iter(forms.values()))[1].V
+  P, N = s.prompt, s.new_tokens
+  for B in s.decode_batches:
+    prompt_BxP = np.random.default_rng(B).integers(0, V, (B, P), dtype=np.int32)
+    calls = {**peer.decode_calls(prompt_BxP, N), **decode_calls(forms, prompt_BxP, N)}
+    row = {"B": B, "prompt": P, "new_tokens": N, "contenders": measure(calls, B * N, s)}
+    ours_BxN = np.asarray(calls["baseline"]())
+    row["greedy_agreement"] = {name: agreement(ours_BxN, fn()) for name, fn in calls.items()
+                               if name in PEERS and callable(fn)}
+    rows.append(row)
+    log_row(f"decode B={B} P={P} N={N}", row)
+  return rows
+
+
+def log_row(title: str, row: dict) -> None:
+  """Prints one cell's medians (or n/a) and folded's ratio to each peer contender."""
+  c = row["contenders"]
+  cells = ", ".join(f"{LABELS[name]} " + (f"{r['median']:,.0f} tok/s (±{50 * r['spread']:.1f}%)" if "median" in r
+                                         else "n/a") for name, r in c.items())
+  ratios = ", ".join(f"folded/{LABELS[name]} {c['folded']['median'] / c[name]['median']:.2f}×" for name in PEERS
+                     if "median" in c.get(name, {}))
+  print(f"{title}: {cells}" + (f"; {ratios}" if ratios else ""), flush=True)
+
+
+def run(s: Settings, peer: Peer, forms: dict[str, tuple[PyTree, ModelConfig]], checked: dict[str, float]) -> dict:
+  """Times the selected modes on forms already checked against the peer (`checked`: `parity`'s numbers)."""
+  forms = {name: in_dtype(v, cfg, s.dtype) for name, (v, cfg) in forms.items()}
+  cfg = forms["baseline"][1]
+  results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
+                             "peer": peer.describe(), "settings": dataclasses.asdict(s),
+                             "model": dataclasses.asdict(cfg), "params": param_count(forms["baseline"][0]["params"]),
+                             "parity": checked, "load_average": os.getloadavg()[0]}
+  cores = os.cpu_count() or 1
+  if results["load_average"] > cores:
+    print(f"warning: the machine is busy (load average {results['load_average']:.1f} on {cores} cores): "
+          "multi-threaded timings, PyTorch's above all, are unreliable; rerun on an idle machine, or pass "
+          "--threads=1", flush=True)
+  t0 = time.time()
+  if "forward" in s.modes:
+    results["forward"] = bench_forward(peer, forms, s)
+  if "decode" in s.modes:
+    results["decode"] = bench_decode(peer, forms, s)
+  results["wall_s"] = time.time() - t0
+  return results
+
+
+def cell(r: dict, unit: float = 1e3) -> str:
+  """`12.34 ± 1.0%` (the median in `unit`s of tokens/s), or `n/a`."""
+  return f"{r['median'] / unit:,.2f} ± {50 * r['spread']:.1f}%" if "median" in r else "n/a"
+
+
+def ratio(c: dict, name: str) -> str:
+  """folded's median over `name`'s, or `–`."""
+  return f"{c['folded']['median'] / c[name]['median']:.2f}×" if "median" in c.get(name, {}) else "–"
+
+
+def reasons(rows: list[dict]) -> list[str]:
+  """One line per contender that could not run, with its reason (each reason once)."""
+  seen = {}
+  for row in rows:
+    for name, r in row["contenders"].items():
+      if "na" in r:
+        seen.setdefault((name, r["na"]), None)
+  return [f"{LABELS[name]}: n/a ({reason})" for name, reason in seen]
+
+
+def markdown(results: dict) -> str:
+  """The forward (thousands of tokens/s) and decode (tokens/s) tables, ± half the min–max spread, with folded's ratio
+  to each peer contender."""
+  s, p, hw = results["settings"], results["peer"], results["hardware"]
+  lines = [f"Measured {results['date']} on {hardware.one_line(hw)}, {s['size']} {s['variant']} model "
+           f"({results['params']:,} parameters), {s['dtype']}, median of {s['repeats']} interleaved runs "
+           f"(± half the min–max spread), load average {results['load_average']:.1f} at the start. Peer: torch "
+           f"{p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
+           f"transformers {p['transformers']}, LlamaForCausalLM with SDPA attention on the baseline form's weights "
+           f"(last-token logits within {results['parity']['max_abs_diff']:.1e} of ours in float32). Ours: jax "
+           f"{hw['jax']}, jitted.", ""]
+  if results.get("forward"):
+    rows = [[r["B"], r["T"], *(cell(r["contenders"].get(n, {})) for n in LABELS),
+             ratio(r["contenders"], "hf_eager"), ratio(r["contenders"], "hf_compiled")] for r in results["forward"]]
+    lines += ["Last-token-logits forward, no KV cache, thousands of tokens/s:", "",
+              markdown_table(["B", "T", *LABELS.values(), "folded / HF eager", "folded / HF compiled"], rows), ""]
+    lines += [f"* {line}" for line in reasons(results["forward"])] + [""] * bool(reasons(results["forward"]))
+  if results.get("decode"):
+    rows = [[r["B"], r["prompt"], r["new_tokens"], *(cell(r["contenders"].get(n, {}), 1) for n in LABELS),
+             ratio(r["contenders"], "hf_eager"), ratio(r["contenders"], "hf_compiled"),
+             ", ".join(f"{a}/{r['new_tokens']}" for a in r["greedy_agreement"].values()) or "–"]
+            for r in results["decode"]]
+    lines += ["Greedy generation of N tokens after a P-token prompt, prefill included, new tokens/s "
+              "(HF: `generate`, compiled with a static cache; ours: `decode.generate`). Last column: leading "
+              "tokens equal to ours (baseline form), per HF contender:", "",
+              markdown_table(["B", "P", "N", *LABELS.values(), "folded / HF eager", "folded / HF compiled",
+                              "greedy = ours"], rows), ""]
+    lines += [f"* {line}" for line in reasons(results["decode"])] + [""] * bool(reasons(results["decode"]))
+  return "\n".join(lines)

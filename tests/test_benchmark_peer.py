@@ -1,0 +1,74 @@
+"""The peer benchmark's PyTorch-free half (tapernorm_jax/benchmarks/peer.py) and its entry point without PyTorch."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tapernorm_jax.benchmarks import peer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_parity_passes_within_tolerance_and_refuses_beyond():
+  ours_BxV = np.random.default_rng(0).normal(size=(2, 7)).astype(np.float32)
+  checked = peer.parity(ours_BxV, ours_BxV + 1e-5)
+  assert checked["max_abs_diff"] == pytest.approx(1e-5, rel=1e-2) and checked["tolerance"] == peer.PARITY_TOLERANCE
+  with pytest.raises(peer.ParityError, match=r"differ from this project's baseline form by up to 0\.01"):
+    peer.parity(ours_BxV, ours_BxV + np.float32(0.01))
+  with pytest.raises(peer.ParityError, match="shape"):
+    peer.parity(ours_BxV, ours_BxV[:1])
+
+
+def test_agreement_counts_leading_tokens_equal_in_every_row():
+  ours_BxN = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+  assert peer.agreement(ours_BxN, ours_BxN.copy()) == 4
+  assert peer.agreement(ours_BxN, np.array([[1, 2, 0, 4], [5, 6, 7, 8]])) == 2
+  assert peer.agreement(ours_BxN, ours_BxN[:, :3]) == 0
+
+
+def test_measure_times_the_runnable_calls_and_keeps_the_reasons():
+  s = peer.Settings(size="cpu", repeats=2, warmup=0, min_sample_s=0.0, dtype="float32")
+  measured = peer.measure({"hf_eager": lambda: 1, "hf_compiled": "InductorError: no compiler", "folded": lambda: 2},
+                          work=100, s=s)
+  assert measured["hf_compiled"] == {"na": "InductorError: no compiler"}
+  assert len(measured["folded"]["seconds"]) == 2 and measured["folded"]["median"] > 0
+
+
+def test_markdown_shows_ratios_and_the_reason_for_n_a():
+  rate = lambda median: {"median": median, "min": median, "max": median, "spread": 0.02, "seconds": [1.0]}
+  results = {
+      "date": "2026-01-01", "params": 1000, "parity": {"max_abs_diff": 2e-7}, "load_average": 0.5,
+      "hardware": {"backend": "cpu", "cpu": "Some CPU", "cpu_count": 2, "l3_cache": "32M", "jax": "0.10.2"},
+      "peer": {"torch": "2.13.0", "transformers": "5.24.0", "device": "cpu", "threads": 2},
+      "settings": {"size": "30m", "variant": "internal_taper", "dtype": "float32", "repeats": 7},
+      "forward": [{"B": 1, "T": 128, "contenders": {"hf_eager": rate(2000.0), "hf_compiled": {"na": "Boom: why"},
+                                                   "baseline": rate(3000.0), "folded": rate(4000.0)}}],
+      "decode": [{"B": 1, "prompt": 128, "new_tokens": 128, "greedy_agreement": {"hf_eager": 128},
+                  "contenders": {"hf_eager": rate(100.0), "hf_compiled": rate(200.0), "baseline": rate(300.0),
+                                 "folded": rate(400.0)}}]}
+  table = peer.markdown(results)
+  assert "| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.00× | – |" in table
+  assert "* HF torch.compile: n/a (Boom: why)" in table
+  rates = " | ".join(f"{x}.00 ± 1.0%" for x in (100, 200, 300, 400))
+  assert f"| 1 | 128 | 128 | {rates} | 4.00× | 2.00× | 128/128 |" in table
+
+
+@pytest.mark.parametrize("changes, message", [(dict(modes=("prefill",)), "modes=prefill: choose from"),
+                                              (dict(variant="baseline"), "a model with tapered norms"),
+                                              (dict(threads=-1), "threads=-1: must be >= 0")])
+def test_settings_name_the_bad_field(changes, message):
+  with pytest.raises(ValueError, match=message):
+    peer.Settings(**changes)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="PyTorch is installed here")
+def test_without_pytorch_the_entry_point_says_how_to_install_it():
+  done = subprocess.run([sys.executable, "-m", "experiments.benchmark_peer", "--quick"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2
+  assert done.stderr.strip() == ("error: experiments/benchmark_peer.py needs PyTorch and transformers (torch is not "
+                                 "installed); install the peer extra: pip install -e '.[peer]' -c constraints.txt")
