@@ -14,7 +14,7 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import accelerator
-from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax.files import write_report
 
 _SETTINGS = cli.define_flags(accelerator.Settings, {
     "smoke": "Tiny CPU preset (what CI runs).", "tests": "Run the accelerator test subset.",
@@ -28,10 +28,9 @@ def main(argv: list[str]) -> None:
   settings = cli.settings(argv, accelerator.Settings, _SETTINGS)
   results = accelerator.run(settings, _OUT.value)
   report = accelerator.markdown(results)
-  write_json_atomically(os.path.join(_OUT.value, "results.json"), results)
-  write_text_atomically(os.path.join(_OUT.value, "report.md"), report + "\n")
+  path = write_report(_OUT.value, results, report, "report.md")
   print("\n" + report)
-  print(f"wrote {os.path.join(_OUT.value, 'results.json')} and report.md")
+  print(f"wrote {path} and report.md")
   if not accelerator.ok(results):
     sys.exit(f"error: the accelerator check found failures; see {os.path.join(_OUT.value, 'report.md')}")
 

@@ -11,23 +11,14 @@ and how: `tapernorm_jax/benchmarks/decode.py`. Writes `results.json` and `table.
 """
 
 import dataclasses
-import os
 
 from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import decode as bench
-from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax.files import write_report
 
-_SETTINGS = cli.define_flags(bench.Settings, {
-    "size": "Model size (the paper's 1m/3m/9m/30m, or cpu).", "variant": "internal_taper or all_taper.",
-    "modes": "forward and/or decode.", "batches": "Batch sizes of the forward mode.",
-    "lengths": "Sequence lengths T of the forward mode.", "decode_batches": "Batch sizes of the decode mode.",
-    "prompt": "Prompt length P of the decode mode.", "new_tokens": "Tokens N generated per row in the decode mode.",
-    "repeats": "Timed samples per form and cell (median and spread reported).",
-    "warmup": "Untimed calls per form and cell after compiling.",
-    "min_sample_s": "Each timed sample loops calls for at least this long.",
-    "dtype": "Compute and weight dtype (default: float32 on CPU, else bfloat16).", "seed": "Weight seed."})
+_SETTINGS = cli.define_flags(bench.Settings, bench.FLAG_HELP)
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")
 _OUT = flags.DEFINE_string("out", "runs/benchmark_decode", "Output directory for results.json and table.md.")
 
@@ -39,11 +30,9 @@ def main(argv: list[str]) -> None:
     settings = dataclasses.replace(settings, **bench.QUICK)
   results = bench.run(settings)
   table = bench.markdown(results)
-  os.makedirs(_OUT.value, exist_ok=True)
-  write_json_atomically(os.path.join(_OUT.value, "results.json"), results)
-  write_text_atomically(os.path.join(_OUT.value, "table.md"), table + "\n")
+  path = write_report(_OUT.value, results, table)
   print("\n" + table)
-  print(f"wrote {os.path.join(_OUT.value, 'results.json')} and table.md ({results['wall_s']:.0f} s)")
+  print(f"wrote {path} and table.md ({results['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -37,19 +37,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tapernorm_jax import hf_llama  # noqa: E402
+from tapernorm_jax.benchmarks import decode as decode_bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
-from tapernorm_jax.files import write_json_atomically, write_text_atomically  # noqa: E402
+from tapernorm_jax.files import write_report  # noqa: E402
 
 _SETTINGS = cli.define_flags(bench.Settings, {
-    "size": "Model size (the paper's 1m/3m/9m/30m, or cpu).", "variant": "internal_taper or all_taper.",
-    "modes": "forward and/or decode.", "batches": "Batch sizes of the forward mode.",
-    "lengths": "Sequence lengths T of the forward mode.", "decode_batches": "Batch sizes of the decode mode.",
-    "prompt": "Prompt length P of the decode mode.", "new_tokens": "Tokens N generated per row in the decode mode.",
-    "repeats": "Timed samples per contender and cell (median and spread reported).",
-    "warmup": "Untimed calls per contender and cell after compiling.",
-    "min_sample_s": "Each timed sample loops calls for at least this long.",
-    "dtype": "Compute and weight dtype of both (default: float32 on CPU, else bfloat16).", "seed": "Weight seed.",
-    "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
+    **decode_bench.FLAG_HELP, "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
     "threads": "PyTorch's intra-op threads (0: every core)."})
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")
 _OUT = flags.DEFINE_string("out", "runs/benchmark_peer", "Output directory for results.json and table.md.")
@@ -164,11 +157,9 @@ def main(argv: list[str]) -> None:
   peer.to(s.dtype)
   results = bench.run(s, peer, forms, checked)
   table = bench.markdown(results)
-  os.makedirs(_OUT.value, exist_ok=True)
-  write_json_atomically(os.path.join(_OUT.value, "results.json"), results)
-  write_text_atomically(os.path.join(_OUT.value, "table.md"), table + "\n")
+  path = write_report(_OUT.value, results, table)
   print("\n" + table)
-  print(f"wrote {os.path.join(_OUT.value, 'results.json')} and table.md ({results['wall_s']:.0f} s)")
+  print(f"wrote {path} and table.md ({results['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

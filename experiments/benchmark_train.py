@@ -5,13 +5,12 @@ data loader alone (the share of a step spent waiting for data). Prints a markdow
 writes results.json and table.md under --out.
 """
 
-import os
 
 from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import train as bench
-from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax.files import write_report
 
 _SETTINGS = cli.define_flags(bench.Settings, {
     "sizes": "Model sizes (configs/base.py SIZES).", "batch": "Global batch size.", "seq": "Sequence length T.",
@@ -24,9 +23,7 @@ def main(argv: list[str]) -> None:
   results = bench.run(cli.settings(argv, bench.Settings, _SETTINGS))
   table = bench.markdown(results)
   print("\n" + table)
-  os.makedirs(_OUT.value, exist_ok=True)
-  write_json_atomically(os.path.join(_OUT.value, "results.json"), results)
-  write_text_atomically(os.path.join(_OUT.value, "table.md"), table + "\n")
+  write_report(_OUT.value, results, table)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@
     splash    the Pallas splash-attention kernel that ships with jax (TPU), for lengths that are a
               multiple of its 128-row blocks (others, e.g. short prefills, use xla). Off TPU it runs
               in Pallas interpret mode, with a warning: correct and slow, which is how it is tested.
-    auto      blocked on CPU; cudnn on GPU for bf16/fp16 (else xla); splash on TPU when T is a
-              multiple of its 128-row blocks (else xla).
+    auto      blocked on CPU for T > BLOCK (else xla); cudnn on GPU for bf16/fp16 (else xla);
+              splash on TPU when T is a multiple of its 128-row blocks (else xla).
 
 Every implementation takes and returns `B×T×H×K` arrays, computes the softmax in fp32 and is
 tested against `xla` (outputs and gradients) in tests/test_attention.py.
@@ -37,8 +37,8 @@ def resolve(impl: str | None, dtype: jnp.dtype, T: int, backend: str | None = No
   if impl not in (None, "auto"):
     return impl
   backend = backend or jax.default_backend()
-  if backend == "cpu":
-    return "blocked"
+  if backend == "cpu":  # one block has nothing to skip: the full form is as fast and compiles faster
+    return "blocked" if T > BLOCK else "xla"
   if backend in ("gpu", "cuda", "rocm"):
     return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and backend != "rocm" else "xla"
   if backend == "tpu":

@@ -95,6 +95,14 @@ def write_json_atomically(path: str | os.PathLike, obj: Any) -> None:
   write_text_atomically(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def write_report(directory: str | os.PathLike, results: Any, markdown: str, name: str = "table.md") -> str:
+  """Writes `results.json` and the markdown `name` into `directory` (created); returns the JSON's path."""
+  os.makedirs(directory, exist_ok=True)
+  write_json_atomically(os.path.join(directory, "results.json"), results)
+  write_text_atomically(os.path.join(directory, name), markdown + "\n")
+  return os.path.join(directory, "results.json")
+
+
 def upload_tree(local: str | os.PathLike, remote: epath.Path) -> None:
   """Copies every file under the local directory `local` to the same relative path under `remote`."""
   for root, _, names in os.walk(local):

@@ -87,7 +87,8 @@ def test_cudnn_off_gpu_is_named():
 
 
 @pytest.mark.parametrize("backend,dtype,T,want", [
-    ("cpu", jnp.float32, 512, "blocked"), ("gpu", jnp.bfloat16, 512, "cudnn"), ("gpu", jnp.float32, 512, "xla"),
+    ("cpu", jnp.float32, 512, "blocked"), ("cpu", jnp.float32, 128, "xla"), ("gpu", jnp.bfloat16, 512, "cudnn"),
+    ("gpu", jnp.float32, 512, "xla"),
     ("tpu", jnp.bfloat16, 512, "splash"), ("tpu", jnp.bfloat16, 100, "xla")])
 def test_auto_picks_the_backend_s_kernel(backend, dtype, T, want):
   assert attention.resolve("auto", dtype, T, backend) == want
@@ -108,7 +109,8 @@ def tiny(family: str, **changes) -> tuple[ModelConfig, dict]:
 
 
 @pytest.mark.parametrize("family,impl", [
-    ("llama", "blocked"), ("gpt2", "blocked"), pytest.param("llama", "splash", marks=pytest.mark.slow)])
+    ("llama", "blocked"), pytest.param("gpt2", "blocked", marks=pytest.mark.slow),
+    pytest.param("llama", "splash", marks=pytest.mark.slow)])
 def test_model_logits_and_gradients_agree_across_implementations(family, impl):
   cfg, variables = tiny(family)
   tokens_BxT = jax.random.randint(jax.random.key(2), (2, 128), 0, cfg.V)
@@ -127,7 +129,7 @@ def test_model_logits_and_gradients_agree_across_implementations(family, impl):
     np.testing.assert_allclose(g, r, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("impl,remat", [("xla", False), ("blocked", True)])
+@pytest.mark.parametrize("impl,remat", [pytest.param("xla", False, marks=pytest.mark.slow), ("blocked", True)])
 def test_prefill_of_ragged_prompts_matches_attention_over_the_cache(impl, remat):
   """A prefill attends within the prompt chunk through the selected implementation; the second path attends over
   the cache slots (what decode steps do). Right-padded prompts of different lengths."""

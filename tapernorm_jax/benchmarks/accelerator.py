@@ -69,10 +69,11 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
 
 
 def train_settings(smoke: bool) -> train_bench.Settings:
-  """The paper's 30M model at batch 16 × 512 tokens, or a tiny smoke shape."""
+  """The paper's 30M model at batch 16 × 512 tokens (rounded up to the device count), or a tiny smoke shape."""
+  n = jax.device_count()  # the batch splits over every device
   if smoke:
-    return train_bench.Settings(sizes=("cpu",), batch=2, seq=32, steps=1, repeats=1)
-  return train_bench.Settings(sizes=("30m",), batch=16, seq=512, steps=5, repeats=3)
+    return train_bench.Settings(sizes=("cpu",), batch=n, seq=32, steps=1, repeats=1)
+  return train_bench.Settings(sizes=("30m",), batch=-(-16 // n) * n, seq=512, steps=5, repeats=3)
 
 
 def inference_settings(smoke: bool) -> decode_bench.Settings:

@@ -65,6 +65,15 @@ class Settings:
     self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
 
 
+FLAG_HELP = {  # one line per Settings field, for the entry points' flags
+    "size": "Model size (the paper's 1m/3m/9m/30m, or cpu).", "variant": "internal_taper or all_taper.",
+    "modes": "forward and/or decode.", "batches": "Batch sizes of the forward mode.",
+    "lengths": "Sequence lengths T of the forward mode.", "decode_batches": "Batch sizes of the decode mode.",
+    "prompt": "Prompt length P of the decode mode.", "new_tokens": "Tokens N generated per row in the decode mode.",
+    "repeats": "Timed samples per contender and cell (median and spread reported).",
+    "warmup": "Untimed calls per contender and cell after compiling.",
+    "min_sample_s": "Each timed sample loops calls for at least this long.",
+    "dtype": "Compute and weight dtype (default: float32 on CPU, else bfloat16).", "seed": "Weight seed."}
 QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
              warmup=1, min_sample_s=0.05)  # a smoke run in under a minute
 

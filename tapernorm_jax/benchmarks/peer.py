@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import base
 from tapernorm_jax import decode, hardware, inference
+from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks.decode import model_config
 from tapernorm_jax.benchmarks.timing import check_at_least, summary, time_interleaved
 from tapernorm_jax.errors import UserError
@@ -36,7 +36,7 @@ from tapernorm_jax.tables import markdown_table
 
 PyTree = Any
 Calls = dict[str, Callable[[], Any] | str]  # a call, or the reason it cannot run ("n/a" in the table)
-MODES = ("forward", "decode")
+MODES = decode_bench.MODES
 FORMS = ("baseline", "folded")  # this project's contenders; `baseline` is what the peer loads
 PEERS = ("hf_eager", "hf_compiled")
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
@@ -62,38 +62,17 @@ class Peer(Protocol):
 
 
 @dataclasses.dataclass
-class Settings:
-  """Everything that defines one peer benchmark run (defaults: the paper's grid at 30M)."""
+class Settings(decode_bench.Settings):
+  """benchmarks/decode.py's settings (defaults: the paper's grid at 30M), plus the peer's own."""
 
-  size: str = "30m"
-  variant: str = "internal_taper"
-  modes: tuple[str, ...] = MODES
-  batches: tuple[int, ...] = (1, 4)
-  lengths: tuple[int, ...] = (128, 256, 512)
-  decode_batches: tuple[int, ...] = (1, 4)
-  prompt: int = 128
-  new_tokens: int = 128
-  repeats: int = 7
-  warmup: int = 2
-  min_sample_s: float = 1.0
-  dtype: str = ""  # "" = float32 on CPU, bfloat16 on accelerators
-  seed: int = 0
   compile: bool = True
   threads: int = 0  # PyTorch's intra-op threads; 0 = every core (os.cpu_count())
 
   def __post_init__(self):
-    unknown = set(self.modes) - set(MODES)
-    if unknown or not self.modes:
-      raise ValueError(f"modes={','.join(self.modes)}: choose from {', '.join(MODES)}")
-    if self.size not in base.SIZES:
-      raise ValueError(f"size={self.size!r}: choose one of {sorted(base.SIZES)}")
-    if self.variant not in ("internal_taper", "all_taper"):
-      raise ValueError(f"variant={self.variant!r}: choose internal_taper or all_taper (a model with tapered norms)")
-    check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
-    check_at_least(self, 0, "warmup", "min_sample_s", "threads")
-    if self.dtype not in ("", "float32", "bfloat16", "float16"):
-      raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16 (or leave it empty)")
-    self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    super().__post_init__()
+    check_at_least(self, 0, "threads")
+    if self.dtype == "float64":
+      raise ValueError("dtype='float64': choose float32, bfloat16 or float16 (or leave it empty)")
 
 
 QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
