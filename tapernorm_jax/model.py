@@ -257,23 +257,21 @@ class Attention(nn.Module):
     K = cfg.D // cfg.H
     w_qkv_Dx3xHxK = _param(self, layout.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
                            cfg.param_dtype).astype(dt)
-    x_BxTxD = x_BxTxD.astype(dt)
+    bias_3xHxK = (_param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
+                  .astype(dt) if cfg.family == "gpt2" else None)
+
+    def heads(x_BxTxD: Array, which: slice) -> Array:
+      """Queries, keys and/or values (`which` of the three) of every position of x, B×T×n×H×K."""
+      # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel.
+      out_BxTxnxHxK = project("bld,dthk->blthk", x_BxTxD.astype(dt), w_qkv_Dx3xHxK[:, which])
+      return out_BxTxnxHxK if bias_3xHxK is None else out_BxTxnxHxK + bias_3xHxK[which]
+
     if last_only:  # keys and values of every position, the query of the last one only
-      q_Bx1x1xHxK = project("bld,dthk->blthk", x_BxTxD[:, -1:], w_qkv_Dx3xHxK[:, :1])
-      kv_BxTx2xHxK = project("bld,dthk->blthk", x_BxTxD, w_qkv_Dx3xHxK[:, 1:])
-      qkv_BxTx3xHxK = None
-    else:  # output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel
-      qkv_BxTx3xHxK = project("bld,dthk->blthk", x_BxTxD, w_qkv_Dx3xHxK)
-    if cfg.family == "gpt2":
-      bias_3xHxK = _param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None,
-                          cfg.param_dtype).astype(dt)
-      if last_only:
-        q_Bx1x1xHxK, kv_BxTx2xHxK = q_Bx1x1xHxK + bias_3xHxK[:1], kv_BxTx2xHxK + bias_3xHxK[1:]
-      else:
-        qkv_BxTx3xHxK += bias_3xHxK
-    if last_only:
-      q_BxTxHxK, (k_BxTxHxK, v_BxTxHxK) = q_Bx1x1xHxK[:, :, 0], (kv_BxTx2xHxK[:, :, i] for i in range(2))
+      q_BxTxHxK = heads(x_BxTxD[:, -1:], slice(0, 1))[:, :, 0]
+      kv_BxTx2xHxK = heads(x_BxTxD, slice(1, 3))
+      k_BxTxHxK, v_BxTxHxK = kv_BxTx2xHxK[:, :, 0], kv_BxTx2xHxK[:, :, 1]
     else:
+      qkv_BxTx3xHxK = heads(x_BxTxD, slice(0, 3))
       q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
     if cfg.family == "llama":
       q_BxTxHxK = rope(q_BxTxHxK, positions_BxT[:, -1:] if last_only else positions_BxT, cfg.rope_base)
