@@ -84,15 +84,19 @@ def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
   return cfg.replace(dtype=dtype, param_dtype=dtype)
 
 
+def forward_calls(forms: dict[str, tuple[PyTree, ModelConfig]], tokens_BxT: Any) -> dict[str, Any]:
+  """Per form, a call of its jitted last-token-logits forward on `tokens_BxT`."""
+  tokens_BxT = jnp.asarray(tokens_BxT)
+  return {name: (lambda f=inference.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
+
+
 def bench_forward(forms: dict, s: Settings) -> list[dict]:
   """Tokens/s of the last-token-logits forward for every (B, T) cell and form."""
   rows = []
   for B in s.batches:
     for T in s.lengths:
       tokens_BxT = jax.random.randint(jax.random.key(T + B), (B, T), 0, next(iter(forms.values()))[1].V)
-      calls = {name: (lambda f=inference.last_token_logits(cfg), v=v: f(v, tokens_BxT))
-               for name, (v, cfg) in forms.items()}
-      samples = time_interleaved(calls, s.repeats, s.warmup, s.min_sample_s)
+      samples = time_interleaved(forward_calls(forms, tokens_BxT), s.repeats, s.warmup, s.min_sample_s)
       row = {"B": B, "T": T, "forms": {name: summary(sec, B * T) for name, sec in samples.items()}}
       rows.append(row)
       log_row(f"forward B={B} T={T}", row, "tok/s")

@@ -117,12 +117,6 @@ def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARI
   return out
 
 
-def forward_calls(forms: dict[str, tuple[PyTree, ModelConfig]], tokens_BxT: np.ndarray) -> Calls:
-  """This project's jitted last-token-logits forward per form."""
-  tokens_BxT = jnp.asarray(tokens_BxT)
-  return {name: (lambda f=inference.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
-
-
 def decode_calls(forms: dict[str, tuple[PyTree, ModelConfig]], prompt_BxP: np.ndarray, new_tokens: int) -> Calls:
   """This project's jitted greedy prefill-and-decode (`decode.generate`) per form."""
   prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
@@ -156,7 +150,7 @@ def bench_forward(peer: Peer, forms: dict, s: Settings) -> list[dict]:
   for B in s.batches:
     for T in s.lengths:
       tokens_BxT = np.random.default_rng(1000 * B + T).integers(0, V, (B, T), dtype=np.int32)
-      calls = {**peer.forward_calls(tokens_BxT), **forward_calls(forms, tokens_BxT)}
+      calls = {**peer.forward_calls(tokens_BxT), **decode_bench.forward_calls(forms, tokens_BxT)}
       row = {"B": B, "T": T, "contenders": measure(calls, B * T, s)}
       rows.append(row)
       log_row(f"forward B={B} T={T}", row)
