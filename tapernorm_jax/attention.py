@@ -2,16 +2,16 @@
 
     xla       the reference: a full T×T score tensor per head, the upper triangle masked
               (`jax.nn.dot_product_attention(implementation="xla")`).
-    blocked   causal attention a few (batch, head) pairs at a time (`lax.map`), in query blocks
-              of `BLOCK` rows: block i scores only the keys it can see (i + 1 blocks), so fully
-              masked blocks are never computed, and at most one block row of scores per pair
-              exists at a time, small enough to stay in cache. Plain `lax`, so it differentiates;
-              the CPU default.
+    blocked   causal attention in query blocks (`blocked_plan`): block i scores only the keys it
+              can see (i + 1 blocks), so fully masked blocks are never computed, and as many
+              (batch, head) pairs go at once as keep one block row of scores in the cores' L2
+              cache (`lax.map` over the groups when they do not all fit). Plain `lax`, so it
+              differentiates; the CPU default.
     cudnn     cuDNN's fused kernel through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
     splash    the Pallas splash-attention kernel that ships with jax (TPU), for lengths that are a
               multiple of its 128-row blocks (others, e.g. short prefills, use xla). Off TPU it runs
               in Pallas interpret mode, with a warning: correct and slow, which is how it is tested.
-    auto      blocked on CPU for T > BLOCK (else xla); cudnn on GPU for bf16/fp16 (else xla);
+    auto      blocked on CPU; cudnn on GPU for bf16/fp16 (else xla);
               splash on TPU when T is a multiple of its 128-row blocks (else xla).
 
 Every implementation takes and returns `B×T×H×K` arrays, computes the softmax in fp32 and is
@@ -28,8 +28,9 @@ import numpy as np
 
 Array = jax.Array
 IMPLS = ("auto", "xla", "blocked", "cudnn", "splash")
-BLOCK = 128  # the block size of `splash` (its minimum); also the query rows per block of `blocked`
-HEADS_PER_STEP = 2  # (batch, head) pairs per step of `blocked`: their scores stay in the core's cache
+BLOCK = 128  # the block size of `splash` (its minimum)
+SCORES_BYTES = 2 * 2**20  # fp32 scores of one query block of `blocked`, all pairs of a step: ~L2 of two cores
+MAX_BLOCKS = 8  # query blocks per pair in `blocked` (each is a handful of ops; more cost more than they skip)
 
 
 def resolve(impl: str | None, dtype: jnp.dtype, T: int, backend: str | None = None) -> str:
@@ -37,8 +38,8 @@ def resolve(impl: str | None, dtype: jnp.dtype, T: int, backend: str | None = No
   if impl not in (None, "auto"):
     return impl
   backend = backend or jax.default_backend()
-  if backend == "cpu":  # one block has nothing to skip: the full form is as fast and compiles faster
-    return "blocked" if T > BLOCK else "xla"
+  if backend == "cpu":
+    return "blocked"
   if backend in ("gpu", "cuda", "rocm"):
     return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and backend != "rocm" else "xla"
   if backend == "tpu":
@@ -69,16 +70,35 @@ def causal_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, impl:
   raise ValueError(f"model.attention_impl={impl!r}: choose one of {IMPLS}")
 
 
-def blocked_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, block: int = BLOCK,
-                      heads_per_step: int = HEADS_PER_STEP) -> Array:
-  """Causal attention, a few (batch, head) pairs at a time, in query blocks that score only the keys they see."""
+def blocked_plan(pairs: int, T: int) -> tuple[int, int]:
+  """(query rows per block, (batch, head) pairs per step) of `blocked` for `pairs` = B·H sequences of length T.
+
+  Blocks of max(32, T / MAX_BLOCKS) rows; pairs per step: the largest divisor of B·H whose block row of fp32
+  scores (pairs × block × T) fits in SCORES_BYTES, at least one. In isolation on a 2-core x86 CPU, at B·H = 16–64,
+  this is 1.3–1.9× faster than 128-row blocks of 2 pairs for T ≤ 256 (equal at 512), and 1.4–3.5× than `xla`.
+  """
+  block = max(32, -(-T // MAX_BLOCKS))
+  fits = max(1, SCORES_BYTES // (4 * block * T))
+  return block, max(n for n in range(1, min(pairs, fits) + 1) if pairs % n == 0)
+
+
+def blocked_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, block: int | None = None,
+                      heads_per_step: int | None = None) -> Array:
+  """Causal attention in query blocks that score only the keys they see, a group of (batch, head) pairs at a time.
+
+  `block` and `heads_per_step` default to `blocked_plan`'s; a `heads_per_step` that does not divide B·H is
+  lowered to their greatest common divisor, so every step has the same shape.
+  """
   B, T, H, K = q_BxTxHxK.shape
-  to_NxTxK = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H, T, K)
-  n = math.gcd(B * H, heads_per_step)  # pairs per step: a divisor of B·H, so every step has the same shape
-  to_StepsxNxTxK = lambda x: to_NxTxK(x).reshape(B * H // n, n, T, K)
+  plan_block, plan_pairs = blocked_plan(B * H, T)
+  block, n = block or plan_block, math.gcd(B * H, heads_per_step or plan_pairs)
+  to_StepsxNxTxK = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H // n, n, T, K)
   q_StepsxNxTxK = to_StepsxNxTxK(q_BxTxHxK * jnp.asarray(K**-0.5, q_BxTxHxK.dtype))
-  step = lambda qkv: _causal_blocks(*qkv, block)
-  out_StepsxNxTxK = jax.lax.map(step, (q_StepsxNxTxK, to_StepsxNxTxK(k_BxTxHxK), to_StepsxNxTxK(v_BxTxHxK)))
+  qkv = (q_StepsxNxTxK, to_StepsxNxTxK(k_BxTxHxK), to_StepsxNxTxK(v_BxTxHxK))
+  if n == B * H:  # one step: no loop around it
+    out_StepsxNxTxK = _causal_blocks(*(x[0] for x in qkv), block)[None]
+  else:
+    out_StepsxNxTxK = jax.lax.map(lambda qkv: _causal_blocks(*qkv, block), qkv)
   return jnp.swapaxes(out_StepsxNxTxK.reshape(B, H, T, K), 1, 2)
 
 

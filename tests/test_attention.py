@@ -22,22 +22,33 @@ def loss_and_grads(impl: str, q, k, v):
   """A weighted sum of the attention output and its gradients with respect to q, k and v."""
   w = jax.random.normal(jax.random.key(9), q.shape)
   f = lambda q, k, v: jnp.sum(w * attention.causal_attention(q, k, v, impl))
-  return jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+  return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
 
 @pytest.mark.parametrize("B,T,H,K,block,heads_per_step", [
     (2, 130, 4, 16, 64, 2),  # three query blocks, the last one ragged
     (3, 96, 2, 8, 128, 4),  # one block; 4 pairs per step does not divide B·H = 6 (gcd: 2)
+    (2, 130, 4, 16, None, None),  # blocked_plan's: 5 blocks of 32 rows, all 8 pairs in one step (no loop)
 ])
 def test_blocked_attention_matches_the_reference_with_gradients(B, T, H, K, block, heads_per_step):
   q, k, v = qkv(B, T, H, K)
   blocked = functools.partial(attention.blocked_attention, block=block, heads_per_step=heads_per_step)
-  np.testing.assert_allclose(blocked(q, k, v), attention.causal_attention(q, k, v, "xla"), atol=2e-6, rtol=1e-5)
+  np.testing.assert_allclose(jax.jit(blocked)(q, k, v), attention.causal_attention(q, k, v, "xla"), atol=2e-6,
+                             rtol=1e-5)
   w = jax.random.normal(jax.random.key(9), q.shape)
-  got = jax.grad(lambda *a: jnp.sum(w * blocked(*a)), argnums=(0, 1, 2))(q, k, v)
+  got = jax.jit(jax.grad(lambda *a: jnp.sum(w * blocked(*a)), argnums=(0, 1, 2)))(q, k, v)
   want = loss_and_grads("xla", q, k, v)[1]
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pairs,T", [(16, 128), (64, 256), (64, 512), (6, 2048), (1, 8192)])
+def test_blocked_plan_takes_the_most_pairs_whose_scores_fit(pairs, T):
+  block, n = attention.blocked_plan(pairs, T)
+  assert block >= 32 and -(-T // block) <= attention.MAX_BLOCKS
+  fits = lambda m: pairs % m == 0 and 4 * m * block * T <= attention.SCORES_BYTES
+  assert pairs % n == 0 and (fits(n) or n == 1)
+  assert not any(fits(m) for m in range(n + 1, pairs + 1))
 
 
 def test_blocked_attention_is_causal_and_matches_a_direct_softmax():
@@ -87,7 +98,7 @@ def test_cudnn_off_gpu_is_named():
 
 
 @pytest.mark.parametrize("backend,dtype,T,want", [
-    ("cpu", jnp.float32, 512, "blocked"), ("cpu", jnp.float32, 128, "xla"), ("gpu", jnp.bfloat16, 512, "cudnn"),
+    ("cpu", jnp.float32, 512, "blocked"), ("cpu", jnp.float32, 100, "blocked"), ("gpu", jnp.bfloat16, 512, "cudnn"),
     ("gpu", jnp.float32, 512, "xla"),
     ("tpu", jnp.bfloat16, 512, "splash"), ("tpu", jnp.bfloat16, 100, "xla")])
 def test_auto_picks_the_backend_s_kernel(backend, dtype, T, want):
@@ -120,10 +131,11 @@ def test_model_logits_and_gradients_agree_across_implementations(family, impl):
                                                                        0.3)
     return jnp.mean(jax.nn.logsumexp(logits_BxTxV, -1) - logits_BxTxV[..., 0])
 
-  want, want_grads = jax.value_and_grad(loss)(variables["params"], "xla")
+  value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  want, want_grads = value_and_grad(variables["params"], "xla")
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "model.attention_impl='splash'")  # interpret mode on this CPU
-    got, got_grads = jax.value_and_grad(loss)(variables["params"], impl)
+    got, got_grads = value_and_grad(variables["params"], impl)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   for g, r in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     np.testing.assert_allclose(g, r, atol=1e-6, rtol=1e-4)
@@ -137,10 +149,10 @@ def test_prefill_of_ragged_prompts_matches_attention_over_the_cache(impl, remat)
   prompt_BxP = jax.random.randint(jax.random.key(3), (3, 70), 0, cfg.V)
   lengths_B = jnp.array([70, 41, 1], jnp.int32)
   cache = decode.init_cache(cfg, 3, 80)
-  logits_BxV, filled = decode.prefill(variables, cfg, prompt_BxP, lengths_B, cache)
+  logits_BxV, filled = jax.jit(decode.prefill, static_argnums=1)(variables, cfg, prompt_BxP, lengths_B, cache)
   model = Transformer(cfg)
-  h_BxPxD, over_cache = model.apply(variables, prompt_BxP, cache, jnp.zeros(3, jnp.int32), 0.0,
-                                    method=Transformer.decode)
+  h_BxPxD, over_cache = jax.jit(functools.partial(model.apply, method=Transformer.decode))(
+      variables, prompt_BxP, cache, jnp.zeros(3, jnp.int32), 0.0)
   h_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None], axis=1)
   np.testing.assert_allclose(logits_BxV, model.apply(variables, h_Bx1xD, 0.0, method=Transformer.logits)[:, 0],
                              atol=1e-5)
@@ -153,5 +165,5 @@ def test_last_token_forward_equals_the_full_forward(family, remat):
   """Only the last position's queries, MLP and head run in the last block; the logits are those of a full pass."""
   cfg, variables = tiny(family, remat=remat)
   tokens_BxT = jax.random.randint(jax.random.key(4), (3, 57), 0, cfg.V)
-  full_BxTxV = Transformer(cfg).apply(variables, tokens_BxT, 0.0)
+  full_BxTxV = jax.jit(Transformer(cfg).apply)(variables, tokens_BxT, 0.0)
   np.testing.assert_allclose(inference.last_token_logits(cfg)(variables, tokens_BxT), full_BxTxV[:, -1], atol=2e-6)
