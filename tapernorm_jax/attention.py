@@ -75,7 +75,7 @@ def blocked_plan(pairs: int, T: int) -> tuple[int, int]:
 
   Blocks of max(32, T / MAX_BLOCKS) rows; pairs per step: the largest divisor of B·H whose block row of fp32
   scores (pairs × block × T) fits in SCORES_BYTES, at least one. In isolation on a 2-core x86 CPU, at B·H = 16–64,
-  this is 1.3–1.9× faster than 128-row blocks of 2 pairs for T ≤ 256 (equal at 512), and 1.4–3.5× than `xla`.
+  this is 1.3–2.0× faster than 128-row blocks of 2 pairs for T ≤ 256 (equal at 512), and 1.4–3.7× than `xla`.
   """
   block = max(32, -(-T // MAX_BLOCKS))
   fits = max(1, SCORES_BYTES // (4 * block * T))
