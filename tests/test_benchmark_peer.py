@@ -1,4 +1,5 @@
-"""The peer benchmark's PyTorch-free half (tapernorm_jax/benchmarks/peer.py) and its entry point without PyTorch."""
+"""The peer benchmark's PyTorch-free half (tapernorm_jax/benchmarks/peer.py), its paired ratios, and its entry point
+without PyTorch."""
 
 import importlib.util
 import subprocess
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from tapernorm_jax.benchmarks import peer
+from tapernorm_jax.benchmarks.timing import paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +41,9 @@ def test_measure_times_the_runnable_calls_and_keeps_the_reasons():
 
 
 def test_markdown_shows_ratios_and_the_reason_for_n_a():
-  rate = lambda median: {"median": median, "min": median, "max": median, "spread": 0.02, "seconds": [1.0]}
+  drift = (1.0, 1.6, 0.9)  # the machine's speed round by round, shared by every contender: cancels from the ratios
+  rate = lambda median: {"median": median, "min": median, "max": median, "spread": 0.02,
+                         "seconds": [f / median for f in drift]}
   results = {
       "date": "2026-01-01", "params": 1000, "parity": {"max_abs_diff": 2e-7}, "load_average": 0.5,
       "hardware": {"backend": "cpu", "cpu": "Some CPU", "cpu_count": 2, "l3_cache": "32M", "jax": "0.10.2"},
@@ -51,10 +55,22 @@ def test_markdown_shows_ratios_and_the_reason_for_n_a():
                   "contenders": {"hf_eager": rate(100.0), "hf_compiled": rate(200.0), "baseline": rate(300.0),
                                  "folded": rate(400.0)}}]}
   table = peer.markdown(results)
-  assert "| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.00× | – |" in table
+  assert "| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.00× (2.00–2.00) | – |" in table
   assert "* HF torch.compile: n/a (Boom: why)" in table
   rates = " | ".join(f"{x}.00 ± 1.0%" for x in (100, 200, 300, 400))
-  assert f"| 1 | 128 | 128 | {rates} | 4.00× | 2.00× | 128/128 |" in table
+  assert f"| 1 | 128 | 128 | {rates} | 4.00× (4.00–4.00) | 2.00× (2.00–2.00) | 128/128 |" in table
+
+
+def test_paired_ratio_cancels_a_slowdown_shared_by_a_round_and_ignores_one_outlier():
+  drift = [1.0, 2.5, 0.7, 1.9, 1.2]  # seconds scale round by round: the medians of the rates do not see it
+  ours, theirs = [0.5 * f for f in drift], [0.8 * f for f in drift]
+  r = paired_ratio(ours, theirs)
+  assert r["min"] == pytest.approx(1.6) and r["max"] == pytest.approx(1.6)
+  theirs[3] *= 3  # one round where only the peer was disturbed
+  r = paired_ratio(ours, theirs)
+  assert r["median"] == pytest.approx(1.6) and r["max"] == pytest.approx(4.8)
+  with pytest.raises(ValueError):
+    paired_ratio(ours, theirs[:-1])
 
 
 @pytest.mark.parametrize("changes, message", [(dict(modes=("prefill",)), r"modes=\['prefill'\]: unknown"),

@@ -29,7 +29,7 @@ import numpy as np
 from tapernorm_jax import decode, hardware, inference
 from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks.decode import model_config
-from tapernorm_jax.benchmarks.timing import check_at_least, summary, time_interleaved
+from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.model import ModelConfig, init, param_count
 from tapernorm_jax.tables import markdown_table
@@ -179,8 +179,7 @@ def log_row(title: str, row: dict) -> None:
   c = row["contenders"]
   cells = ", ".join(f"{LABELS[name]} " + (f"{r['median']:,.0f} tok/s (±{50 * r['spread']:.1f}%)" if "median" in r
                                          else "n/a") for name, r in c.items())
-  ratios = ", ".join(f"folded/{LABELS[name]} {c['folded']['median'] / c[name]['median']:.2f}×" for name in PEERS
-                     if "median" in c.get(name, {}))
+  ratios = ", ".join(f"folded/{LABELS[name]} {ratio(c, name)}" for name in PEERS if "median" in c.get(name, {}))
   print(f"{title}: {cells}" + (f"; {ratios}" if ratios else ""), flush=True)
 
 
@@ -212,8 +211,12 @@ def cell(r: dict, unit: float = 1e3) -> str:
 
 
 def ratio(c: dict, name: str) -> str:
-  """folded's median over `name`'s, or `–`."""
-  return f"{c['folded']['median'] / c[name]['median']:.2f}×" if "median" in c.get(name, {}) else "–"
+  """How many times faster folded ran than contender `name`, round by round: `1.23× (1.10–1.31)` (median, min–max
+  over rounds; timing.paired_ratio), or `–`."""
+  if "median" not in c.get(name, {}):
+    return "–"
+  r = paired_ratio(c["folded"]["seconds"], c[name]["seconds"])
+  return f"{r['median']:.2f}× ({r['min']:.2f}–{r['max']:.2f})"
 
 
 def reasons(rows: list[dict]) -> list[str]:
@@ -232,8 +235,9 @@ def markdown(results: dict) -> str:
   s, p, hw = results["settings"], results["peer"], results["hardware"]
   lines = [f"Measured {results['date']} on {hardware.one_line(hw)}, {s['size']} {s['variant']} model "
            f"({results['params']:,} parameters), {s['dtype']}, median of {s['repeats']} interleaved runs "
-           f"(± half the min–max spread), load average {results['load_average']:.1f} at the start. Peer: torch "
-           f"{p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
+           f"(± half the min–max spread; ratios: median and min–max over those rounds of each round's ratio, which "
+           f"cancels load drifts slower than a round), load average {results['load_average']:.1f} at the start. "
+           f"Peer: torch {p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
            f"transformers {p['transformers']}, LlamaForCausalLM with SDPA attention on the baseline form's weights "
            f"(last-token logits within {results['parity']['max_abs_diff']:.1e} of ours in float32). Ours: jax "
            f"{hw['jax']}, jitted.", ""]

@@ -49,6 +49,14 @@ def summary(seconds: list[float], work: float) -> dict[str, Any]:
           "seconds": seconds}
 
 
+def paired_ratio(seconds: list[float], reference_seconds: list[float]) -> dict[str, float]:
+  """How many times faster than a reference, from samples taken in the same rounds of `time_interleaved`: the
+  median, min and max over rounds of the per-round ratio (a drift of the machine's speed that is slower than one
+  round cancels out of each ratio, though not out of either throughput)."""
+  ratios = sorted(ref / sec for sec, ref in zip(seconds, reference_seconds, strict=True))
+  return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+
+
 def bandwidth_probe(nbytes: int) -> Callable[[], jax.Array]:
   """A call that reads `nbytes` once: a jitted sum over an fp32 array of that size."""
   x = jnp.ones((max(nbytes // 4, 1),), jnp.float32)
