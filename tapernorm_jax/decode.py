@@ -10,6 +10,10 @@ query at position p see slots ≤ p.
     logits_BxV, cache = decode_step(variables, cfg, tokens_B, index_B, cache)
     tokens_BxN = generate(variables, cfg, prompt_BxP, lengths_B, key, max_new_tokens=N)
 
+On CPU, `with_matvec_weights(variables, cfg)` adds, once, an output×input copy of every projection
+(the `matvec` collection); steps of up to 8 rows then read each weight once for all rows through a
+custom call (`matvec.py`) instead of once per row. It costs a second copy of the weights in memory.
+
 Requests outside the model's domain are a ValueError naming the argument, raised while tracing
 (the shapes and sampling settings are static): `temperature` < 0, `top_k` outside [0, V],
 `max_new_tokens` < 1, a gpt2 request past its model.T learned positions, a chunk longer than
@@ -22,16 +26,39 @@ import logging
 import math
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
-from tapernorm_jax.model import LayerCache, ModelConfig, Transformer
+from tapernorm_jax import layout, matvec
+from tapernorm_jax.model import MATVEC, LayerCache, ModelConfig, Transformer
 
 Array = jax.Array
 PyTree = Any
 Cache = list[LayerCache]
 log = logging.getLogger(__name__)
+
+
+# Leading (input) axes of each projection's kernel; its output×input copy is the kernel reshaped to 2-D, transposed.
+INPUT_AXES = {layout.QKV: 1, layout.ATTN_OUT: 2, layout.WI_GATE: 1, layout.WI_UP: 1, layout.WI: 1, layout.WO: 1,
+              layout.HEAD: 1}
+
+
+def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
+  """`variables` plus the `matvec` collection (every projection as output × input) that lets decode steps of up to
+  8 rows use `matvec.rows`; `variables` unchanged where that kernel is unavailable or the compute dtype is not fp32."""
+  if not matvec.available() or jnp.dtype(cfg.compute_dtype) != jnp.float32:
+    return variables
+  copies = {}
+  for path, w in traverse_util.flatten_dict(nn.meta.unbox(variables["params"])).items():
+    if path[-1] in INPUT_AXES:  # materialized here, once: under jit, XLA would redo the transpose every step
+      w = jnp.asarray(w, jnp.float32)
+      copies[path] = w.reshape(math.prod(w.shape[:INPUT_AXES[path[-1]]]), -1).T.copy()
+  if cfg.tie_embeddings:  # the table already is the tied head's output × input form
+    copies[(layout.EMBED,)] = jnp.asarray(nn.meta.unbox(variables["params"])[layout.EMBED], jnp.float32)
+  return {**variables, MATVEC: traverse_util.unflatten_dict(copies)}
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:

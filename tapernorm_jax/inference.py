@@ -15,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from tapernorm_jax import damaged, decode, export, files, layout
+from tapernorm_jax import damaged, decode, export, files, layout, matvec
 from tapernorm_jax import fold as fold_lib
 from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables
 
@@ -143,6 +143,8 @@ def continue_prompts(variables: PyTree, cfg: ModelConfig, prompts: list[list[int
                      eos_id: int | None = None) -> list[list[int]]:
   """New tokens for each prompt (cut after EOS) from one jitted prefill-and-decode call."""
   prompt_BxP, lengths_B = decode.pad_prompts(prompts)
+  if len(prompts) <= matvec.MAX_ROWS:  # decode steps of this few rows read each weight once (decode.py)
+    variables = decode.with_matvec_weights(variables, cfg)
   tokens_BxN = decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(seed),
                                max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, eos_id=eos_id)
   return decode.trim(jax.device_get(tokens_BxN), eos_id)

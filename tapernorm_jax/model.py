@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import attention, layout
+from tapernorm_jax import attention, layout, matvec
 from tapernorm_jax.norms import NORM_MODES, RENAMED_MODES, Norm, ScaleMonitor
 
 Array = jax.Array
@@ -167,24 +167,35 @@ def _residual_out(module: nn.Module, x: Array, name: str, bias_name: str, in_sha
   cfg, dt = module.cfg, module.cfg.compute_dtype
   w = _param(module, name, in_shape + (cfg.D,), in_axes + ("embed",), cfg.init_std / (2 * cfg.L) ** 0.5,
              cfg.param_dtype)
-  y_BxTxD = project(spec, x, w.astype(dt))
+  y_BxTxD = project(spec, x, w.astype(dt), _matvec_weight(module, name))
   if cfg.family == "gpt2":
     y_BxTxD += _param(module, bias_name, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
   return y_BxTxD
 
 
 ROWWISE_MAX = 8  # on CPU, a projection of 2…ROWWISE_MAX rows (B·T: batched decode) runs one row at a time
+MATVEC = "matvec"  # variable collection: output×input copies of the projections (decode.with_matvec_weights)
 
 
-def project(spec: str, x_BxTx___: Array, w: Array) -> Array:
-  """`jnp.einsum(spec, x, w)` for x with leading axes B, T; on CPU a few rows (batched decode) go one at a time.
+def _matvec_weight(module: nn.Module, name: str) -> Array | None:
+  """The output×input copy of `module`'s weight `name` for the few-row kernel, when the caller supplied one."""
+  return module.get_variable(MATVEC, name) if module.has_variable(MATVEC, name) else None
 
-  XLA:CPU hands a product of 2–8 rows with a weight to a GEMM that first copies the weight into
-  packed panels (about 3.5× the time of one row's matrix–vector product here); one product per row
-  reads the weight straight, from cache after the first row. The barrier keeps XLA's dot merger
-  from fusing the rows back into one GEMM.
+
+def project(spec: str, x_BxTx___: Array, w: Array, w_OxK: Array | None = None) -> Array:
+  """`jnp.einsum(spec, x, w)` for x with leading axes B, T; on CPU a few rows (batched decode) avoid XLA's GEMM.
+
+  `spec` contracts x's trailing axes with w's leading ones. Given `w_OxK` (w as output × input, 2-D), up
+  to ROWWISE_MAX rows go through `matvec.rows`, which reads each weight row once for all of them.
+  Otherwise on CPU 2…ROWWISE_MAX rows go one at a time: XLA:CPU hands a product of 2–8 rows with a
+  weight to a GEMM that first copies the weight into packed panels (about 3.5× the time of one row's
+  matrix–vector product here), while one product per row reads the weight straight, from cache
+  after the first row. The barrier keeps XLA's dot merger from fusing the rows back into one GEMM.
   """
   B, T = x_BxTx___.shape[:2]
+  if w_OxK is not None and B * T <= ROWWISE_MAX:
+    out_RxO = matvec.rows(x_BxTx___.reshape(B * T, w_OxK.shape[1]), w_OxK)
+    return out_RxO.reshape((B, T) + w.shape[x_BxTx___.ndim - 2:])
   if not 1 < B * T <= ROWWISE_MAX or jax.default_backend() != "cpu":
     return jnp.einsum(spec, x_BxTx___, w)
   rows_Nx1x___ = x_BxTx___.reshape((B * T, 1) + x_BxTx___.shape[2:])
@@ -193,9 +204,14 @@ def project(spec: str, x_BxTx___: Array, w: Array) -> Array:
   return out_Nx1x___.reshape((B, T) + out_Nx1x___.shape[2:])
 
 
-def tied_head(x_BxTxD: Array, embed_VxD: Array) -> Array:
-  """Logits against the embedding table (B×T×V); for a few rows on CPU, as one pass over the table's rows."""
+def tied_head(x_BxTxD: Array, embed_VxD: Array, w_VxD: Array | None = None) -> Array:
+  """Logits against the embedding table (B×T×V); for a few rows on CPU, as one pass over the table's rows.
+
+  `w_VxD`: the table as given for `matvec.rows` (it is already the head's output×input form).
+  """
   B, T, D = x_BxTxD.shape
+  if w_VxD is not None and B * T <= ROWWISE_MAX:
+    return matvec.rows(x_BxTxD.reshape(B * T, D), w_VxD).reshape(B, T, -1)
   if not 1 < B * T <= ROWWISE_MAX or jax.default_backend() != "cpu":
     return jnp.einsum("bld,vd->blv", x_BxTxD, embed_VxD)
   # The product is fused into the reduction: each table row is read once and dotted with every row of x.
@@ -260,10 +276,13 @@ class Attention(nn.Module):
     bias_3xHxK = (_param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
                   .astype(dt) if cfg.family == "gpt2" else None)
 
+    w_3HKxD = _matvec_weight(self, layout.QKV)
+
     def heads(x_BxTxD: Array, which: slice) -> Array:
       """Queries, keys and/or values (`which` of the three) of every position of x, B×T×n×H×K."""
       # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel.
-      out_BxTxnxHxK = project("bld,dthk->blthk", x_BxTxD.astype(dt), w_qkv_Dx3xHxK[:, which])
+      w_OxD = None if w_3HKxD is None else w_3HKxD.reshape(3, -1, cfg.D)[which].reshape(-1, cfg.D)
+      out_BxTxnxHxK = project("bld,dthk->blthk", x_BxTxD.astype(dt), w_qkv_Dx3xHxK[:, which], w_OxD)
       return out_BxTxnxHxK if bias_3xHxK is None else out_BxTxnxHxK + bias_3xHxK[which]
 
     if last_only:  # keys and values of every position, the query of the last one only
@@ -306,7 +325,8 @@ class Mlp(nn.Module):
     cfg, dt = self.cfg, self.cfg.compute_dtype
     F, x_BxTxD = cfg.mlp_dim, x_BxTxD.astype(dt)
     dense_in = lambda name: project("btd,df->btf", x_BxTxD, _param(self, name, (cfg.D, F), ("embed", "mlp"),
-                                                                    cfg.init_std, cfg.param_dtype).astype(dt))
+                                                                    cfg.init_std, cfg.param_dtype).astype(dt),
+                                    _matvec_weight(self, name))
     if cfg.family == "llama":
       hidden_BxTxF = nn.silu(dense_in(layout.WI_GATE)) * dense_in(layout.WI_UP)
     else:
@@ -438,9 +458,10 @@ class Transformer(nn.Module):
     out_dt = jnp.promote_types(dt, jnp.float32)
     x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[-1]).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
-      logits_BxTxV = tied_head(x_BxTxD, self.embed.astype(dt)).astype(out_dt)
+      logits_BxTxV = tied_head(x_BxTxD, self.embed.astype(dt), _matvec_weight(self, layout.EMBED)).astype(out_dt)
     else:
-      logits_BxTxV = project("bld,dv->blv", x_BxTxD, self.head.astype(dt)).astype(out_dt)
+      logits_BxTxV = project("bld,dv->blv", x_BxTxD, self.head.astype(dt), _matvec_weight(self, layout.HEAD)
+                             ).astype(out_dt)
     if cfg.logits_bias:
       logits_BxTxV += self.logits_bias.astype(out_dt)
     return logits_BxTxV

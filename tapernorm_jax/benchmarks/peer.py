@@ -122,6 +122,7 @@ def decode_calls(forms: dict[str, tuple[PyTree, ModelConfig]], prompt_BxP: np.nd
   prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
   lengths_B = jnp.full((prompt_BxP.shape[0],), prompt_BxP.shape[1], jnp.int32)
   key = jax.random.key(0)
+  forms = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}
   return {name: (lambda v=v, cfg=cfg: decode.generate(v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens))
           for name, (v, cfg) in forms.items()}
 

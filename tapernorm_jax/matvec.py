@@ -1,0 +1,102 @@
+"""A few rows times a weight on CPU, reading the weight once: the custom call behind batched decode.
+
+XLA:CPU has no kernel for a product of 2–8 rows with a large weight: it either packs the weight for a
+GEMM or (`model.project`) reads it once per row. `kernels/matvec_rows.cc` reads each weight row once and
+dots it with every row; it needs the weight as output × input (input axis minor), which
+`decode.with_matvec_weights` prepares once, outside the decoding loop.
+
+The source is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against jaxlib's
+FFI headers, into `$TAPERNORM_CACHE` (default `~/.cache/tapernorm_jax`), keyed by the source, jaxlib and
+the CPU. Where that fails (no compiler, `TAPERNORM_MATVEC=0`), `available()` is False, `reason()` says
+why, and decoding keeps XLA's own products.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+SOURCE = Path(__file__).parent / "kernels" / "matvec_rows.cc"
+TARGET = "tapernorm_matvec_rows"
+MAX_ROWS = 8
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+
+
+def cache_dir() -> Path:
+  """Where compiled kernels are kept."""
+  return Path(os.environ.get("TAPERNORM_CACHE", Path.home() / ".cache" / "tapernorm_jax"))
+
+
+def _cpu_id() -> str:
+  """The CPU model and flags (a -march=native build runs only where they match)."""
+  try:
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+  except OSError:
+    return platform.processor()
+  return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
+
+
+def _build() -> Path:
+  """Compiles the kernel into the cache (once per source, jaxlib and CPU); returns the library's path."""
+  compiler = shutil.which(os.environ.get("CXX", "c++"))
+  if compiler is None:
+    raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)")
+  key = hashlib.sha256("\n".join([SOURCE.read_text(), jaxlib.__version__, _cpu_id(), compiler, *FLAGS])
+                       .encode()).hexdigest()[:16]
+  library = cache_dir() / f"matvec_rows-{key}.so"
+  if library.exists():
+    return library
+  library.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=library.parent) as tmp:  # built aside, renamed into place: no torn file
+    built = Path(tmp) / library.name
+    result = subprocess.run([compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(built)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+      raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {result.stderr.strip()[-500:]}")
+    os.replace(built, library)
+  return library
+
+
+@functools.cache
+def _load() -> str:
+  """Builds, loads and registers the kernel; '' when it is ready, else why not."""
+  if os.environ.get("TAPERNORM_MATVEC", "1") == "0":
+    return "disabled by TAPERNORM_MATVEC=0"
+  try:
+    library = ctypes.cdll.LoadLibrary(str(_build()))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.MatvecRows), platform="cpu")
+  except (OSError, RuntimeError, AttributeError) as e:
+    return str(e)
+  return ""
+
+
+def available() -> bool:
+  """Whether the kernel is built and registered (CPU backend only)."""
+  return jax.default_backend() == "cpu" and not _load()
+
+
+def reason() -> str:
+  """Why the kernel is not used ('' when it is)."""
+  if jax.default_backend() != "cpu":
+    return f"the backend is {jax.default_backend()}, not cpu"
+  return _load()
+
+
+def rows(x_RxK: jax.Array, w_OxK: jax.Array) -> jax.Array:
+  """x_RxK @ w_OxK.T (R×O) for 1 ≤ R ≤ 8 rows, float32, each weight row read once; needs `available()`."""
+  (R, K), (O, K_w) = x_RxK.shape, w_OxK.shape
+  if not 1 <= R <= MAX_ROWS or K != K_w or x_RxK.dtype != jnp.float32 or w_OxK.dtype != jnp.float32:
+    raise ValueError(f"matvec.rows: x {x_RxK.shape} {x_RxK.dtype}, w {w_OxK.shape} {w_OxK.dtype}; needs 1 to "
+                     f"{MAX_ROWS} float32 rows and a float32 output×input weight of the same input width")
+  if not available():
+    raise RuntimeError(f"matvec.rows: the kernel is not available ({reason()})")
+  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((R, O), jnp.float32))(x_RxK, w_OxK)
