@@ -51,13 +51,13 @@ def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
   8 rows use `matvec.rows`; `variables` unchanged where that kernel is unavailable or the compute dtype is not fp32."""
   if not matvec.available() or jnp.dtype(cfg.compute_dtype) != jnp.float32:
     return variables
-  copies = {}
-  for path, w in traverse_util.flatten_dict(nn.meta.unbox(variables["params"])).items():
-    if path[-1] in INPUT_AXES:  # materialized here, once: under jit, XLA would redo the transpose every step
+  params, copies = nn.meta.unbox(variables["params"]), {}
+  for path, w in traverse_util.flatten_dict(params).items():
+    if path[-1] in INPUT_AXES:  # made eagerly: made under jit, even outside the decode loop, they slow it ~3×
       w = jnp.asarray(w, jnp.float32)
       copies[path] = w.reshape(math.prod(w.shape[:INPUT_AXES[path[-1]]]), -1).T.copy()
   if cfg.tie_embeddings:  # the table already is the tied head's output × input form
-    copies[(layout.EMBED,)] = jnp.asarray(nn.meta.unbox(variables["params"])[layout.EMBED], jnp.float32)
+    copies[(layout.EMBED,)] = jnp.asarray(params[layout.EMBED], jnp.float32)
   return {**variables, MATVEC: traverse_util.unflatten_dict(copies)}
 
 

@@ -14,6 +14,7 @@ why, and decoding keeps XLA's own products.
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
+log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "kernels" / "matvec_rows.cc"
 TARGET = "tapernorm_matvec_rows"
 MAX_ROWS = 8
@@ -56,6 +58,7 @@ def _build() -> Path:
   if library.exists():
     return library
   library.parent.mkdir(parents=True, exist_ok=True)
+  log.info("compiling %s into %s (once for this jaxlib and CPU)", SOURCE.name, library.parent)
   with tempfile.TemporaryDirectory(dir=library.parent) as tmp:  # built aside, renamed into place: no torn file
     built = Path(tmp) / library.name
     result = subprocess.run([compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(built)],
