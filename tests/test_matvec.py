@@ -68,7 +68,7 @@ CONFIGS = {  # tied head, remat'ed blocks; untied head with biases
 
 
 @needs_kernel
-@pytest.mark.parametrize("family", CONFIGS)
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_decode_with_the_kernel_matches_xla_products(family):
   cfg = CONFIGS[family]
   plain, kernel, with_kernel = _decode_both_ways(cfg, B=4)
