@@ -186,14 +186,14 @@ def project(spec: str, x_BxTx___: Array, w: Array, w_OxK: Array | None = None) -
   """`jnp.einsum(spec, x, w)` for x with leading axes B, T; on CPU a few rows (batched decode) avoid XLA's GEMM.
 
   `spec` contracts x's trailing axes with w's leading ones. Given `w_OxK` (w as output × input, 2-D), up
-  to ROWWISE_MAX rows go through `matvec.rows`, which reads each weight row once for all of them.
+  to matvec.MAX_ROWS rows go through `matvec.rows`, which reads each weight row once for all of them.
   Otherwise on CPU 2…ROWWISE_MAX rows go one at a time: XLA:CPU hands a product of 2–8 rows with a
   weight to a GEMM that first copies the weight into packed panels (about 3.5× the time of one row's
   matrix–vector product here), while one product per row reads the weight straight, from cache
   after the first row. The barrier keeps XLA's dot merger from fusing the rows back into one GEMM.
   """
   B, T = x_BxTx___.shape[:2]
-  if w_OxK is not None and B * T <= ROWWISE_MAX:
+  if w_OxK is not None and B * T <= matvec.MAX_ROWS:
     out_RxO = matvec.rows(x_BxTx___.reshape(B * T, w_OxK.shape[1]), w_OxK)
     return out_RxO.reshape((B, T) + w.shape[x_BxTx___.ndim - 2:])
   if not 1 < B * T <= ROWWISE_MAX or jax.default_backend() != "cpu":
@@ -210,7 +210,7 @@ def tied_head(x_BxTxD: Array, embed_VxD: Array, w_VxD: Array | None = None) -> A
   `w_VxD`: the table as given for `matvec.rows` (it is already the head's output×input form).
   """
   B, T, D = x_BxTxD.shape
-  if w_VxD is not None and B * T <= ROWWISE_MAX:
+  if w_VxD is not None and B * T <= matvec.MAX_ROWS:
     return matvec.rows(x_BxTxD.reshape(B * T, D), w_VxD).reshape(B, T, -1)
   if not 1 < B * T <= ROWWISE_MAX or jax.default_backend() != "cpu":
     return jnp.einsum("bld,vd->blv", x_BxTxD, embed_VxD)
