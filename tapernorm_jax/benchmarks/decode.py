@@ -120,14 +120,14 @@ WITHOUT_KERNEL = "folded_xla"  # decode contender: the folded form with XLA's ow
 def bench_decode(forms: dict, s: Settings) -> list[dict]:
   """KV-cache generation: prefill and per-token decode timed apart; decode set against the roofline."""
   rows = []
+  runs = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}
+  if matvec.available():  # the few-row kernel's gain, side by side: folded with XLA's own products
+    runs[WITHOUT_KERNEL] = forms["folded"]
   for B in s.decode_batches:
     P, N = s.prompt, s.new_tokens
     prompt_BxP = jax.random.randint(jax.random.key(B), (B, P), 0, next(iter(forms.values()))[1].V)
     lengths_B = jnp.full((B,), P, jnp.int32)
     prefills, loops, traffic = {}, {}, {}
-    runs = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}
-    if matvec.available():  # the few-row kernel's gain, side by side: folded with XLA's own products
-      runs[WITHOUT_KERNEL] = forms["folded"]
     for name, (v, cfg) in runs.items():
       decode.check_lengths(cfg, P, N)
       prefill = jax.jit(lambda v, p, n, c, cfg=cfg: decode.prefill(v, cfg, p, n, c))

@@ -122,7 +122,6 @@ def decode_calls(forms: dict[str, tuple[PyTree, ModelConfig]], prompt_BxP: np.nd
   prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
   lengths_B = jnp.full((prompt_BxP.shape[0],), prompt_BxP.shape[1], jnp.int32)
   key = jax.random.key(0)
-  forms = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}
   return {name: (lambda v=v, cfg=cfg: decode.generate(v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens))
           for name, (v, cfg) in forms.items()}
 
@@ -163,6 +162,7 @@ def bench_decode(peer: Peer, forms: dict, s: Settings) -> list[dict]:
   rows = []
   V = next(iter(forms.values()))[1].V
   P, N = s.prompt, s.new_tokens
+  forms = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}  # once, not per B
   for B in s.decode_batches:
     prompt_BxP = np.random.default_rng(B).integers(0, V, (B, P), dtype=np.int32)
     calls = {**peer.decode_calls(prompt_BxP, N), **decode_calls(forms, prompt_BxP, N)}
