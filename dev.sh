@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One entry point: sets up .venv on first use (or when pyproject.toml or constraints.txt changes), then runs a task.
-# The install is pinned by constraints.txt (exact versions that install together), so dev and CI get one set.
+# One entry point: sets up a venv on first use (or when pyproject.toml or its lock changes), then runs a task.
+# The install is pinned by a lock of exact versions that install together, chosen by the interpreter:
+# constraints.txt on Python 3.11 (jax 0.10), constraints-py313.txt on Python >= 3.12 (the newest jax line).
 #   ./dev.sh train [FLAGS...]   train all_taper at the CPU preset on the offline corpus (flags go to the trainer)
 #   ./dev.sh test  [ARGS...]    run the test suite (what CI runs)
-#   ./dev.sh python ARGS...   run the venv's python
+#   ./dev.sh python ARGS...     run the venv's python
+# PYTHON=/path/to/python picks the interpreter; TAPERNORM_VENV=DIR the venv (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")"
+venv=${TAPERNORM_VENV:-.venv}
 
 pick_python() {
-  for p in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+  for p in "${PYTHON:-}" python3.11 python3.13 python3.12 python3; do
     [ -n "$p" ] && command -v "$p" >/dev/null 2>&1 || continue
     if "$p" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then echo "$p"; return; fi
   done
@@ -16,19 +19,25 @@ pick_python() {
   exit 1
 }
 
-if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt .venv/.installed ] || [ constraints.txt -nt .venv/.installed ]; then
+lock_for() {  # the lock file for an interpreter
+  if "$1" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then echo constraints.txt; else echo constraints-py313.txt; fi
+}
+
+if [ -x "$venv/bin/python" ]; then lock=$(lock_for "$venv/bin/python"); fi
+if [ ! -x "$venv/bin/python" ] || [ pyproject.toml -nt "$venv/.installed" ] || [ "$lock" -nt "$venv/.installed" ]; then
   py=$(pick_python)
-  echo "setting up .venv with $py (one-time, ~1 minute)..." >&2
-  "$py" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]' -c constraints.txt
-  touch .venv/.installed
+  lock=$(lock_for "$py")
+  echo "setting up $venv with $py and $lock (one-time, ~1 minute)..." >&2
+  "$py" -m venv --clear "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$venv/bin/python" -m pip install -q -e '.[test]' -c "$lock"
+  touch "$venv/.installed"
 fi
 
 task=${1:-train}; shift || true
 case "$task" in
-  train) exec .venv/bin/python -m experiments.tinystories --config=configs/all_taper.py:size=cpu "$@" ;;
-  test) exec .venv/bin/python -m pytest -q "$@" ;;
-  python) exec .venv/bin/python "$@" ;;
+  train) exec "$venv/bin/python" -m experiments.tinystories --config=configs/all_taper.py:size=cpu "$@" ;;
+  test) exec "$venv/bin/python" -m pytest -q "$@" ;;
+  python) exec "$venv/bin/python" "$@" ;;
   *) echo "usage: ./dev.sh {train|test|python} [args...]" >&2; exit 2 ;;
 esac
