@@ -233,7 +233,7 @@ class Trainer:
     new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "calib": calib,
                  "step": step + 1}
     metrics = {"loss": loss, "ce": ce, "aux": aux, "gate": jnp.mean(gate), "lr": self.lr(step),
-               "grad_norm": optax.global_norm(grads), **grad_norms_by_type(grads, self.model_cfg)}
+               "grad_norm": optax.tree.norm(grads), **grad_norms_by_type(grads, self.model_cfg)}
     return new_state, metrics
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
