@@ -27,6 +27,17 @@ def peak_flops(device_kind: str) -> float | None:
   return next((flops for name, flops in PEAK_BF16_FLOPS if name.lower() in device_kind.lower()), None)
 
 
+def train_flops_per_token(params: int, L: int, D: int, T: int) -> float:
+  """Training FLOPs per token, 6·N + 12·L·D·T (PaLM's estimate, attention included)."""
+  return 6.0 * params + 12.0 * L * D * T
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, device_kind: str, device_count: int = 1) -> float | None:
+  """Model FLOPs utilisation against the bf16 peak of `device_count` devices; None where the peak is not known."""
+  peak = peak_flops(device_kind)
+  return tokens_per_s * flops_per_token / (peak * device_count) if peak else None
+
+
 def describe() -> dict[str, Any]:
   """Backend, device kind and count, CPU model, cores and L3 size (from Linux's /proc and /sys), versions."""
   device = jax.devices()[0]

@@ -142,7 +142,7 @@ def flops_per_token(config: Mapping[str, Any], params: int) -> float | None:
   model = config.get("model", {})
   if not all(k in model for k in ("L", "D", "T")):
     return None
-  return 6.0 * params + 12.0 * model["L"] * model["D"] * model["T"]
+  return hardware.train_flops_per_token(params, model["L"], model["D"], model["T"])
 
 
 def steady_tokens_per_s(records: Sequence[Mapping[str, Any]]) -> float | None:
@@ -186,10 +186,9 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     kind = results.get("device_kind") or record.get("device_kind", "")
     count = int(results.get("devices") or record.get("device_count") or 1)
     run.device = f"{kind} × {count}" if kind else f"{results.get('backend', '?')} × {count}"
-    peak = hardware.peak_flops(kind) if kind else None
     fpt = flops_per_token(config, run.params) if run.params else None
-    if peak and fpt and run.tokens_per_s:
-      run.mfu = run.tokens_per_s * fpt / (peak * count)
+    if kind and fpt and run.tokens_per_s:
+      run.mfu = hardware.mfu(run.tokens_per_s, fpt, kind, count)
   return run
 
 

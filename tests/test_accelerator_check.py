@@ -1,9 +1,12 @@
-"""The accelerator check's CPU smoke run, end to end through its entry point (what a GPU/TPU user runs in full)."""
+"""The accelerator check: its CPU smoke run end to end through its entry point (what a GPU/TPU user runs in full),
+where its tests run, and its refusal of tests that ran elsewhere than its benchmarks."""
 
 import json
 import os
 import subprocess
 import sys
+
+from tapernorm_jax.benchmarks import accelerator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,10 +18,52 @@ def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert results["tests"]["passed"] == results["tests"]["tests"] > 0 and not results["tests"]["failed"]
+  assert results["platform"] == "cpu" and results["placement_problems"] == []
+  assert [r["platform"] for r in results["tests"]["processes"]] == ["cpu"]  # one process (-n 0), on this backend
   assert results["attention"]["auto_fp32_T512"] == "blocked"  # this CPU's automatic attention
-  assert [row["case"] for row in results["train"]["rows"]][0] == "baseline" and results["train"]["rows"][0][
-      "tokens_per_s"] > 0
+  train = results["train"]["rows"]
+  assert train[0]["case"] == "baseline" and train[0]["tokens_per_s"] > 0 and train[0]["mfu"] is None  # no CPU peak
   forms = results["inference"]["forward"][0]["forms"]
   assert set(forms) == {"baseline", "unfused", "folded", "identity"} and forms["folded"]["median"] > 0
+  assert "skipped" in results["peer"] or "table" in results["peer"]  # skipped where torch is not installed
+  assert set(results["part_seconds"]) == {"tests", "train", "inference", "peer"}
   report = (out / "report.md").read_text()
-  assert "paper folded (H100)" in report and "Train-step throughput" in report
+  assert "paper folded (H100)" in report and "Train-step throughput" in report and "MFU" in report
+  assert "Tests ran on cpu" in report and "Time per part:" in report
+
+
+def recorded_devices(tmp_path, **env: str | None) -> list[dict]:
+  """The device records of one pytest subprocess running one small test, with `env` changed (None: unset)."""
+  devices_dir = tmp_path / "devices"
+  changed = {**os.environ, "TAPERNORM_TEST_DEVICES_DIR": str(devices_dir)}
+  for key, value in env.items():
+    if value is None:
+      changed.pop(key, None)
+    else:
+      changed[key] = value
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                         *accelerator.SMOKE_TESTS], cwd=ROOT, env=changed, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  return accelerator.read_device_records(str(devices_dir))
+
+
+def test_tests_use_fake_cpu_devices_unless_a_backend_is_asked_for(tmp_path):
+  # Nothing asked (as on a GPU/TPU host before this fix): 8 fake CPU devices, whatever the host has.
+  [forced] = recorded_devices(tmp_path / "unset", XLA_FLAGS=None, JAX_PLATFORMS=None, TAPERNORM_TEST_BACKEND=None)
+  assert (forced["platform"], forced["device_count"]) == ("cpu", 8)
+  # The check's request: jax's own default backend and devices (on this CPU-only host, its one CPU device).
+  [asked] = recorded_devices(tmp_path / "default", XLA_FLAGS=None, JAX_PLATFORMS=None, TAPERNORM_TEST_BACKEND="default")
+  assert (asked["platform"], asked["device_count"]) == ("cpu", 1)
+
+
+def test_tests_on_another_platform_than_the_benchmarks_fail_the_check(tmp_path):
+  tests = accelerator.run_tests(accelerator.Settings(smoke=True), str(tmp_path))
+  assert tests["returncode"] == 0 and accelerator.placement_problems("cpu", tests) == []
+  [problem] = accelerator.placement_problems("gpu", tests)  # as if the benchmarks had run on a GPU
+  assert "ran on cpu" in problem and "the benchmarks on gpu" in problem
+  results = {"date": "2026-12-01", "platform": "gpu", "placement_problems": [problem], "tests": tests,
+             "hardware": {"backend": "gpu", "device": "NVIDIA H200", "device_count": 1, "jax": "0", "python": "3"},
+             "attention": {"auto_bf16_T512": "cudnn"}}
+  assert not accelerator.ok(results)
+  assert "TESTS RAN ON ANOTHER PLATFORM THAN THE BENCHMARKS" in accelerator.markdown(results)
+  assert accelerator.placement_problems("cpu", {**tests, "processes": []})  # no record: nothing is proven

@@ -1,15 +1,23 @@
 """One check of a GPU or TPU host: the accelerator-relevant tests, then the train-step and inference benchmarks.
 
-The tests run in a pytest subprocess (bf16 numerics of the norms and the fold, every attention
-implementation the backend offers against the reference, sharded steps over all local devices);
-the benchmarks run in this process in the backend's default dtype (bf16 on accelerators). The
-result is one JSON and one markdown report, with the paper's H100 numbers beside the measured ones.
-`smoke` shrinks every part to a CPU run of about a minute (what CI executes).
+The tests run in a pytest subprocess on this host's default backend (bf16 numerics of the norms and
+the fold, every attention implementation the backend offers against the reference, sharded steps
+over all local devices); every test process records the devices it ran on, and the check fails when
+they are not the benchmarks' platform. The benchmarks run in this process in the backend's default
+dtype (bf16 on accelerators): the train step with its model FLOPs utilisation, the inference grid and,
+where PyTorch and transformers are importable, the paper's Table 3 grid beside Hugging Face eager and
+`torch.compile` (experiments/benchmark_peer.py, in a subprocess). The result is one JSON and one markdown
+report, with the paper's H100 numbers beside the measured ones and each part's time. `smoke` shrinks every
+part to a CPU run of about a minute (what CI executes).
 """
 
 import dataclasses
 import datetime
+import glob
+import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TESTS = ("tests/test_attention.py", "tests/test_norms.py", "tests/test_fold.py", "tests/test_sharding.py",
          "tests/test_decode.py")
 SMOKE_TESTS = ("tests/test_attention.py::test_auto_picks_the_backend_s_kernel",)
+# What the subprocesses share the accelerator with: no process may take most of its memory up front.
+SHARED_DEVICE_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
 @dataclasses.dataclass
@@ -38,23 +48,32 @@ class Settings:
   tests: bool = True
   train: bool = True
   inference: bool = True
+  peer: bool = True
   test_timeout_s: int = 300
+  peer_timeout_s: int = 240
 
   def __post_init__(self):
-    if self.test_timeout_s < 1:
-      raise ValueError(f"test_timeout_s={self.test_timeout_s}: must be >= 1")
+    for name in ("test_timeout_s", "peer_timeout_s"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
 
 
 def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
-  """Runs the accelerator test subset in a subprocess; counts from its JUnit XML."""
-  report = os.path.join(out_dir, "tests.xml")
+  """Runs the accelerator test subset in a subprocess on this host's default backend (tests/conftest.py forces
+  8 fake CPU devices only when no backend is asked for); counts from its JUnit XML, and the devices every test
+  process recorded."""
+  report, devices_dir = os.path.join(out_dir, "tests.xml"), os.path.join(out_dir, "test_devices")
+  shutil.rmtree(devices_dir, ignore_errors=True)
+  env = {**os.environ, **SHARED_DEVICE_ENV, "TAPERNORM_TEST_BACKEND": "default",
+         "TAPERNORM_TEST_DEVICES_DIR": devices_dir}
   cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", f"--junitxml={report}",
          *(SMOKE_TESTS if s.smoke else TESTS)]
   t0 = time.time()
   try:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=s.test_timeout_s)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=s.test_timeout_s)
   except subprocess.TimeoutExpired:
-    return {"command": " ".join(cmd), "timed_out": True, "wall_s": time.time() - t0}
+    return {"command": " ".join(cmd), "timed_out": True, "wall_s": time.time() - t0,
+            "processes": read_device_records(devices_dir)}
   counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
   failed = []
   if os.path.exists(report):
@@ -65,7 +84,51 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
               if case.find("failure") is not None or case.find("error") is not None]
   return {"command": " ".join(cmd), "returncode": proc.returncode, "wall_s": time.time() - t0, **counts,
           "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"], "failed": failed,
-          "output_tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
+          "processes": read_device_records(devices_dir), "output_tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
+
+
+def read_device_records(devices_dir: str) -> list[dict[str, Any]]:
+  """The devices each test process ran on (tests/conftest.py writes one JSON per process)."""
+  records = []
+  for path in sorted(glob.glob(os.path.join(devices_dir, "*.json"))):
+    with open(path) as f:
+      records.append(json.load(f))
+  return records
+
+
+def placement_problems(platform: str, tests: dict[str, Any] | None) -> list[str]:
+  """Why the tests' results do not speak for `platform` (where the benchmarks ran); empty when they do."""
+  if not tests:
+    return []
+  records = tests.get("processes") or []
+  if not records:
+    return ["no test process recorded its devices (tests/conftest.py did not run, or the tests never started)"]
+  return [f"test process {r['worker']} (pid {r['pid']}) ran on {r['platform']} ({r['device_count']} × "
+          f"{r['device_kind']}), the benchmarks on {platform}" for r in records if r["platform"] != platform]
+
+
+def run_peer(s: Settings, out_dir: str) -> dict[str, Any]:
+  """The paper's Table 3 grid (30M, forward) beside Hugging Face eager and torch.compile in the backend's dtype,
+  by experiments/benchmark_peer.py in a subprocess; skipped (with the reason) where torch or transformers is
+  missing."""
+  missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+  if missing:
+    return {"skipped": f"{' and '.join(missing)} not importable (pip install -e '.[peer]' adds them)"}
+  peer_dir = os.path.join(out_dir, "peer")
+  preset = ["--quick"] if s.smoke else ["--repeats=3", "--warmup=1", "--min_sample_s=0.25"]
+  cmd = [sys.executable, "-m", "experiments.benchmark_peer", "--modes=forward", f"--out={peer_dir}", *preset]
+  t0 = time.time()
+  try:
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **SHARED_DEVICE_ENV}, capture_output=True, text=True,
+                          timeout=s.peer_timeout_s)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {s.peer_timeout_s} s: {' '.join(cmd)}"}
+  if proc.returncode:
+    return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-1500:]}"}
+  with open(os.path.join(peer_dir, "table.md")) as f:
+    table = f.read()
+  with open(os.path.join(peer_dir, "results.json")) as f:
+    return {"command": " ".join(cmd), "wall_s": time.time() - t0, "table": table, "results": json.load(f)}
 
 
 def train_settings(smoke: bool) -> train_bench.Settings:
@@ -90,13 +153,15 @@ def run(s: Settings, out_dir: str) -> dict[str, Any]:
   backend = jax.default_backend()
   results: dict[str, Any] = {
       "date": datetime.date.today().isoformat(), "hardware": hardware.describe(), "settings": dataclasses.asdict(s),
+      "platform": backend, "part_seconds": {},
       "attention": {"auto_bf16_T512": attention.resolve("auto", "bfloat16", 512),
                     "auto_fp32_T512": attention.resolve("auto", "float32", 512)}}
   print(f"accelerator check on {hardware.one_line(results['hardware'])} ({backend}); attention auto → "
         f"{results['attention']['auto_bf16_T512']} (bf16)", flush=True)
   parts = [("tests", s.tests, lambda: run_tests(s, out_dir)),
            ("train", s.train, lambda: train_bench.run(train_settings(s.smoke))),
-           ("inference", s.inference, lambda: decode_bench.run(inference_settings(s.smoke)))]
+           ("inference", s.inference, lambda: decode_bench.run(inference_settings(s.smoke))),
+           ("peer", s.peer, lambda: run_peer(s, out_dir))]
   for name, wanted, part in parts:
     if not wanted:
       continue
@@ -105,32 +170,57 @@ def run(s: Settings, out_dir: str) -> dict[str, Any]:
       results[name] = part()
     except Exception as e:  # one broken part must not hide the others' numbers
       results[name] = {"error": f"{type(e).__name__}: {e}"}
-    print(f"{name}: {time.time() - t0:.0f} s", flush=True)
+    results["part_seconds"][name] = time.time() - t0
+    print(f"{name}: {results['part_seconds'][name]:.0f} s", flush=True)
+  results["placement_problems"] = placement_problems(backend, results.get("tests"))
   return results
 
 
+def tested_on(tests: dict[str, Any]) -> str:
+  """`gpu (1 × NVIDIA H200)` for every distinct platform and device set the test processes recorded."""
+  seen = sorted({f"{r['platform']} ({r['device_count']} × {r['device_kind']})" for r in tests.get("processes") or []})
+  return ", ".join(seen) or "unknown"
+
+
 def markdown(results: dict[str, Any]) -> str:
-  """The report: device, test counts, the train-step table and the inference tables (paper's H100 beside)."""
-  lines = [f"# Accelerator check, {results['date']}", "", f"Device: {hardware.one_line(results['hardware'])}. "
-           f"Attention `auto` picks `{results['attention']['auto_bf16_T512']}` for bf16 at T = 512.", ""]
+  """The report: device, where the tests ran, test counts, the train-step, inference and peer tables (paper's H100
+  beside), each part's time."""
+  lines = [f"# Accelerator check, {results['date']}", "", f"Device: {hardware.one_line(results['hardware'])}, "
+           f"jax {results['hardware']['jax']}, Python {results['hardware']['python']}. Attention `auto` picks "
+           f"`{results['attention']['auto_bf16_T512']}` for bf16 at T = 512.", ""]
+  problems = results.get("placement_problems") or []
+  if problems:
+    lines += ["**TESTS RAN ON ANOTHER PLATFORM THAN THE BENCHMARKS**: their results say nothing about this device.",
+              "", *[f"* {p}" for p in problems], ""]
   tests = results.get("tests")
   if tests:
+    where = f"Tests ran on {tested_on(tests)}; benchmarks on {results['platform']}."
     if tests.get("timed_out"):
-      lines += ["Tests: **timed out**.", ""]
+      lines += [f"Tests: **timed out** after {tests['wall_s']:.0f} s. {where}", ""]
     else:
       lines += [f"Tests: {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, {tests['skipped']} "
-                f"skipped ({tests['wall_s']:.0f} s)." + (f" Failed: {', '.join(tests['failed'])}" if tests['failed']
-                                                          else ""), ""]
-  for name, render in (("train", train_bench.markdown), ("inference", decode_bench.markdown)):
+                f"skipped ({tests['wall_s']:.0f} s). {where}" + (f" Failed: {', '.join(tests['failed'])}"
+                                                                 if tests['failed'] else ""), ""]
+  parts = (("train", "Train", train_bench.markdown), ("inference", "Inference", decode_bench.markdown),
+           ("peer", "Beside PyTorch (Hugging Face Llama, forward)", lambda part: part["table"]))
+  for name, title, render in parts:
     part = results.get(name)
     if part:
-      lines += [f"## {name.capitalize()}", "", f"**error**: {part['error']}" if "error" in part else render(part), ""]
+      body = (f"**error**: {part['error']}" if "error" in part else
+              f"Not run: {part['skipped']}." if "skipped" in part else render(part))
+      lines += [f"## {title}", "", body, ""]
+  seconds = results.get("part_seconds") or {}
+  if seconds:
+    lines += ["Time per part: " + ", ".join(f"{name} {t:.0f} s" for name, t in seconds.items()) +
+              f"; {sum(seconds.values()):.0f} s in all.", ""]
   return "\n".join(lines)
 
 
 def ok(results: dict[str, Any]) -> bool:
-  """Whether every part that ran succeeded (tests passed, benchmarks finished)."""
+  """Whether every part that ran succeeded (tests passed on the benchmarks' platform, benchmarks finished)."""
   tests = results.get("tests")
   if tests and (tests.get("timed_out") or tests.get("returncode") != 0):
     return False
-  return not any("error" in results.get(name, {}) for name in ("train", "inference"))
+  if results.get("placement_problems"):
+    return False
+  return not any("error" in results.get(name, {}) for name in ("train", "inference", "peer"))

@@ -12,6 +12,7 @@ import numpy as np
 from configs import base
 from tapernorm_jax import data, hardware, sharding
 from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
+from tapernorm_jax.model import param_count
 from tapernorm_jax.tables import markdown_table
 from tapernorm_jax.train import Trainer
 
@@ -51,8 +52,9 @@ def run_steps(step_fn, state, batch, steps: int) -> tuple[list[float], dict, dic
 
 
 def bench_size(size: str, s: Settings, mesh) -> list[dict]:
-  """All cases at one size, states placed mid-taper, timed in interleaved rounds."""
-  cases = []
+  """All cases at one size, states placed mid-taper, timed in interleaved rounds; MFU where the device's peak is
+  known (hardware.PEAK_BF16_FLOPS)."""
+  device, cases = jax.devices()[0], []
   for label, variant, which in CASES:
     cfg = base.get_config(variant, f"size={size}")
     cfg.model.T = s.seq
@@ -65,7 +67,8 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
                            trainer.batch_sharding)
     step_fn = getattr(trainer, which)
     _, state, _ = run_steps(step_fn, state, batch, 1)  # compile and warm up
-    cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": []})
+    flops = hardware.train_flops_per_token(param_count(state["params"]), cfg.model.L, cfg.model.D, s.seq)
+    cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": [], "flops": flops})
   for _ in range(s.repeats):  # interleaved, so machine noise hits every case alike
     for case in cases:
       seconds, case["state"], case["metrics"] = run_steps(case["fn"], case["state"], case["batch"], s.steps)
@@ -75,8 +78,10 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
     med = statistics.median(case["times"])
     rows.append({"size": size, "case": case["label"], "gate": float(case["metrics"]["gate"]), "step_s": med,
                  "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))),
-                 "tokens_per_s": s.batch * s.seq / med, "compilations": case["fn"]._cache_size()})
+                 "tokens_per_s": s.batch * s.seq / med, "compilations": case["fn"]._cache_size(),
+                 "flops_per_token": case["flops"]})
     rows[-1]["vs_baseline"] = rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    rows[-1]["mfu"] = hardware.mfu(rows[-1]["tokens_per_s"], case["flops"], device.device_kind, jax.device_count())
     print(f"{size:>4} {case['label']:<28} gate={rows[-1]['gate']:.3f} {med * 1e3:9.1f} ms/step "
           f"{rows[-1]['tokens_per_s']:10.0f} tok/s ({rows[-1]['vs_baseline']:.3f}× baseline)", flush=True)
   return rows
@@ -102,12 +107,14 @@ def run(s: Settings) -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
   """The table of step times and the loader's share of a step."""
   s, rows, loader_s = results["settings"], results["rows"], results["loader_s_per_batch"]
-  table = markdown_table(["size", "step", "gate", "ms/step", "tokens/s", "vs baseline"], [
+  table = markdown_table(["size", "step", "gate", "ms/step", "tokens/s", "vs baseline", "MFU (bf16 peak)"], [
       [r["size"], r["case"], f"{r['gate']:.2f}", f"{r['step_s'] * 1e3:.1f} ± {r['spread_s'] * 1e3:.1f}",
-       f"{r['tokens_per_s']:.0f}", f"{r['vs_baseline']:.3f}×"] for r in rows])
+       f"{r['tokens_per_s']:.0f}", f"{r['vs_baseline']:.3f}×",
+       "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"] for r in rows])
   slowest_share = max(loader_s / (loader_s + r["step_s"]) for r in rows)
   return "\n".join([
       f"Train-step throughput, {hardware.one_line(results['hardware'])}, batch {s['batch']} × {s['seq']} tokens, "
       f"median (± interquartile range) of {s['repeats']} interleaved rounds × {s['steps']} steps", "", table, "",
       f"Data loader alone: {loader_s * 1e3:.2f} ms/batch ({s['batch'] * s['seq'] / loader_s:,.0f} tokens/s); at "
-      f"most {100 * slowest_share:.2f}% of a step waiting for data (in-thread loading)."])
+      f"most {100 * slowest_share:.2f}% of a step waiting for data (in-thread loading). MFU: 6·N + 12·L·D·T "
+      "FLOPs per token against the device's dense bf16 peak (n/a where the peak is not known, e.g. CPUs)."])
