@@ -66,8 +66,8 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
   shutil.rmtree(devices_dir, ignore_errors=True)
   env = {**os.environ, **SHARED_DEVICE_ENV, "TAPERNORM_TEST_BACKEND": "default",
          "TAPERNORM_TEST_DEVICES_DIR": devices_dir}
-  cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", f"--junitxml={report}",
-         *(SMOKE_TESTS if s.smoke else TESTS)]
+  cmd = [sys.executable, "-m", "pytest", "-q", "-n", str(test_workers(s.smoke)), "-p", "no:cacheprovider",
+         f"--junitxml={report}", *(SMOKE_TESTS if s.smoke else TESTS)]
   t0 = time.time()
   try:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=s.test_timeout_s)
@@ -85,6 +85,12 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
   return {"command": " ".join(cmd), "returncode": proc.returncode, "wall_s": time.time() - t0, **counts,
           "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"], "failed": failed,
           "processes": read_device_records(devices_dir), "output_tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
+
+
+def test_workers(smoke: bool) -> int:
+  """pytest-xdist workers for the test subset: 2 (compilation is single-threaded), one process where a TPU admits
+  only one (and for the smoke run's single test)."""
+  return 0 if smoke or jax.default_backend() == "tpu" else 2
 
 
 def read_device_records(devices_dir: str) -> list[dict[str, Any]]:
@@ -144,7 +150,7 @@ def inference_settings(smoke: bool) -> decode_bench.Settings:
   if smoke:
     return decode_bench.Settings(**{**decode_bench.QUICK, "size": "cpu", "modes": ("forward",), "repeats": 1,
                                     "warmup": 0})
-  return decode_bench.Settings(repeats=5, min_sample_s=0.5)
+  return decode_bench.Settings(repeats=3, min_sample_s=0.3)
 
 
 def run(s: Settings, out_dir: str) -> dict[str, Any]:
