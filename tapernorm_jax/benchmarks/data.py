@@ -34,8 +34,16 @@ def loader_rate(iterator: Any, s: Settings, num_batches: int) -> dict[str, float
 
 
 def run(s: Settings) -> dict[str, Any]:
-  """Prepares the offline corpus from scratch, reloads it from the cache, and times the loaders."""
-  data_dir = s.data_dir or tempfile.mkdtemp(prefix="tapernorm-benchmark-data-")
+  """Prepares the offline corpus from scratch (in a temporary directory, removed after, unless `data_dir` is
+  given), reloads it from the cache, and times the loaders."""
+  if s.data_dir:
+    return timed(s, s.data_dir)
+  with tempfile.TemporaryDirectory(prefix="tapernorm-benchmark-data-") as data_dir:
+    return timed(s, data_dir)
+
+
+def timed(s: Settings, data_dir: str) -> dict[str, Any]:
+  """The benchmark with the corpus prepared into `data_dir`."""
   cfg = dict(source="synthetic", data_dir=data_dir, synthetic_train_stories=s.stories,
              synthetic_valid_stories=max(1, s.stories // 20), synthetic_seed=0, vocab_size=s.vocab_size,
              seq_len=s.seq_len)
