@@ -16,8 +16,7 @@ from matplotlib.ticker import FuncFormatter
 import numpy as np
 from PIL import Image
 
-from configs import base
-from tapernorm_jax import files, hardware, sweep
+from tapernorm_jax import defaults, files, hardware, sweep
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.tables import markdown_table
 
@@ -50,17 +49,17 @@ def label(variant: str, aux: int) -> str:
   """`internal_taper (+aux)`, `all_taper (aux=0)`, `final_taper`: the aux setting where it matters."""
   if aux:
     return f"{variant} (+aux)"
-  return f"{variant} (aux=0)" if base.VARIANTS.get(variant, ("", "", True))[2] else variant
+  return f"{variant} (aux=0)" if defaults.VARIANTS.get(variant, ("", "", True))[2] else variant
 
 
 def unanchored(variant: str, aux: int) -> bool:
   """The final norm is tapered and no scale loss replaces it (the paper's unanchored ablations)."""
-  return base.VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
+  return defaults.VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
 
 
 def size_order(size: str) -> int:
-  """configs/base.py order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
-  return list(base.SIZES).index(size) if size in base.SIZES else len(base.SIZES)
+  """defaults.SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
+  return list(defaults.SIZES).index(size) if size in defaults.SIZES else len(defaults.SIZES)
 
 
 def variant_order(key: Key) -> int:
@@ -271,7 +270,7 @@ def paper_setting(runs: Sequence[Run]) -> bool:
   """True when the complete runs are the paper's setting: TinyStories, the paper's sizes and step counts."""
   done = [r for r in runs if r.status == "complete"]
   return bool(done) and all(r.corpus == "tinystories" and r.size in ("1m", "3m", "9m", "30m")
-                            and r.steps == base.SIZES[r.size]["steps"] for r in done)
+                            and r.steps == defaults.SIZES[r.size]["steps"] for r in done)
 
 
 def loss_text(mean: float, std: float | None, gap: float | None) -> str:

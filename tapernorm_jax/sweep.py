@@ -16,7 +16,7 @@ from typing import Any, Self, TextIO
 import jax
 import ml_collections
 
-from configs import base
+from tapernorm_jax import defaults
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 
@@ -54,7 +54,7 @@ class Cell:
 
   def config(self) -> ml_collections.ConfigDict:
     """The full run config: the variant file's config with the overrides applied."""
-    cfg = base.get_config(self.variant, self.config_arg)
+    cfg = defaults.get_config(self.variant, self.config_arg)
     for key, value in self.overrides:
       set_field(cfg, key, value)
     return cfg
@@ -83,10 +83,10 @@ def parse_variant(spec: Any, where: str) -> tuple[str, int]:
   if not isinstance(spec, str):
     raise SweepError(f"{where}={spec!r}: a variant is a string like 'all_taper' or 'all_taper:aux=0'")
   variant, _, rest = spec.partition(":")
-  if variant not in base.VARIANTS:
-    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(base.VARIANTS)}")
+  if variant not in defaults.VARIANTS:
+    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(defaults.VARIANTS)}")
   if not rest:
-    return variant, int(base.VARIANTS[variant][2])
+    return variant, int(defaults.VARIANTS[variant][2])
   if rest not in ("aux=0", "aux=1"):
     raise SweepError(f"{where}={spec!r}: after ':' write aux=0 or aux=1")
   return variant, int(rest[-1])
@@ -152,8 +152,8 @@ def expand(sweep: Mapping[str, Any]) -> list[Cell]:
                 for i, v in enumerate(_as_list(grid.get("variants"), f"{where}.variants"))]
     sizes = _as_list(grid.get("sizes"), f"{where}.sizes")
     for i, size in enumerate(sizes):
-      if size not in base.SIZES:
-        raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(base.SIZES)}")
+      if size not in defaults.SIZES:
+        raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(defaults.SIZES)}")
     seeds = _as_list(grid.get("seeds", sweep.get("seeds")), f"{where}.seeds (or the sweep's seeds)")
     for i, seed in enumerate(seeds):
       if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -2,10 +2,13 @@
 
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
 
+from tapernorm_jax import defaults
 from tapernorm_jax.model import ModelConfig, init
 
 CONFIGS = sorted(p.stem for p in pathlib.Path(__file__).parent.parent.joinpath("configs").glob("*.py")
@@ -31,3 +34,21 @@ def test_config_builds_its_model(name, arg):
 def test_bad_variant_arguments_are_named(arg, problem):
   with pytest.raises(ValueError, match=problem):
     importlib.import_module("configs.all_taper").get_config(arg)
+
+
+def test_the_library_builds_configs_without_the_configs_package(tmp_path):
+  # As from an installed wheel used outside a checkout: `configs` cannot be imported (sys.modules[...] = None makes
+  # every import of it fail), and the modules that need the paper's sizes and variants still import and work.
+  script = ("import sys; sys.modules['configs'] = None\n"
+            "import tapernorm_jax.report, tapernorm_jax.sweep, tapernorm_jax.benchmarks.decode, "
+            "tapernorm_jax.benchmarks.train\n"
+            "from tapernorm_jax import defaults\n"
+            "print(defaults.get_config('all_taper', 'size=9m').model.D)")
+  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.split()[-1] == "256"  # the paper's 9M width
+
+
+def test_configs_base_is_the_library_s_defaults():
+  from configs import base
+  assert base.get_config is defaults.get_config and base.SIZES is defaults.SIZES

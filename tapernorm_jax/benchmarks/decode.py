@@ -16,8 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from configs import base
-from tapernorm_jax import decode, hardware, inference, matvec
+from tapernorm_jax import decode, defaults, hardware, inference, matvec
 from tapernorm_jax.benchmarks.timing import (bandwidth_probe, check_at_least, paired_ratio, read_bandwidth,
                                              summary, time_interleaved)
 from tapernorm_jax.model import ModelConfig, init, param_count
@@ -54,8 +53,8 @@ class Settings:
     unknown = set(self.modes) - set(MODES)
     if unknown:
       raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {MODES}")
-    if self.size not in base.SIZES:
-      raise ValueError(f"size={self.size!r}: choose one of {sorted(base.SIZES)}")
+    if self.size not in defaults.SIZES:
+      raise ValueError(f"size={self.size!r}: choose one of {sorted(defaults.SIZES)}")
     if self.variant not in VARIANTS:
       raise ValueError(f"variant={self.variant!r}: choose one of {VARIANTS} (a model with tapered norms)")
     check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
@@ -80,7 +79,7 @@ QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), promp
 
 def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
   """The paper's model of `size` with `variant`'s norms, weights and activations in `dtype`."""
-  cfg = ModelConfig.from_config(base.get_config(variant, f"size={size}").model)
+  cfg = ModelConfig.from_config(defaults.get_config(variant, f"size={size}").model)
   return cfg.replace(dtype=dtype, param_dtype=dtype)
 
 

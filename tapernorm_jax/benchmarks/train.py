@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import base
-from tapernorm_jax import data, hardware, sharding
+from tapernorm_jax import data, defaults, hardware, sharding
 from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
 from tapernorm_jax.model import param_count
 from tapernorm_jax.tables import markdown_table
@@ -34,9 +33,9 @@ class Settings:
   repeats: int = 5
 
   def __post_init__(self):
-    unknown = [size for size in self.sizes if size not in base.SIZES]
+    unknown = [size for size in self.sizes if size not in defaults.SIZES]
     if unknown or not self.sizes:
-      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(base.SIZES)}")
+      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(defaults.SIZES)}")
     check_at_least(self, 1, "batch", "seq", "steps", "repeats")
 
 
@@ -56,7 +55,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
   known (hardware.PEAK_BF16_FLOPS)."""
   device, cases = jax.devices()[0], []
   for label, variant, which in CASES:
-    cfg = base.get_config(variant, f"size={size}")
+    cfg = defaults.get_config(variant, f"size={size}")
     cfg.model.T = s.seq
     cfg.train.batch_size = s.batch
     trainer = Trainer(cfg, mesh)
@@ -89,7 +88,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
 
 def loader_seconds_per_batch(seq: int, batch: int, n: int = 200) -> float:
   """Seconds per batch of the data loader alone (offline corpus, CPU-preset vocabulary)."""
-  cfg = base.get_config("baseline")
+  cfg = defaults.get_config("baseline")
   cfg.model.T = seq
   prepared = data.prepare(cfg.data)
   it = data.train_iterator(prepared, batch_size=batch, seq_len=seq, seed=0, process_index=0, process_count=1)
