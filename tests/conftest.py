@@ -20,19 +20,13 @@ elif BACKEND != "default":
 
 import jax  # noqa: E402
 
+from tapernorm_jax import hardware  # noqa: E402
+
 if not BACKEND:
   jax.config.update("jax_num_cpu_devices", 8)
 elif "JAX_DEFAULT_MATMUL_PRECISION" not in os.environ:
   # float32 comparisons assume float32 products; GPUs would otherwise use TF32 (10-bit mantissas) for them
   jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def devices_record() -> dict:
-  """This process's backend and devices, as the accelerator check stores them."""
-  devices = jax.devices()
-  return {"pid": os.getpid(), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-          "platform": jax.default_backend(), "device_kind": devices[0].device_kind, "device_count": len(devices),
-          "devices": [str(d) for d in devices], "jax": jax.__version__}
 
 
 def pytest_sessionstart(session) -> None:
@@ -41,6 +35,7 @@ def pytest_sessionstart(session) -> None:
   xdist_controller = getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput")
   if out_dir and not xdist_controller:  # an xdist controller runs no tests (and must not take the accelerator)
     os.makedirs(out_dir, exist_ok=True)
-    record = devices_record()
+    record = {"pid": os.getpid(), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+              "devices": [str(d) for d in jax.devices()], **hardware.describe()}
     with open(os.path.join(out_dir, f"{record['worker']}-{record['pid']}.json"), "w") as f:
       json.dump(record, f)

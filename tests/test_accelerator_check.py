@@ -19,7 +19,7 @@ def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):
   results = json.loads((out / "results.json").read_text())
   assert results["tests"]["passed"] == results["tests"]["tests"] > 0 and not results["tests"]["failed"]
   assert results["platform"] == "cpu" and results["placement_problems"] == []
-  assert [r["platform"] for r in results["tests"]["processes"]] == ["cpu"]  # one process (-n 0), on this backend
+  assert [r["backend"] for r in results["tests"]["processes"]] == ["cpu"]  # one process (-n 0), on this backend
   assert results["attention"]["auto_fp32_T512"] == "blocked"  # this CPU's automatic attention
   train = results["train"]["rows"]
   assert train[0]["case"] == "baseline" and train[0]["tokens_per_s"] > 0 and train[0]["mfu"] is None  # no CPU peak
@@ -50,10 +50,10 @@ def recorded_devices(tmp_path, **env: str | None) -> list[dict]:
 def test_tests_use_fake_cpu_devices_unless_a_backend_is_asked_for(tmp_path):
   # Nothing asked (as on a GPU/TPU host before this fix): 8 fake CPU devices, whatever the host has.
   [forced] = recorded_devices(tmp_path / "unset", XLA_FLAGS=None, JAX_PLATFORMS=None, TAPERNORM_TEST_BACKEND=None)
-  assert (forced["platform"], forced["device_count"]) == ("cpu", 8)
+  assert (forced["backend"], forced["device_count"]) == ("cpu", 8)
   # The check's request: jax's own default backend and devices (on this CPU-only host, its one CPU device).
   [asked] = recorded_devices(tmp_path / "default", XLA_FLAGS=None, JAX_PLATFORMS=None, TAPERNORM_TEST_BACKEND="default")
-  assert (asked["platform"], asked["device_count"]) == ("cpu", 1)
+  assert (asked["backend"], asked["device_count"]) == ("cpu", 1)
 
 
 def test_tests_on_another_platform_than_the_benchmarks_fail_the_check(tmp_path):

@@ -94,7 +94,8 @@ def test_workers(smoke: bool) -> int:
 
 
 def read_device_records(devices_dir: str) -> list[dict[str, Any]]:
-  """The devices each test process ran on (tests/conftest.py writes one JSON per process)."""
+  """The devices each test process ran on (tests/conftest.py writes one JSON per process: hardware.describe(), pid,
+  xdist worker and devices)."""
   records = []
   for path in sorted(glob.glob(os.path.join(devices_dir, "*.json"))):
     with open(path) as f:
@@ -109,8 +110,8 @@ def placement_problems(platform: str, tests: dict[str, Any] | None) -> list[str]
   records = tests.get("processes") or []
   if not records:
     return ["no test process recorded its devices (tests/conftest.py did not run, or the tests never started)"]
-  return [f"test process {r['worker']} (pid {r['pid']}) ran on {r['platform']} ({r['device_count']} × "
-          f"{r['device_kind']}), the benchmarks on {platform}" for r in records if r["platform"] != platform]
+  return [f"test process {r['worker']} (pid {r['pid']}) ran on {r['backend']} ({r['device_count']} × "
+          f"{r['device']}), the benchmarks on {platform}" for r in records if r["backend"] != platform]
 
 
 def run_peer(s: Settings, out_dir: str) -> dict[str, Any]:
@@ -184,7 +185,7 @@ def run(s: Settings, out_dir: str) -> dict[str, Any]:
 
 def tested_on(tests: dict[str, Any]) -> str:
   """`gpu (1 × NVIDIA H200)` for every distinct platform and device set the test processes recorded."""
-  seen = sorted({f"{r['platform']} ({r['device_count']} × {r['device_kind']})" for r in tests.get("processes") or []})
+  seen = sorted({f"{r['backend']} ({r['device_count']} × {r['device']})" for r in tests.get("processes") or []})
   return ", ".join(seen) or "unknown"
 
 
