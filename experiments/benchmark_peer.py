@@ -6,7 +6,7 @@
     python -m experiments.benchmark_peer --modes=forward --batches=1 --lengths=128,256 --nocompile
 
 The baseline form of decode.py's calibrated-looking internal_taper weights is written as a
-Hugging Face `LlamaForCausalLM` checkpoint (tapernorm_jax/hf_llama.py, numpy only), loaded with
+Hugging Face `LlamaForCausalLM` checkpoint (tapernorm_jax/hf/llama.py, numpy only), loaded with
 SDPA attention and checked first: its last-token logits must be within 1e-3 of this project's
 in float32, or nothing is timed. Then, per cell and interleaved in this one process: HF eager
 (`model(ids, logits_to_keep=1, use_cache=False)` under `torch.inference_mode`), HF under
@@ -36,7 +36,7 @@ except ImportError as e:
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tapernorm_jax import hf_llama  # noqa: E402
+from tapernorm_jax.hf import llama  # noqa: E402
 from tapernorm_jax.benchmarks import decode as decode_bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
 from tapernorm_jax.files import write_report  # noqa: E402
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> None:
   forms = bench.weights(s)
   variables, cfg = forms["baseline"]
   with tempfile.TemporaryDirectory(prefix="tapernorm-hf-llama-") as directory:
-    hf_llama.save_llama(variables, cfg, directory)
+    llama.save_llama(variables, cfg, directory)
     peer = HuggingFacePeer(directory, s)
   tokens_BxT = np.random.default_rng(s.seed).integers(0, cfg.V, (2, min(128, cfg.T)), dtype=np.int32)
   checked = bench.parity(bench.last_logits(variables, cfg, tokens_BxT), peer.logits(tokens_BxT))

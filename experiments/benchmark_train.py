@@ -13,7 +13,7 @@ from tapernorm_jax.benchmarks import train as bench
 from tapernorm_jax.files import write_report
 
 _SETTINGS = cli.define_flags(bench.Settings, {
-    "sizes": "Model sizes (tapernorm_jax/defaults.py SIZES).",
+    "sizes": "Model sizes (tapernorm_jax/train/run_config.py SIZES).",
     "batch": "Global batch size.", "seq": "Sequence length T.",
     "steps": "Timed steps per repeat.", "repeats": "Repeats (median and spread reported)."})
 _OUT = flags.DEFINE_string("out", "runs/benchmark_train", "Output directory.")

@@ -2,7 +2,7 @@
 
 Real GPT-2 weights need a download; this shows every step on what runs offline: pretrain a small
 GPT-2-shaped model (LayerNorm, learned positions, GELU; 4 layers, d = 64) as `vanilla` on the
-offline corpus, save it in the Hugging Face layout, load it back through `hf.load_gpt2`, fine-tune
+offline corpus, save it in the Hugging Face layout, load it back through `tapernorm_jax.hf.gpt2.load_gpt2`, fine-tune
 it with every method from that same start, and write a table shaped like the paper's GPT-2 table
 (validation loss at g = 0 before and after, mean ± std over seeds) to --out.
 """
@@ -14,9 +14,12 @@ import statistics
 from absl import app, flags, logging
 
 from configs import base, gpt2
-from tapernorm_jax import cli, hf, inference, loop
+from tapernorm_jax import cli
 from tapernorm_jax.files import write_text_atomically
-from tapernorm_jax.tables import markdown_table
+from tapernorm_jax.hf import gpt2 as hf_gpt2
+from tapernorm_jax.inference import generate
+from tapernorm_jax.markdown import markdown_table
+from tapernorm_jax.train import loop
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/gpt2_demo", "Where the pretraining and fine-tuning runs go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Fine-tuning seeds per method.")
@@ -41,9 +44,9 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)
   pre_dir, hf_dir = os.path.join(_WORKDIR.value, "pretrain"), os.path.join(_WORKDIR.value, "pretrain", "hf")
   before = results_of(gpt2.get_config("model=demo,method=vanilla,pretrain=1"), pre_dir)
-  if not os.path.exists(os.path.join(hf_dir, hf.CONFIG_FILE)):
-    loaded = inference.load(pre_dir)
-    hf.save_gpt2(loaded.variables, loaded.model_cfg, hf_dir)
+  if not os.path.exists(os.path.join(hf_dir, hf_gpt2.CONFIG_FILE)):
+    loaded = generate.load(pre_dir)
+    hf_gpt2.save_gpt2(loaded.variables, loaded.model_cfg, hf_dir)
   rows, lines = [], {}
   for method in gpt2.METHODS:
     finals = []

@@ -13,7 +13,9 @@ import os
 from absl import flags
 import jax
 
-from tapernorm_jax import cli, files, hf, inference
+from tapernorm_jax import cli, files
+from tapernorm_jax.hf import gpt2
+from tapernorm_jax.inference import generate
 
 _CONFIG = cli.define_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, method=, seed=.",
                                  lock_config=True)
@@ -34,8 +36,8 @@ def main(argv: list[str]) -> None:
   workdir = _WORKDIR.value or default_workdir(cfg)
   results = cli.train(argv, cfg, workdir, _STOP_AFTER.value)
   if jax.process_index() == 0 and results["complete"] and cfg.model.internal_norm == cfg.model.final_norm == "plain":
-    loaded = inference.load(workdir)
-    out = hf.save_gpt2(loaded.variables, loaded.model_cfg, files.workdir_path(workdir) / "hf")
+    loaded = generate.load(workdir)
+    out = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, files.workdir_path(workdir) / "hf")
     print(f"Hugging Face GPT-2 directory: {out}")
 
 if __name__ == "__main__":

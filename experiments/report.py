@@ -7,7 +7,8 @@ and OUT/figures/*.png. Works on partial studies: missing and failed cells are li
 
 from absl import app, flags
 
-from tapernorm_jax import cli, report
+from tapernorm_jax import cli
+from tapernorm_jax.studies import report
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (the sweep's --workdir, or any directory of runs).")
 _OUT = flags.DEFINE_string("out", None, "Where to write report.md, results.csv and figures/ (default: --workdir).")

@@ -13,7 +13,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tapernorm_jax import cli, files, sweep
+from tapernorm_jax import cli, files
+from tapernorm_jax.studies import sweep
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")

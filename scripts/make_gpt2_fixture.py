@@ -12,7 +12,7 @@ prefix) and `reference_logits.npz` (`ids` (2, 16) int32, `logits` (2, 16, 128) f
 model is deterministic (seed 0) and its LayerNorm γ, β and every bias are moved off their
 initial 1 and 0 so that the import test sees them.
 
-`--check_export DIR` instead loads DIR (written by `tapernorm_jax.hf.save_gpt2` from the
+`--check_export DIR` instead loads DIR (written by `tapernorm_jax.hf.gpt2.save_gpt2` from the
 fixture) with `GPT2LMHeadModel.from_pretrained` and prints its max logit difference from the
 reference logits.
 """

@@ -276,7 +276,9 @@ def from_flags(cls: type, holders: dict[str, Any]) -> Any:
 def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:
   """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
   import jax  # the training stack: only for the entry points that train
-  from tapernorm_jax import files, loop, sharding
+  from tapernorm_jax import files
+  from tapernorm_jax.model import sharding
+  from tapernorm_jax.train import loop
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if stop_after is not None and stop_after < 1:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from tapernorm_jax import calibration
-from tapernorm_jax.norms import CALIB, CALIB_STATS, Norm
+from tapernorm_jax.model.norms import CALIB, CALIB_STATS, Norm
+from tapernorm_jax.taper import calibration
 
 D = 24
 

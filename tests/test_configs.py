@@ -8,8 +8,9 @@ import sys
 import jax
 import pytest
 
-from tapernorm_jax import defaults
 from tapernorm_jax.model import ModelConfig, init
+from tapernorm_jax.taper import variants
+from tapernorm_jax.train import run_config
 
 CONFIGS = sorted(p.stem for p in pathlib.Path(__file__).parent.parent.joinpath("configs").glob("*.py")
                  if p.stem not in ("__init__", "base", "gpt2"))  # gpt2.py takes model=, method= (test_gpt2_finetune)
@@ -40,10 +41,10 @@ def test_the_library_builds_configs_without_the_configs_package(tmp_path):
   # As from an installed wheel used outside a checkout: `configs` cannot be imported (sys.modules[...] = None makes
   # every import of it fail), and the modules that need the paper's sizes and variants still import and work.
   script = ("import sys; sys.modules['configs'] = None\n"
-            "import tapernorm_jax.report, tapernorm_jax.sweep, tapernorm_jax.benchmarks.decode, "
+            "import tapernorm_jax.studies.report, tapernorm_jax.studies.sweep, tapernorm_jax.benchmarks.decode, "
             "tapernorm_jax.benchmarks.train\n"
-            "from tapernorm_jax import defaults\n"
-            "print(defaults.get_config('all_taper', 'size=9m').model.D)")
+            "from tapernorm_jax.train import run_config\n"
+            "print(run_config.get_config('all_taper', 'size=9m').model.D)")
   done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.split()[-1] == "256"  # the paper's 9M width
@@ -51,4 +52,4 @@ def test_the_library_builds_configs_without_the_configs_package(tmp_path):
 
 def test_configs_base_is_the_library_s_defaults():
   from configs import base
-  assert base.get_config is defaults.get_config and base.SIZES is defaults.SIZES
+  assert base.get_config is run_config.get_config and base.SIZES is variants.SIZES

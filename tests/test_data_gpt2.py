@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from tapernorm_jax import data
-from tapernorm_jax.data import corpora, gpt2_bpe, prepared as prepared_lib, stories, tokenizer_choice
-from tapernorm_jax.data.tokenizer_training import TokenizerMismatchError
+from tapernorm_jax.data import corpora, stories, tokenizer_choice
+from tapernorm_jax.data import prepared as prepared_lib
+from tapernorm_jax.tokenizers import gpt2_bpe
+from tapernorm_jax.tokenizers.sentencepiece import TokenizerMismatchError
 
 GPT2_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpt2"
 needs_gpt2 = pytest.mark.skipif(not (GPT2_DIR / "vocab.json").is_file(), reason="../shared/data/gpt2 is not here")

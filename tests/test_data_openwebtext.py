@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tapernorm_jax import data
-from tapernorm_jax.data import corpora, openwebtext as owt, stories
+from tapernorm_jax.data import corpora, stories
+from tapernorm_jax.data import openwebtext as owt
 
 TRAIN_LAYOUT = "plain_text/train"
 

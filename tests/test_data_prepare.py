@@ -8,7 +8,9 @@ import pytest
 
 from configs import base
 from tapernorm_jax import data
-from tapernorm_jax.data import corpora, prepared as prepared_lib, stories, tokenizer_training as tokenizer_lib
+from tapernorm_jax.data import corpora, stories
+from tapernorm_jax.data import prepared as prepared_lib
+from tapernorm_jax.tokenizers import sentencepiece as tokenizer_lib
 
 
 def small(tmp_path, **overrides) -> dict:

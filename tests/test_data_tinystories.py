@@ -8,7 +8,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tapernorm_jax import data
-from tapernorm_jax.data import stories, tinystories as ts
+from tapernorm_jax.data import stories
+from tapernorm_jax.data import tinystories as ts
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinystories" / "sample.txt"
 TRAIN, VALID = ts.FILES["train"], ts.FILES["validation"]

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tapernorm_jax.data import stories, tokenizer_training as tokenizer_lib
+from tapernorm_jax.data import stories
+from tapernorm_jax.tokenizers import sentencepiece as tokenizer_lib
 
 SETTINGS = tokenizer_lib.TokenizerSettings(vocab_size=500)
 

@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax import decode, hardware, inference
+from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import decode as bench
 from tapernorm_jax.benchmarks.timing import read_bandwidth
-from tapernorm_jax.fold import fold
+from tapernorm_jax.inference import decode, generate
 from tapernorm_jax.model import ModelConfig, init
+from tapernorm_jax.taper.fold import fold
 from model_helpers import logits_at, perturbed_variables
 
 FORMS = ("baseline", "unfused", "folded")
@@ -140,8 +141,8 @@ def test_requests_past_the_learned_positions_are_refused():
 @pytest.mark.slow  # compiles four forms twice; the benchmark's smoke run
 def test_decode_benchmark_runs_every_form_on_the_same_weights():
   cfg = bench.model_config("cpu", "internal_taper", "float32").replace(V=97, L=1)
-  forms = inference.forms(inference.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)
-  assert list(forms) == list(inference.FORMS)
+  forms = generate.forms(generate.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)
+  assert list(forms) == list(generate.FORMS)
   embeds = [np.asarray(v["params"]["embed"]) for v, _ in forms.values()]
   assert all(np.array_equal(e, embeds[0]) for e in embeds)  # one set of weights; only the norms differ
   assert forms["identity"][1].internal_norm == forms["folded"][1].internal_norm == "identity"

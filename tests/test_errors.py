@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 
 from configs import base
-from tapernorm_jax import cli, decode, export, inference, loop, sharding
-from tapernorm_jax.checkpoint import Checkpointer, DamagedCheckpointError
-from tapernorm_jax.data import stories, text_files, tokenizer_training
-from tapernorm_jax.model import ModelConfig, Transformer, init
-from tapernorm_jax.train import Trainer
+from tapernorm_jax import cli
+from tapernorm_jax.data import stories, text_files
+from tapernorm_jax.inference import decode, export, generate
+from tapernorm_jax.model import ModelConfig, Transformer, init, sharding
+from tapernorm_jax.tokenizers import sentencepiece
+from tapernorm_jax.train import loop
+from tapernorm_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
+from tapernorm_jax.train.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
@@ -276,7 +279,7 @@ def test_the_cache_refuses_writes_past_its_end_and_gpt2_past_its_positions():
 def test_an_llama_request_past_its_context_is_served_with_one_warning(caplog):
   variables, cfg = _llama(T=4)
   prompt_BxP, lengths_B = decode.pad_prompts([[1, 2, 3]])
-  with caplog.at_level(logging.WARNING, logger="tapernorm_jax.decode"):
+  with caplog.at_level(logging.WARNING, logger="tapernorm_jax.inference.decode"):
     decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=3)
     decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(1), max_new_tokens=3)  # compiled: silent
   [record] = caplog.records
@@ -287,16 +290,16 @@ def test_prompts_past_the_context_are_refused_or_cut_with_counts():
   _, cfg = _llama()
   with pytest.raises(ValueError, match=r"prompt 2 has 10 tokens, more than model\.T=8, the context this RoPE model "
                                        r"was trained on \(2 prompts are too long\)"):
-    inference.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4)
-  cut, note = inference.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4, truncate=True)
+    generate.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4)
+  cut, note = generate.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4, truncate=True)
   assert cut == [[1], [2] * 8, [3] * 8]
   assert note.startswith("cut 2 of 3 prompt(s) to their last 8 tokens") and "dropping 3 token(s)" in note
   gpt2 = cfg.replace(family="gpt2")
-  assert inference.fit_prompts([[1] * 6], gpt2, max_new_tokens=4, truncate=True)[0] == [[1] * 5]
+  assert generate.fit_prompts([[1] * 6], gpt2, max_new_tokens=4, truncate=True)[0] == [[1] * 5]
   with pytest.raises(ValueError, match=r"'1,x': 'x' is not a token id"):
-    inference.parse_token_ids("1,x", 32)
+    generate.parse_token_ids("1,x", 32)
   with pytest.raises(ValueError, match=r"token id 32 is outside the vocabulary \[0, 32\)"):
-    inference.parse_token_ids("1,32", 32)
+    generate.parse_token_ids("1,32", 32)
 
 
 def test_invalid_utf8_is_replaced_and_warned_about_once_per_file_with_the_count(tmp_path, caplog):
@@ -311,9 +314,9 @@ def test_invalid_utf8_is_replaced_and_warned_about_once_per_file_with_the_count(
 
 
 def test_documents_too_long_for_tokenizer_training_are_counted(monkeypatch, caplog):
-  monkeypatch.setattr(tokenizer_training, "MAX_SENTENCE_BYTES", 300)
+  monkeypatch.setattr(sentencepiece, "MAX_SENTENCE_BYTES", 300)
   docs = [story[:250] for story in stories.generate(100)] + ["x" * 400, "y" * 500]
-  with caplog.at_level(logging.WARNING, logger="tapernorm_jax.data.tokenizer_training"):
-    tokenizer_training.train(docs, tokenizer_training.TokenizerSettings(vocab_size=400), "tiny corpus")
+  with caplog.at_level(logging.WARNING, logger="tapernorm_jax.tokenizers.sentencepiece"):
+    sentencepiece.train(docs, sentencepiece.TokenizerSettings(vocab_size=400), "tiny corpus")
   [record] = caplog.records
   assert "tiny corpus: 2 document(s) longer than 300 bytes (the longest 500) were left out" in record.getMessage()

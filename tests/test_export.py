@@ -14,10 +14,10 @@ import pytest
 import sentencepiece as spm
 
 from configs import base
-from tapernorm_jax import decode, export, inference
-from tapernorm_jax.fold import fold
+from tapernorm_jax.inference import decode, export, generate
 from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.tokenizer import SentencePiece
+from tapernorm_jax.taper.fold import fold
+from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
 from model_helpers import init_variables, logits_at, perturbed_variables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,9 +25,8 @@ TEXT = ["Once upon a time there was a little cat named Tom.", "Tom liked to play
         "One day the ball rolled away and Tom was sad.", "His friend Lily found the ball and they were happy."]
 V = 80
 # Imports an export-only process must not need: the training code, the optimiser and the data pipeline.
-TRAINING_ONLY = ["optax", "grain", "tensorflow_datasets", "tapernorm_jax.train", "tapernorm_jax.loop",
-                 "tapernorm_jax.checkpoint", "tapernorm_jax.data", "tapernorm_jax.calibration", "tapernorm_jax.losses",
-                 "tapernorm_jax.schedules"]
+TRAINING_ONLY = ["optax", "grain", "tensorflow_datasets", "tapernorm_jax.train", "tapernorm_jax.data",
+                 "tapernorm_jax.taper.calibration", "tapernorm_jax.taper.losses", "tapernorm_jax.taper.schedules"]
 
 
 def _cfg(family: str = "llama", **changes) -> ModelConfig:
@@ -78,7 +77,7 @@ def test_export_errors_are_clear(tmp_path):
   (tmp_path / "busy" / "x").write_text("x")
   with pytest.raises(FileExistsError, match="not empty"):
     export.save(tmp_path / "busy", perturbed_variables(cfg), cfg)
-  with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.export directory"):
+  with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.inference.export directory"):
     export.load(tmp_path)
   with pytest.raises(ValueError, match="do not match the model config"):
     export.save(tmp_path / "bad", perturbed_variables(cfg),
@@ -99,7 +98,7 @@ def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, to
   sp = spm.SentencePieceProcessor(model_file=tokenizer_file)
   folded, folded_cfg = fold(variables, cfg)
   prompts = [[sp.bos_id()] + sp.encode(t) for t in ("Once upon a time", "Tom")]
-  expected = inference.continue_prompts(folded, folded_cfg, prompts, 6, eos_id=sp.eos_id())
+  expected = generate.continue_prompts(folded, folded_cfg, prompts, 6, eos_id=sp.eos_id())
   for prompt, new in zip(prompts, expected):
     assert sp.decode(prompt) + sp.decode(new) in result.stdout
 
@@ -124,17 +123,17 @@ def test_generate_restores_params_and_calib_from_the_latest_training_checkpoint(
   old, new = perturbed_variables(cfg), perturbed_variables(cfg.replace(init_std=0.3))
   _write_training_checkpoint(tmp_path, cfg, old, 10)
   _write_training_checkpoint(tmp_path, cfg, new, 20)
-  restored, run_cfg = inference.load_checkpoint(str(tmp_path))
+  restored, run_cfg = generate.load_checkpoint(str(tmp_path))
   assert run_cfg["restored_step"] == 20 and set(restored) == {"params", "calib"}
   jax.tree.map(np.testing.assert_array_equal, restored, new)
-  at_10, _ = inference.load_checkpoint(str(tmp_path), step=10)
+  at_10, _ = generate.load_checkpoint(str(tmp_path), step=10)
   jax.tree.map(np.testing.assert_array_equal, at_10, old)
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 15"):
-    inference.load_checkpoint(str(tmp_path), step=15)
-  loaded = inference.load(str(tmp_path))
-  variables, folded_cfg = inference.fold_if_tapered(loaded.variables, loaded.model_cfg)
+    generate.load_checkpoint(str(tmp_path), step=15)
+  loaded = generate.load(str(tmp_path))
+  variables, folded_cfg = generate.fold_if_tapered(loaded.variables, loaded.model_cfg)
   prompts = [[1, 5, 7, 9], [1, 4]]
-  got = inference.continue_prompts(variables, folded_cfg, prompts, 5)
+  got = generate.continue_prompts(variables, folded_cfg, prompts, 5)
   prompt_BxP, lengths_B = decode.pad_prompts(prompts)
   want = decode.generate(new, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=5)
   assert got == np.asarray(want).tolist()
@@ -162,7 +161,7 @@ GPT2_FILES = os.path.join(ROOT, "..", "shared", "data", "gpt2")
 
 @pytest.mark.skipif(not os.path.isdir(GPT2_FILES), reason="../shared/data/gpt2 is absent")
 def test_an_export_carries_the_gpt2_tokenizer(tmp_path):
-  from tapernorm_jax.gpt2_tokenizer import GPT2Tokenizer
+  from tapernorm_jax.tokenizers.gpt2_bpe import GPT2Tokenizer
   cfg = _cfg("gpt2", internal_norm="plain", final_norm="plain")
   directory = export.save(tmp_path / "export", init_variables(cfg), cfg, tokenizer=GPT2Tokenizer(GPT2_FILES))
   loaded = export.load_tokenizer(export.load(directory))

@@ -7,10 +7,10 @@ import numpy as np
 import optax
 import pytest
 
-from tapernorm_jax import inference, sharding
-from tapernorm_jax.fold import fold, fold_linear, norm_map
-from tapernorm_jax.losses import cross_entropy
-from tapernorm_jax.model import ModelConfig, Transformer
+from tapernorm_jax.inference import generate
+from tapernorm_jax.model import ModelConfig, Transformer, sharding
+from tapernorm_jax.taper.fold import fold, fold_linear, norm_map
+from tapernorm_jax.taper.losses import cross_entropy
 from model_helpers import init_variables, logits_at
 
 FAMILIES = ("llama", "gpt2")
@@ -32,7 +32,7 @@ def _cfg(family: str, variant: str, **changes) -> ModelConfig:
 
 def perturbed(variables, seed: int = 1):
   """Unboxed variables with non-trivial γ, γ̃, β, biases and c, so that every part of the fold matters."""
-  return inference.perturbed(variables, jax.random.key(seed), c_range=(0.3, 3.0), spread=0.3)
+  return generate.perturbed(variables, jax.random.key(seed), c_range=(0.3, 3.0), spread=0.3)
 
 
 def _tokens(cfg: ModelConfig, shape=(3, 16), seed: int = 2) -> jax.Array:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from configs import base
-from tapernorm_jax import calibration, layout, sharding
-from tapernorm_jax.train import Trainer
+from tapernorm_jax.model import param_paths, sharding
+from tapernorm_jax.taper import calibration
+from tapernorm_jax.train.trainer import Trainer
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "golden.json")
 STEPS = 3
@@ -33,7 +34,7 @@ def golden_run() -> dict:
     batch = jax.random.randint(keys[k], (8, 17), 0, 64)
     state, m = trainer.train_step(state, batch)
     records.append({name: float(m[name]) for name in ("loss", "ce", "aux", "gate", "lr", "grad_norm")})
-  c = calibration.norm_scalars(state["calib"], trainer.method.norms, layout.C)
+  c = calibration.norm_scalars(state["calib"], trainer.method.norms, param_paths.C)
   return {"steps": records, "c": {k: float(v) for k, v in c.items()},
           "s_tgt": float(calibration.s_target(state["calib"]))}
 

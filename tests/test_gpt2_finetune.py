@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from configs import base, gpt2
-from tapernorm_jax import hf, loop, methods, sharding
-from tapernorm_jax.model import ModelConfig, Transformer
-from tapernorm_jax.schedules import Phases
-from tapernorm_jax.train import Trainer, validate
+from tapernorm_jax.hf import gpt2 as hf_gpt2
+from tapernorm_jax.model import ModelConfig, Transformer, sharding
+from tapernorm_jax.taper import methods
+from tapernorm_jax.taper.schedules import Phases
+from tapernorm_jax.train import loop
+from tapernorm_jax.train.trainer import Trainer, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "tiny_gpt2"
@@ -40,7 +42,7 @@ def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, 
 
 
 def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():
-  variables, pretrained_cfg = hf.load_gpt2(str(FIXTURE))
+  variables, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
   cfg = base.override(gpt2.get_config("model=demo,method=all_taper"), {
       "model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2})
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
@@ -55,7 +57,7 @@ def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():
 
 
 def test_a_pretrained_model_that_does_not_fit_the_config_is_named():
-  _, pretrained_cfg = hf.load_gpt2(str(FIXTURE))
+  _, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
   model_cfg = ModelConfig.from_config(gpt2.get_config("model=demo").model)
   with pytest.raises(ValueError, match=r"model\.V: 2000 here, 128 in tiny; model\.L: 4 here, 3 in tiny; model\.T"):
     loop.check_pretrained(model_cfg, pretrained_cfg, "tiny")
@@ -72,7 +74,7 @@ def test_demo_pretrain_save_load_and_fine_tune(tmp_path):
        *small, *extra], cwd=ROOT, check=True, capture_output=True, timeout=600)
   run("model=demo,method=vanilla,pretrain=1", tmp_path / "pre", "--config.train.steps=20",
       "--config.taper.taper_end=10")
-  assert hf.load_gpt2(str(tmp_path / "pre" / "hf"))[1].D == 32
+  assert hf_gpt2.load_gpt2(str(tmp_path / "pre" / "hf"))[1].D == 32
   run("model=demo,method=fakeln", tmp_path / "fake", f"--config.init_from={tmp_path / 'pre' / 'hf'}",
       "--config.train.steps=16", "--config.taper.taper_end=12", "--config.fakeln.start=2",
       "--config.fakeln.gap_mlp=1", "--config.fakeln.gap_attn=1", "--config.fakeln.gap_final=1")

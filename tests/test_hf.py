@@ -14,9 +14,9 @@ from flax import traverse_util
 from huggingface_hub import errors as hub_errors
 from tokenizers import pre_tokenizers
 
-from tapernorm_jax import hf, layout
-from tapernorm_jax.gpt2_tokenizer import GPT2Tokenizer
-from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.hf import gpt2, hub
+from tapernorm_jax.model import ModelConfig, Transformer, init, param_paths
+from tapernorm_jax.tokenizers.gpt2_bpe import GPT2Tokenizer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gpt2"  # made by scripts/make_gpt2_fixture.py
 GPT2_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2"  # GPT-2's real vocab.json, merges.txt
@@ -28,17 +28,17 @@ TEXTS = ["Hello world", "Once upon a time, there was a little cat.\nIt liked mil
 
 @pytest.fixture(scope="module")
 def loaded() -> tuple[dict, ModelConfig]:
-  return hf.load_gpt2(str(FIXTURE))
+  return gpt2.load_gpt2(str(FIXTURE))
 
 
 @pytest.fixture(scope="module")
 def hf_config() -> dict:
-  return json.loads((FIXTURE / hf.CONFIG_FILE).read_text())
+  return json.loads((FIXTURE / gpt2.CONFIG_FILE).read_text())
 
 
 @pytest.fixture(scope="module")
 def hf_tensors() -> dict[str, np.ndarray]:
-  return safetensors.numpy.load_file(str(FIXTURE / hf.WEIGHTS_FILE))
+  return safetensors.numpy.load_file(str(FIXTURE / gpt2.WEIGHTS_FILE))
 
 
 def _copy_fixture(tmp_path: Path, tensors: dict[str, np.ndarray] | None = None, config: dict | None = None) -> Path:
@@ -46,9 +46,9 @@ def _copy_fixture(tmp_path: Path, tensors: dict[str, np.ndarray] | None = None, 
   out = tmp_path / "ckpt"
   shutil.copytree(FIXTURE, out)
   if tensors is not None:
-    safetensors.numpy.save_file(tensors, str(out / hf.WEIGHTS_FILE), metadata={"format": "pt"})
+    safetensors.numpy.save_file(tensors, str(out / gpt2.WEIGHTS_FILE), metadata={"format": "pt"})
   if config is not None:
-    (out / hf.CONFIG_FILE).write_text(json.dumps(config))
+    (out / gpt2.CONFIG_FILE).write_text(json.dumps(config))
   return out
 
 
@@ -88,34 +88,34 @@ def test_every_parameter_comes_from_the_checkpoint(loaded, hf_tensors):
       assert not np.any(x == initial[path]), f"{path} still holds init values"
     else:
       assert np.array_equal(x, initial[path]), path  # calib: the pre-logit monitor's init values
-  used = {e.hf for e in hf.entries(cfg)}
-  assert used == {n.removeprefix(hf.PREFIX) for n in hf_tensors}
+  used = {e.hf for e in gpt2.entries(cfg)}
+  assert used == {n.removeprefix(gpt2.PREFIX) for n in hf_tensors}
   assert len(used) == len(traverse_util.flatten_dict(variables["params"]))
 
 
 def test_qkv_and_heads_split_order(loaded, hf_tensors):
   variables, cfg = loaded
   K, b = cfg.D // cfg.H, 1
-  attn = variables["params"][layout.block(b)][layout.ATTN]
-  c_attn_Dx3D = hf_tensors[f"{hf.PREFIX}h.{b}.attn.c_attn.weight"]
-  c_attn_3D = hf_tensors[f"{hf.PREFIX}h.{b}.attn.c_attn.bias"]
-  c_proj_DxD = hf_tensors[f"{hf.PREFIX}h.{b}.attn.c_proj.weight"]
+  attn = variables["params"][param_paths.block(b)][param_paths.ATTN]
+  c_attn_Dx3D = hf_tensors[f"{gpt2.PREFIX}h.{b}.attn.c_attn.weight"]
+  c_attn_3D = hf_tensors[f"{gpt2.PREFIX}h.{b}.attn.c_attn.bias"]
+  c_proj_DxD = hf_tensors[f"{gpt2.PREFIX}h.{b}.attn.c_proj.weight"]
   for s in range(3):  # q, k, v
     for h in range(cfg.H):
       cols = slice(s * cfg.D + h * K, s * cfg.D + (h + 1) * K)
-      np.testing.assert_array_equal(attn[layout.QKV][:, s, h], c_attn_Dx3D[:, cols])
-      np.testing.assert_array_equal(attn[layout.QKV_BIAS][s, h], c_attn_3D[cols])
+      np.testing.assert_array_equal(attn[param_paths.QKV][:, s, h], c_attn_Dx3D[:, cols])
+      np.testing.assert_array_equal(attn[param_paths.QKV_BIAS][s, h], c_attn_3D[cols])
   for h in range(cfg.H):
-    np.testing.assert_array_equal(attn[layout.ATTN_OUT][h], c_proj_DxD[h * K:(h + 1) * K])
+    np.testing.assert_array_equal(attn[param_paths.ATTN_OUT][h], c_proj_DxD[h * K:(h + 1) * K])
 
 
 def test_buffers_and_tied_head_are_ignored_and_prefix_is_optional(tmp_path, loaded, hf_tensors):
   variables, _ = loaded
-  tensors = {n.removeprefix(hf.PREFIX): x for n, x in hf_tensors.items()}  # hub files carry no prefix
+  tensors = {n.removeprefix(gpt2.PREFIX): x for n, x in hf_tensors.items()}  # hub files carry no prefix
   tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 32, 32), np.float32))
   tensors["h.0.attn.masked_bias"] = np.array(-1e4, np.float32)
   tensors["lm_head.weight"] = tensors["wte.weight"]
-  again, _ = hf.load_gpt2(str(_copy_fixture(tmp_path, tensors=tensors)))
+  again, _ = gpt2.load_gpt2(str(_copy_fixture(tmp_path, tensors=tensors)))
   jax.tree.map(np.testing.assert_array_equal, again, variables)
 
 
@@ -132,7 +132,7 @@ def test_mismatched_checkpoint_names_the_tensor(tmp_path, hf_tensors, change, me
   tensors = dict(hf_tensors)
   change(tensors)
   with pytest.raises(ValueError, match=message):
-    hf.load_gpt2(str(_copy_fixture(tmp_path, tensors=tensors)))
+    gpt2.load_gpt2(str(_copy_fixture(tmp_path, tensors=tensors)))
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -144,27 +144,27 @@ def test_mismatched_checkpoint_names_the_tensor(tmp_path, hf_tensors, change, me
 ])
 def test_unsupported_config_names_the_field(tmp_path, hf_config, field, value, message):
   with pytest.raises(ValueError, match=message):
-    hf.load_gpt2(str(_copy_fixture(tmp_path, config={**hf_config, field: value})))
+    gpt2.load_gpt2(str(_copy_fixture(tmp_path, config={**hf_config, field: value})))
 
 
 @pytest.mark.parametrize("cut", [lambda data: data[:len(data) // 2], lambda data: data[:20], lambda data: b"x" * 100])
 def test_corrupted_safetensors_is_reported_with_its_path(tmp_path, cut):
   directory = _copy_fixture(tmp_path)
-  weights = directory / hf.WEIGHTS_FILE
+  weights = directory / gpt2.WEIGHTS_FILE
   weights.write_bytes(cut(weights.read_bytes()))
   with pytest.raises(ValueError, match=rf"{weights} is not a readable safetensors file \(corrupted or truncated"):
-    hf.load_gpt2(str(directory))
+    gpt2.load_gpt2(str(directory))
 
 
 def test_missing_files_and_bad_sources(tmp_path):
-  (tmp_path / hf.CONFIG_FILE).write_text("{}")
+  (tmp_path / gpt2.CONFIG_FILE).write_text("{}")
   with pytest.raises(FileNotFoundError, match=rf"{tmp_path} has no model.safetensors"):
-    hf.load_gpt2(str(tmp_path))
+    gpt2.load_gpt2(str(tmp_path))
   with pytest.raises(FileNotFoundError, match="neither a local directory nor a Hugging Face Hub name"):
-    hf.load_gpt2(str(tmp_path / "no" / "such" / "dir"))
+    gpt2.load_gpt2(str(tmp_path / "no" / "such" / "dir"))
 
 
-@pytest.mark.parametrize("load, files", [(hf.load_gpt2, "config.json model.safetensors"),
+@pytest.mark.parametrize("load, files", [(gpt2.load_gpt2, "config.json model.safetensors"),
                                          (GPT2Tokenizer, "vocab.json merges.txt")])
 def test_offline_hub_name_says_how_to_pass_a_directory(tmp_path, monkeypatch, load, files):
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -176,7 +176,7 @@ def test_offline_hub_name_says_how_to_pass_a_directory(tmp_path, monkeypatch, lo
     raise hub_errors.LocalEntryNotFoundError("outgoing traffic has been disabled")
 
   monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-  with pytest.raises(hf.HubUnavailableError) as info:
+  with pytest.raises(hub.HubUnavailableError) as info:
     load("openai-community/gpt2-medium")
   message = str(info.value)
   assert "'openai-community/gpt2-medium'" in message and "LocalEntryNotFoundError" in message
@@ -187,15 +187,15 @@ def test_offline_hub_name_says_how_to_pass_a_directory(tmp_path, monkeypatch, lo
 
 def test_save_round_trip_and_hf_layout(tmp_path, loaded, hf_config, hf_tensors):
   variables, cfg = loaded
-  out = hf.save_gpt2(variables, cfg, tmp_path / "export")
-  again, cfg_again = hf.load_gpt2(str(out))
+  out = gpt2.save_gpt2(variables, cfg, tmp_path / "export")
+  again, cfg_again = gpt2.load_gpt2(str(out))
   assert cfg_again == cfg
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b, strict=True), again, variables)
-  written = safetensors.numpy.load_file(str(out / hf.WEIGHTS_FILE))
-  assert set(written) == {n.removeprefix(hf.PREFIX) for n in hf_tensors}  # hub names: no prefix
+  written = safetensors.numpy.load_file(str(out / gpt2.WEIGHTS_FILE))
+  assert set(written) == {n.removeprefix(gpt2.PREFIX) for n in hf_tensors}  # hub names: no prefix
   for name, x in hf_tensors.items():
-    np.testing.assert_array_equal(written[name.removeprefix(hf.PREFIX)], x, strict=True)
-  config = json.loads((out / hf.CONFIG_FILE).read_text())
+    np.testing.assert_array_equal(written[name.removeprefix(gpt2.PREFIX)], x, strict=True)
+  config = json.loads((out / gpt2.CONFIG_FILE).read_text())
   assert config["model_type"] == "gpt2" and config["architectures"] == ["GPT2LMHeadModel"]
   assert config["tie_word_embeddings"] is True
   for field in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer", "n_inner", "layer_norm_epsilon",
@@ -216,7 +216,7 @@ def test_save_round_trip_and_hf_layout(tmp_path, loaded, hf_config, hf_tensors):
 def test_save_refuses_what_gpt2_cannot_express(tmp_path, loaded, changes, message):
   variables, cfg = loaded
   with pytest.raises(ValueError, match=message):
-    hf.save_gpt2(variables, cfg.replace(**changes), tmp_path)
+    gpt2.save_gpt2(variables, cfg.replace(**changes), tmp_path)
   assert not any(tmp_path.iterdir())
 
 

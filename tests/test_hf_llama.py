@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from tapernorm_jax import hf_llama, inference
-from tapernorm_jax.hf import CONFIG_FILE, WEIGHTS_FILE
+from tapernorm_jax.hf import llama
+from tapernorm_jax.hf.hub import CONFIG_FILE, WEIGHTS_FILE
+from tapernorm_jax.inference import generate
 from tapernorm_jax.model import ModelConfig, Transformer, init
 
 TAPERED = ModelConfig(family="llama", V=61, D=32, H=4, L=2, T=32, internal_norm="taper", final_norm="plain")
@@ -63,10 +64,10 @@ def hf_llama_logits(tensors: dict[str, np.ndarray], config: dict, tokens_T: np.n
 @pytest.fixture(scope="module")
 def baseline() -> tuple[dict, ModelConfig]:
   """The baseline form (plain RMSNorms) of calibrated-looking internal_taper weights."""
-  make = lambda key: inference.perturbed(init(TAPERED, key), jax.random.fold_in(key, 1), c_range=(0.5, 2.0),
+  make = lambda key: generate.perturbed(init(TAPERED, key), jax.random.fold_in(key, 1), c_range=(0.5, 2.0),
                                         spread=0.2)
   variables = unoptimized(make, jax.random.key(0))
-  return inference.forms(variables, TAPERED)["baseline"]
+  return generate.forms(variables, TAPERED)["baseline"]
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -76,7 +77,7 @@ def test_numpy_llama_from_the_file_gives_the_model_logits(tmp_path, baseline, ti
     cfg = cfg.replace(tie_embeddings=False)
     head = np.asarray(variables["params"]["embed"]).T[:, ::-1] * 0.5
     variables = {**variables, "params": {**variables["params"], "head": np.ascontiguousarray(head)}}
-  hf_llama.save_llama(variables, cfg, tmp_path, eos_id=3)
+  llama.save_llama(variables, cfg, tmp_path, eos_id=3)
   config = json.loads((tmp_path / CONFIG_FILE).read_text())
   tensors = safetensors.numpy.load_file(str(tmp_path / WEIGHTS_FILE))
   assert ("lm_head.weight" in tensors) == (not tie)
@@ -98,5 +99,5 @@ def test_save_refuses_what_llama_cannot_express(tmp_path, baseline, form, messag
   cfg = {"unfused": TAPERED.fixed_form(), "folded": cfg.replace(internal_norm="identity"),
          "gpt2": cfg.replace(family="gpt2")}[form]
   with pytest.raises(ValueError, match=message):
-    hf_llama.save_llama(variables, cfg, tmp_path)
+    llama.save_llama(variables, cfg, tmp_path)
   assert not (tmp_path / WEIGHTS_FILE).exists()

@@ -14,10 +14,11 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from configs import base
-from tapernorm_jax import loop, sharding
-from tapernorm_jax.checkpoint import Checkpointer
-from tapernorm_jax.metrics import read_jsonl
-from tapernorm_jax.train import Trainer
+from tapernorm_jax.model import sharding
+from tapernorm_jax.train import loop
+from tapernorm_jax.train.checkpoint import Checkpointer
+from tapernorm_jax.train.metrics import read_jsonl
+from tapernorm_jax.train.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 24 steps: warmup and calibration EMAs over steps 0-5, taper 6 → 18, then the g = 0 fast step.

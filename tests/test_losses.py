@@ -6,8 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from tapernorm_jax import losses
 from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.taper import losses
 
 CFG = ModelConfig(V=50, D=32, H=4, L=1, T=16)
 

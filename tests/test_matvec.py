@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax import decode, matvec
-from tapernorm_jax.model import MATVEC, ModelConfig
+from tapernorm_jax.inference import decode
+from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.model.transformer import MATVEC, ModelConfig
 from model_helpers import perturbed_variables
 
 needs_kernel = pytest.mark.skipif(not matvec.available(), reason=f"matvec kernel unavailable: {matvec.reason()}")

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from configs import base
-from tapernorm_jax import layout, methods, sharding
-from tapernorm_jax.fold import fold
-from tapernorm_jax.model import ModelConfig, Transformer
-from tapernorm_jax.norms import Norm
-from tapernorm_jax.train import Trainer
+from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
+from tapernorm_jax.model.norms import Norm
+from tapernorm_jax.taper import methods
+from tapernorm_jax.taper.fold import fold
+from tapernorm_jax.train.trainer import Trainer
 
 B, T, V = 8, 16, 64
 
@@ -55,7 +55,7 @@ def test_fakeln_removes_every_mlp_norm_then_every_attention_norm_then_the_final_
   assert removal == {("block_0", "mlp_norm"): 3, ("block_1", "mlp_norm"): 5, ("block_0", "attn_norm"): 7,
                      ("block_1", "attn_norm"): 8, ("final_norm",): 12}
   method = methods.FakeLN(cfg, model_cfg, None)
-  order = [site.norm for site in layout.norm_sites(model_cfg)]
+  order = [site.norm for site in param_paths.norm_sites(model_cfg)]
   for step in range(14):
     gates = np.asarray(method.gates(jnp.int32(step)))
     np.testing.assert_array_equal(gates, [0.0 if step >= removal[norm] else 1.0 for norm in order])

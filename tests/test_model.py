@@ -8,8 +8,7 @@ import pytest
 
 from flax import traverse_util
 
-from tapernorm_jax import layout
-from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, init, param_count
+from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, init, param_count, param_paths
 
 LLAMA = ModelConfig(V=97, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
 GPT2 = ModelConfig(family="gpt2", V=97, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
@@ -140,21 +139,21 @@ def test_layout_names_every_variable_the_model_makes(family, internal, final):
   variables = nn.unbox(abstract_variables(cfg))
   params = set(traverse_util.flatten_dict(variables["params"]))
   calib = set(traverse_util.flatten_dict(variables["calib"]))
-  for per_block in layout.weight_paths(cfg).values():
+  for per_block in param_paths.weight_paths(cfg).values():
     assert len(per_block) == cfg.L and all(path in params for paths in per_block for path in paths)
-  sites = layout.norm_sites(cfg)
+  sites = param_paths.norm_sites(cfg)
   assert len(sites) == 2 * cfg.L + 1
-  norm_params = {(layout.GAMMA,), (layout.GAMMA_TILDE,), (layout.BETA,)}
+  norm_params = {(param_paths.GAMMA,), (param_paths.GAMMA_TILDE,), (param_paths.BETA,)}
   for site in sites:
-    assert all(w in params for w in site.weights if w != (layout.HEAD,))
-    assert (site.norm + (layout.GAMMA,)) in params
-  expected_calib = {n + (k,) for n in layout.norms_in(cfg) for k in (layout.NUM, layout.DEN, layout.S, layout.COUNT,
-                                                                     layout.C)}
-  expected_calib |= {(layout.PRE_LOGIT, k) for k in (layout.S, layout.COUNT, layout.S_TGT)}
+    assert all(w in params for w in site.weights if w != (param_paths.HEAD,))
+    assert (site.norm + (param_paths.GAMMA,)) in params
+  scalars = (param_paths.NUM, param_paths.DEN, param_paths.S, param_paths.COUNT, param_paths.C)
+  expected_calib = {n + (k,) for n in param_paths.norms_in(cfg) for k in scalars}
+  expected_calib |= {(param_paths.PRE_LOGIT, k) for k in (param_paths.S, param_paths.COUNT, param_paths.S_TGT)}
   assert calib == expected_calib
-  tapered = set(layout.norms_in(cfg))
+  tapered = set(param_paths.norms_in(cfg))
   for site in sites:  # γ̃ exactly where a norm is calibrated, β exactly for LN
     keys = {p[len(site.norm):] for p in params if p[:len(site.norm)] == site.norm}
     assert keys <= norm_params
-    assert ((layout.GAMMA_TILDE,) in keys) == (site.norm in tapered)
-    assert ((layout.BETA,) in keys) == (family == "gpt2")
+    assert ((param_paths.GAMMA_TILDE,) in keys) == (site.norm in tapered)
+    assert ((param_paths.BETA,) in keys) == (family == "gpt2")

@@ -19,7 +19,7 @@ import pytest
 
 from configs import base
 from tapernorm_jax import data
-from tapernorm_jax.metrics import read_jsonl
+from tapernorm_jax.train.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax.norms import CALIB, CALIB_STATS, Norm
+from tapernorm_jax.model.norms import CALIB, CALIB_STATS, Norm
 
 D = 32
 

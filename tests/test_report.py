@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from tapernorm_jax import report, sweep
+from tapernorm_jax.studies import report, sweep
 
 STEPS = 40
 # (size, variant, aux) → final val loss per seed; None: the seed failed. Seed 2 of all_taper-1m is in the grid only.

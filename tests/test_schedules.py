@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from tapernorm_jax import schedules
+from tapernorm_jax.taper import schedules
 
 PH = schedules.Phases(steps=100, lr_warmup=10, taper_start=20, taper_end=80)
 

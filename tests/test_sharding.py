@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from tapernorm_jax import sharding
-from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.model import ModelConfig, Transformer, init, sharding
 
 CFG = ModelConfig(V=64, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
 

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from configs.sweeps import cpu_mini, table2
-from tapernorm_jax import sweep
+from tapernorm_jax.studies import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import base
-from tapernorm_jax import calibration, schedules, sharding
-from tapernorm_jax.train import Trainer, make_optimizer
+from tapernorm_jax.model import sharding
+from tapernorm_jax.taper import calibration, schedules
+from tapernorm_jax.train.trainer import Trainer, make_optimizer
 
 
 def tiny(variant: str = "all_taper", overrides: dict | None = None):

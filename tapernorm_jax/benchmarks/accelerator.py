@@ -26,9 +26,10 @@ from typing import Any
 
 import jax
 
-from tapernorm_jax import attention, hardware
+from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks import train as train_bench
+from tapernorm_jax.model import attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tests that say whether this backend computes what the CPU does: attention implementations against the

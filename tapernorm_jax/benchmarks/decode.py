@@ -16,11 +16,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tapernorm_jax import decode, defaults, hardware, inference, matvec
+from tapernorm_jax import hardware
+from tapernorm_jax.inference import decode, generate
+from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.taper import variants
+from tapernorm_jax.train import run_config
 from tapernorm_jax.benchmarks.timing import (bandwidth_probe, check_at_least, paired_ratio, read_bandwidth,
                                              summary, time_interleaved)
+from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, init, param_count
-from tapernorm_jax.tables import markdown_table
 
 PyTree = Any
 # The paper's measurement (docs/method.md §9): thousands of tokens/s on an H100 in bf16 (PyTorch eager),
@@ -53,8 +57,8 @@ class Settings:
     unknown = set(self.modes) - set(MODES)
     if unknown:
       raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {MODES}")
-    if self.size not in defaults.SIZES:
-      raise ValueError(f"size={self.size!r}: choose one of {sorted(defaults.SIZES)}")
+    if self.size not in variants.SIZES:
+      raise ValueError(f"size={self.size!r}: choose one of {sorted(variants.SIZES)}")
     if self.variant not in VARIANTS:
       raise ValueError(f"variant={self.variant!r}: choose one of {VARIANTS} (a model with tapered norms)")
     check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
@@ -79,14 +83,14 @@ QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), promp
 
 def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
   """The paper's model of `size` with `variant`'s norms, weights and activations in `dtype`."""
-  cfg = ModelConfig.from_config(defaults.get_config(variant, f"size={size}").model)
+  cfg = ModelConfig.from_config(run_config.get_config(variant, f"size={size}").model)
   return cfg.replace(dtype=dtype, param_dtype=dtype)
 
 
 def forward_calls(forms: dict[str, tuple[PyTree, ModelConfig]], tokens_BxT: Any) -> dict[str, Any]:
   """Per form, a call of its jitted last-token-logits forward on `tokens_BxT`."""
   tokens_BxT = jnp.asarray(tokens_BxT)
-  return {name: (lambda f=inference.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
+  return {name: (lambda f=generate.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
 
 
 def bench_forward(forms: dict, s: Settings) -> list[dict]:
@@ -173,8 +177,8 @@ def log_row(title: str, row: dict, unit: str) -> None:
 def run(s: Settings) -> dict[str, Any]:
   """Builds the four forms of one set of calibrated-looking weights and runs the selected modes."""
   cfg = model_config(s.size, s.variant, s.dtype)
-  variables = inference.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
-  forms = inference.forms(variables, cfg)
+  variables = generate.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
+  forms = generate.forms(variables, cfg)
   results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
                              "settings": dataclasses.asdict(s), "model": dataclasses.asdict(cfg),
                              "params": param_count(forms["baseline"][0]["params"])}

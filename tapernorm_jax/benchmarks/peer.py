@@ -26,13 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import decode, hardware, inference
+from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks.decode import model_config
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
+from tapernorm_jax.inference import decode, generate
+from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, init, param_count
-from tapernorm_jax.tables import markdown_table
 
 PyTree = Any
 Calls = dict[str, Callable[[], Any] | str]  # a call, or the reason it cannot run ("n/a" in the table)
@@ -82,8 +83,8 @@ QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), promp
 def weights(s: Settings) -> dict[str, tuple[PyTree, ModelConfig]]:
   """The `baseline` and `folded` forms, in float32, of the weights benchmarks/decode.py times (same seeds)."""
   cfg = model_config(s.size, s.variant, "float32")
-  make = jax.jit(lambda k0, k1: inference.perturbed(init(cfg, k0), k1, (0.05, 0.5), 0.1))
-  forms = inference.forms(make(jax.random.key(s.seed), jax.random.key(s.seed + 1)), cfg)
+  make = jax.jit(lambda k0, k1: generate.perturbed(init(cfg, k0), k1, (0.05, 0.5), 0.1))
+  forms = generate.forms(make(jax.random.key(s.seed), jax.random.key(s.seed + 1)), cfg)
   return {name: forms[name] for name in FORMS}
 
 
@@ -98,7 +99,7 @@ def in_dtype(variables: PyTree, cfg: ModelConfig, dtype: str) -> tuple[PyTree, M
 def last_logits(variables: PyTree, cfg: ModelConfig, tokens_BxT: np.ndarray) -> np.ndarray:
   """This project's last-token logits B×V, float32 matmuls at full precision (no TF32 on GPUs)."""
   with jax.default_matmul_precision("highest"):
-    return np.asarray(inference.last_token_logits(cfg)(variables, jnp.asarray(tokens_BxT)))
+    return np.asarray(generate.last_token_logits(cfg)(variables, jnp.asarray(tokens_BxT)))
 
 
 def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARITY_TOLERANCE) -> dict[str, float]:
@@ -112,7 +113,7 @@ def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARI
   if not diff <= tolerance:
     raise ParityError(f"the Hugging Face model's last-token logits differ from this project's baseline form by up "
                       f"to {diff:.3g} (tolerance {tolerance:g}; largest logit {out['max_abs_logit']:.3g}): the "
-                      "exported checkpoint is not the same model (tapernorm_jax/hf_llama.py's name table or "
+                      "exported checkpoint is not the same model (tapernorm_jax/hf/llama.py's name table or "
                       "config), so no timing is reported")
   return out
 

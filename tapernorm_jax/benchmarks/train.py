@@ -9,11 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import data, defaults, hardware, sharding
+from tapernorm_jax import data, hardware
 from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
-from tapernorm_jax.model import param_count
-from tapernorm_jax.tables import markdown_table
-from tapernorm_jax.train import Trainer
+from tapernorm_jax.markdown import markdown_table
+from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.taper import variants
+from tapernorm_jax.train import run_config
+from tapernorm_jax.train.trainer import Trainer
 
 CASES = (  # (label, variant, which step)
     ("baseline", "baseline", "train_step"),
@@ -33,9 +35,9 @@ class Settings:
   repeats: int = 5
 
   def __post_init__(self):
-    unknown = [size for size in self.sizes if size not in defaults.SIZES]
+    unknown = [size for size in self.sizes if size not in variants.SIZES]
     if unknown or not self.sizes:
-      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(defaults.SIZES)}")
+      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(variants.SIZES)}")
     check_at_least(self, 1, "batch", "seq", "steps", "repeats")
 
 
@@ -55,7 +57,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
   known (hardware.PEAK_BF16_FLOPS)."""
   device, cases = jax.devices()[0], []
   for label, variant, which in CASES:
-    cfg = defaults.get_config(variant, f"size={size}")
+    cfg = run_config.get_config(variant, f"size={size}")
     cfg.model.T = s.seq
     cfg.train.batch_size = s.batch
     trainer = Trainer(cfg, mesh)
@@ -88,7 +90,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
 
 def loader_seconds_per_batch(seq: int, batch: int, n: int = 200) -> float:
   """Seconds per batch of the data loader alone (offline corpus, CPU-preset vocabulary)."""
-  cfg = defaults.get_config("baseline")
+  cfg = run_config.get_config("baseline")
   cfg.model.T = seq
   prepared = data.prepare(cfg.data)
   it = data.train_iterator(prepared, batch_size=batch, seq_len=seq, seed=0, process_index=0, process_count=1)

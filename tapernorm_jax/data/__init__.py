@@ -1,4 +1,4 @@
-"""Data: corpora (stories, TinyStories, text files, OpenWebText), tokenizers, cached token streams, grain pipeline."""
+"""Data: corpora (stories, TinyStories, text files, OpenWebText), the tokenizer choice, cached token streams, grain."""
 
 from tapernorm_jax.data.evaluation_sets import eval_sets
 from tapernorm_jax.data.pipeline import eval_batches, eval_windows, train_iterator

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from tapernorm_jax.data import corpora, tokenizer_training as sentencepiece_lib
+from tapernorm_jax.data import corpora
+from tapernorm_jax.tokenizers import sentencepiece as sentencepiece_lib
 
 KINDS = ("sentencepiece", "gpt2")
 
@@ -81,7 +82,7 @@ class GPT2Choice:
 
   def load(self, directory: Path) -> CorpusTokenizer:
     """The copy of the files in a prepared directory; an error if they are not the ones asked for."""
-    from tapernorm_jax.data import gpt2_bpe
+    from tapernorm_jax.tokenizers import gpt2_bpe
 
     tokenizer = gpt2_bpe.GPT2BPE(directory)
     if tokenizer.fingerprint != self.tokenizer.fingerprint:
@@ -96,12 +97,12 @@ TokenizerChoice = SentencePieceChoice | GPT2Choice
 
 def gpt2(source: str, vocab_size: int) -> GPT2Choice:
   """GPT-2's BPE from `source`; an error naming both fields unless `vocab_size` is its vocabulary size."""
-  from tapernorm_jax.data import gpt2_bpe  # only when asked for
+  from tapernorm_jax.tokenizers import gpt2_bpe  # only when asked for
 
   if not source:
     raise ValueError("data.tokenizer='gpt2' needs data.tokenizer_dir: a directory with vocab.json and merges.txt, "
                      "or a hub name such as 'gpt2'")
-  from tapernorm_jax.hf import HubUnavailableError
+  from tapernorm_jax.hf.hub import HubUnavailableError
 
   try:
     tokenizer = gpt2_bpe.GPT2BPE(source)

@@ -1,9 +1,10 @@
-"""A SentencePiece tokenizer: trained on a corpus's training documents, saved with its settings.
+"""SentencePiece tokenizers: a trained model behind the project's encode/decode interface, and training one.
 
-BPE with byte fallback, identity normalisation and `\\n` as a piece of its own, so that
-`decode(encode(text)) == text` for any text without leading or trailing spaces. Ids:
-0 = unk, 1 = bos, 2 = eos, 3 = `\\n`. Saving writes `tokenizer.model` and `tokenizer.json`
-(the settings); loading checks those settings against the ones asked for.
+`SentencePiece` wraps any serialized model (needs only `sentencepiece`). `train` makes one from a
+corpus's training documents: BPE with byte fallback, identity normalisation and `\\n` as a piece of
+its own, so that `decode(encode(text)) == text` for any text without leading or trailing spaces.
+Ids: 0 = unk, 1 = bos, 2 = eos, 3 = `\\n`. A trained `Tokenizer` saves `tokenizer.model` and
+`tokenizer.json` (the settings); `load` checks those settings against the ones asked for.
 """
 
 import dataclasses
@@ -18,12 +19,46 @@ from pathlib import Path
 import sentencepiece as spm
 
 from tapernorm_jax.errors import UserError
-from tapernorm_jax.tokenizer import SentencePiece
 
-MAX_SENTENCE_BYTES = 1 << 20  # SentencePiece skips longer training sentences (documents here)
-log = logging.getLogger(__name__)
 MODEL_FILE = "tokenizer.model"
 SETTINGS_FILE = "tokenizer.json"
+MAX_SENTENCE_BYTES = 1 << 20  # SentencePiece skips longer training sentences (documents here)
+log = logging.getLogger(__name__)
+
+
+class SentencePiece:
+  """encode, decode, bos_id, eos_id and vocab_size over a serialized SentencePiece model."""
+
+  kind = "sentencepiece"
+
+  def __init__(self, model_proto: bytes):
+    self.model_proto = model_proto
+    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.bos_id: int = self.sp.bos_id()
+    self.eos_id: int = self.sp.eos_id()
+    self.vocab_size: int = self.sp.get_piece_size()
+
+  @classmethod
+  def from_file(cls, path: str | Path) -> "SentencePiece":
+    """Loads a `.model` file."""
+    return cls(Path(path).read_bytes())
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text` (no bos/eos added)."""
+    return self.sp.encode(text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """The text of `ids`; bos/eos/unk ids decode to nothing."""
+    return self.sp.decode([int(i) for i in ids])
+
+  def save(self, directory: str | Path) -> None:
+    """Writes the model as `tokenizer.model` into `directory`."""
+    (Path(directory) / MODEL_FILE).write_bytes(self.model_proto)
+
+  @classmethod
+  def load(cls, directory: str | Path) -> "SentencePiece":
+    """The model a `save` wrote into `directory`."""
+    return cls.from_file(Path(directory) / MODEL_FILE)
 
 
 @dataclasses.dataclass(frozen=True)

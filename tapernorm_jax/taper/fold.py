@@ -20,9 +20,8 @@ import jax.numpy as jnp
 from flax import traverse_util
 from jax.sharding import NamedSharding
 
-from tapernorm_jax import layout, sharding
-from tapernorm_jax.layout import Path
-from tapernorm_jax.model import ModelConfig, abstract_variables
+from tapernorm_jax.model import ModelConfig, abstract_variables, check_matches, param_paths, sharding
+from tapernorm_jax.model.param_paths import Path
 
 PyTree = Any
 
@@ -30,22 +29,22 @@ PyTree = Any
 def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
   """Folds every tapered norm into the next projection; returns (folded variables, folded config)."""
   cfg = ModelConfig.from_config(model_cfg)
-  internal, final = cfg.internal_norm in layout.CALIBRATED_MODES, cfg.final_norm in layout.CALIBRATED_MODES
+  internal, final = cfg.internal_norm in param_paths.CALIBRATED_MODES, cfg.final_norm in param_paths.CALIBRATED_MODES
   if not cfg.tapered:
     raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
                      f"{cfg.final_norm!r}; fold needs TaperNorm layers (a norm in one of the forms "
-                     f"{layout.CALIBRATED_MODES})")
+                     f"{param_paths.CALIBRATED_MODES})")
   boxed = _is_boxed(variables)
   plain = nn.unbox(variables)
   check_matches(plain, cfg)
   params = dict(traverse_util.flatten_dict(plain["params"]))
   calib = dict(traverse_util.flatten_dict(plain["calib"]))
-  head, logits_bias = (layout.HEAD,), (layout.LOGITS_BIAS,)
+  head, logits_bias = (param_paths.HEAD,), (param_paths.LOGITS_BIAS,)
   if final and cfg.tie_embeddings:  # the head becomes a matrix of its own
-    params[head] = params[(layout.EMBED,)].T
+    params[head] = params[(param_paths.EMBED,)].T
   if final and cfg.norm_kind == "ln" and logits_bias not in params:
     params[logits_bias] = jnp.zeros((cfg.V,), params[head].dtype)
-  for site in layout.norm_sites(cfg):
+  for site in param_paths.norm_sites(cfg):
     if internal if site.internal else final:
       for weight in site.weights:
         _fold_norm(params, calib, cfg, site.norm, weight, site.bias)
@@ -63,9 +62,9 @@ def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
 
 def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tuple[jax.Array, jax.Array | None]:
   """The g = 0 map of a tapered norm as (row scale c·γ̃, β or None); LN also centres (see `fold_linear`)."""
-  gamma_tilde_D = norm_params[layout.GAMMA_TILDE]
+  gamma_tilde_D = norm_params[param_paths.GAMMA_TILDE]
   ct = jnp.promote_types(gamma_tilde_D.dtype, jnp.float32)
-  beta_D = norm_params[layout.BETA].astype(ct) if kind == "ln" else None
+  beta_D = norm_params[param_paths.BETA].astype(ct) if kind == "ln" else None
   return jnp.asarray(c, ct) * gamma_tilde_D.astype(ct), beta_D
 
 
@@ -84,33 +83,11 @@ def fold_linear(w_DxO: jax.Array, b_O: jax.Array | None, row_scale_D: jax.Array,
   return folded_DxO.astype(w_DxO.dtype), new_b
 
 
-def check_matches(variables: PyTree, cfg: ModelConfig) -> None:
-  """Raises ValueError naming the differences if `variables` are not the params and calib of `cfg`."""
-  missing_collections = [c for c in ("params", "calib") if c not in variables]
-  if missing_collections:
-    raise ValueError(f"variables lack the collection(s) {missing_collections}; pass {{'params': ..., 'calib': ...}}")
-  expected = nn.unbox(abstract_variables(cfg))
-  problems = []
-  for collection in ("params", "calib"):
-    want = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(expected.get(collection, {})).items()}
-    have = {k: tuple(jnp.shape(v)) for k, v in traverse_util.flatten_dict(variables[collection]).items()}
-    problems += [f"{collection}/{'/'.join(k)} missing (expected shape {want[k]})"
-                 for k in sorted(set(want) - set(have))]
-    problems += [f"{collection}/{'/'.join(k)} is not in the model" for k in sorted(set(have) - set(want))]
-    problems += [f"{collection}/{'/'.join(k)} has shape {have[k]}, the model expects {want[k]}"
-                 for k in sorted(set(want) & set(have)) if want[k] != have[k]]
-  if problems:
-    shown = "; ".join(problems[:6]) + (f"; … {len(problems) - 6} more" if len(problems) > 6 else "")
-    raise ValueError(f"the variables do not match the model config (family={cfg.family}, D={cfg.D}, L={cfg.L}, "
-                     f"internal_norm={cfg.internal_norm}, final_norm={cfg.final_norm}, "
-                     f"tie_embeddings={cfg.tie_embeddings}): {shown}")
-
-
 def _fold_norm(params: dict[Path, jax.Array], calib: dict[Path, jax.Array], cfg: ModelConfig, norm: Path,
                weight: Path, bias: Path) -> None:
   """Folds the norm at path `norm` into `params[weight]` (and `params[bias]` when the norm has β)."""
   norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == norm}
-  row_scale_D, beta_D = norm_map(norm_params, calib[norm + (layout.C,)], cfg.norm_kind)
+  row_scale_D, beta_D = norm_map(norm_params, calib[norm + (param_paths.C,)], cfg.norm_kind)
   params[weight], new_bias = fold_linear(params[weight], params.get(bias), row_scale_D, beta_D, cfg.norm_kind)
   if new_bias is not None:
     params[bias] = new_bias

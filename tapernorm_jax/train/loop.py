@@ -23,12 +23,12 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import data, files, sharding
-from tapernorm_jax.checkpoint import Checkpointer
+from tapernorm_jax import data, files
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
-from tapernorm_jax.metrics import MetricsWriter, read_jsonl
-from tapernorm_jax.model import param_count
-from tapernorm_jax.train import State, Trainer
+from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.train.checkpoint import Checkpointer
+from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl
+from tapernorm_jax.train.trainer import State, Trainer
 
 RESULTS_SCHEMA = 1  # bump when results.json changes meaning; the study tools read it
 
@@ -109,8 +109,8 @@ def restore_or_init(trainer: Trainer, ckpt: Checkpointer, cfg: ml_collections.Co
     log(f"resuming from the checkpoint at step {restored.step} in {ckpt.directory}")
     return restored.state, restored.step, restored.data_state
   if cfg.get("init_from"):
-    from tapernorm_jax import hf  # the hub client and safetensors: only for pretrained starts
-    variables, pretrained_cfg = hf.load_gpt2(cfg.init_from)
+    from tapernorm_jax.hf import gpt2  # the hub client and safetensors: only for pretrained starts
+    variables, pretrained_cfg = gpt2.load_gpt2(cfg.init_from)
     check_pretrained(trainer.model_cfg, pretrained_cfg, cfg.init_from)
     log(f"starting from the pretrained model {cfg.init_from}")
     return trainer.state_from_params(variables["params"]), 0, None

@@ -32,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from tapernorm_jax import layout, matvec
-from tapernorm_jax.model import MATVEC, LayerCache, ModelConfig, Transformer
+from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.model import param_paths
+from tapernorm_jax.model.transformer import MATVEC, LayerCache, ModelConfig, Transformer
 
 Array = jax.Array
 PyTree = Any
@@ -42,8 +43,8 @@ log = logging.getLogger(__name__)
 
 
 # Leading (input) axes of each projection's kernel; its output×input copy is the kernel reshaped to 2-D, transposed.
-INPUT_AXES = {layout.QKV: 1, layout.ATTN_OUT: 2, layout.WI_GATE: 1, layout.WI_UP: 1, layout.WI: 1, layout.WO: 1,
-              layout.HEAD: 1}
+INPUT_AXES = {param_paths.QKV: 1, param_paths.ATTN_OUT: 2, param_paths.WI_GATE: 1, param_paths.WI_UP: 1,
+              param_paths.WI: 1, param_paths.WO: 1, param_paths.HEAD: 1}
 
 
 def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
@@ -57,7 +58,7 @@ def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
       w = jnp.asarray(w, jnp.float32)
       copies[path] = w.reshape(math.prod(w.shape[:INPUT_AXES[path[-1]]]), -1).T.copy()
   if cfg.tie_embeddings:  # the table already is the tied head's output × input form
-    copies[(layout.EMBED,)] = jnp.asarray(params[layout.EMBED], jnp.float32)
+    copies[(param_paths.EMBED,)] = jnp.asarray(params[param_paths.EMBED], jnp.float32)
   return {**variables, MATVEC: traverse_util.unflatten_dict(copies)}
 
 

@@ -1,4 +1,5 @@
-"""GPT-2's byte-level BPE (`vocab.json` + `merges.txt`) behind the project's encode/decode interface.
+"""GPT-2's byte-level BPE (`vocab.json` + `merges.txt`) behind the project's encode/decode interface, and as a corpus
+tokenizer (`GPT2BPE`: batch encoding, `[*ids, eot]` framing, a fingerprint of the two files).
 
     tok = GPT2Tokenizer("../shared/data/gpt2")   # a local directory, or a hub name such as "gpt2"
     tok.encode("Hello world") == [15496, 995]
@@ -10,16 +11,18 @@ and `decode(encode(text)) == text` for every text. `decode` drops EOT ids, as th
 wrapper drops bos/eos. Needs only `tokenizers` (and `huggingface_hub` for hub names).
 """
 
+import hashlib
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from tapernorm_jax.hf import resolve
+from tapernorm_jax.hf.hub import resolve
 
 VOCAB_FILE, MERGES_FILE = "vocab.json", "merges.txt"
+FILES = (VOCAB_FILE, MERGES_FILE)
 EOT = "<|endoftext|>"
 
 
@@ -66,3 +69,29 @@ class GPT2Tokenizer:
       ids += encoding.ids
       ids.append(self.eos_id)
     return ids
+
+
+def files_digest(directory: Path) -> str:
+  """SHA-256 over `vocab.json` then `merges.txt` in `directory` (each prefixed by its length)."""
+  digest = hashlib.sha256()
+  for name in FILES:
+    content = (Path(directory) / name).read_bytes()
+    digest.update(f"{name}:{len(content)}:".encode())
+    digest.update(content)
+  return digest.hexdigest()
+
+
+class GPT2BPE(GPT2Tokenizer):
+  """GPT-2's BPE with what prepared corpora need: `encode_batch`, `frame`, `save` and a content fingerprint."""
+
+  def __init__(self, source: str | os.PathLike = "gpt2"):
+    super().__init__(source)
+    self.fingerprint: str = files_digest(self.directory)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text (no EOT added), encoded in parallel by `tokenizers`."""
+    return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+  def frame(self, ids: list[int]) -> list[int]:
+    """One document's ids as they go into a token stream: `[*ids, eot]` (EOT after every document, no BOS)."""
+    return [*ids, self.eos_id]

@@ -1,7 +1,7 @@
 """A few rows times a weight on CPU, reading the weight once: the custom call behind batched decode.
 
 XLA:CPU has no kernel for a product of 2–8 rows with a large weight: it either packs the weight for a
-GEMM or (`model.project`) reads it once per row. `kernels/matvec_rows.cc` reads each weight row once and
+GEMM or (`model.project`) reads it once per row. `matvec_rows.cc` reads each weight row once and
 dots it with every row; it needs the weight as output × input (input axis minor), which
 `decode.with_matvec_weights` prepares once, outside the decoding loop.
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import jaxlib
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).parent / "kernels" / "matvec_rows.cc"
+SOURCE = Path(__file__).parent / "matvec_rows.cc"
 TARGET = "tapernorm_matvec_rows"
 MAX_ROWS = 8
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")

@@ -3,7 +3,7 @@
     save_llama(variables, model_cfg, DIR)    DIR: config.json + model.safetensors (numpy only: no PyTorch)
 
 Every tensor goes through `TABLE`: a Hugging Face name (`{i}` the block index), its path in the
-model (names from `layout.py`) and the fix from the model's layout to Hugging Face's. `nn.Linear`
+model (names from `param_paths.py`) and the fix from the model's layout to Hugging Face's. `nn.Linear`
 stores weights as (out, in), so every projection is transposed: q, k and v are the three slices
 of `qkv` (D, 3, H, K), each (D, H·K) with heads major, then (H·K, D); `o_proj` reads merged heads,
 (H, K, D) → (D, H·K). No head permutation: `model.rope` is the rotate-half form that Hugging
@@ -24,11 +24,10 @@ import safetensors.numpy
 from etils import epath
 from flax import traverse_util
 
-from tapernorm_jax import files, layout
-from tapernorm_jax.fold import check_matches
-from tapernorm_jax.hf import CONFIG_FILE, WEIGHTS_FILE
-from tapernorm_jax.layout import Path as ModelPath
-from tapernorm_jax.model import ModelConfig
+from tapernorm_jax import files
+from tapernorm_jax.hf.hub import CONFIG_FILE, WEIGHTS_FILE
+from tapernorm_jax.model import ModelConfig, check_matches, param_paths
+from tapernorm_jax.model.param_paths import Path as ModelPath
 
 PyTree = Any
 BLOCK = "{i}"  # stands for the block index in TABLE
@@ -64,20 +63,20 @@ class Rule:
   to_hf: Fix = same
 
 
-_LAYER, _ATTN, _MLP = "model.layers.{i}", (BLOCK, layout.ATTN), (BLOCK, layout.MLP)
+_LAYER, _ATTN, _MLP = "model.layers.{i}", (BLOCK, param_paths.ATTN), (BLOCK, param_paths.MLP)
 TABLE: tuple[Rule, ...] = (
-    Rule("model.embed_tokens.weight", (layout.EMBED,)),
-    Rule(f"{_LAYER}.input_layernorm.weight", (BLOCK, layout.ATTN_NORM, layout.GAMMA)),
-    *(Rule(f"{_LAYER}.self_attn.{name}_proj.weight", _ATTN + (layout.QKV,), qkv_slice(i)) for i, name in
+    Rule("model.embed_tokens.weight", (param_paths.EMBED,)),
+    Rule(f"{_LAYER}.input_layernorm.weight", (BLOCK, param_paths.ATTN_NORM, param_paths.GAMMA)),
+    *(Rule(f"{_LAYER}.self_attn.{name}_proj.weight", _ATTN + (param_paths.QKV,), qkv_slice(i)) for i, name in
       enumerate("qkv")),
-    Rule(f"{_LAYER}.self_attn.o_proj.weight", _ATTN + (layout.ATTN_OUT,), merged_heads),
-    Rule(f"{_LAYER}.post_attention_layernorm.weight", (BLOCK, layout.MLP_NORM, layout.GAMMA)),
-    Rule(f"{_LAYER}.mlp.gate_proj.weight", _MLP + (layout.WI_GATE,), transposed),
-    Rule(f"{_LAYER}.mlp.up_proj.weight", _MLP + (layout.WI_UP,), transposed),
-    Rule(f"{_LAYER}.mlp.down_proj.weight", _MLP + (layout.WO,), transposed),
-    Rule("model.norm.weight", (layout.FINAL_NORM, layout.GAMMA)),
+    Rule(f"{_LAYER}.self_attn.o_proj.weight", _ATTN + (param_paths.ATTN_OUT,), merged_heads),
+    Rule(f"{_LAYER}.post_attention_layernorm.weight", (BLOCK, param_paths.MLP_NORM, param_paths.GAMMA)),
+    Rule(f"{_LAYER}.mlp.gate_proj.weight", _MLP + (param_paths.WI_GATE,), transposed),
+    Rule(f"{_LAYER}.mlp.up_proj.weight", _MLP + (param_paths.WI_UP,), transposed),
+    Rule(f"{_LAYER}.mlp.down_proj.weight", _MLP + (param_paths.WO,), transposed),
+    Rule("model.norm.weight", (param_paths.FINAL_NORM, param_paths.GAMMA)),
 )
-HEAD = Rule("lm_head.weight", (layout.HEAD,), transposed)  # untied models only
+HEAD = Rule("lm_head.weight", (param_paths.HEAD,), transposed)  # untied models only
 
 
 def rules(cfg: ModelConfig) -> list[tuple[str, ModelPath, Fix]]:
@@ -85,7 +84,7 @@ def rules(cfg: ModelConfig) -> list[tuple[str, ModelPath, Fix]]:
   out = []
   for rule in TABLE + ((HEAD,) if not cfg.tie_embeddings else ()):
     for i in (range(cfg.L) if BLOCK in rule.path else (None,)):
-      path = tuple(layout.block(i) if p == BLOCK else p for p in rule.path)
+      path = tuple(param_paths.block(i) if p == BLOCK else p for p in rule.path)
       out.append((rule.hf.format(i=i), path, rule.to_hf))
   return out
 

@@ -2,13 +2,13 @@
 
 Shape letters: B batch, T sequence length (model.T the longest), D width, H heads, K = D/H head
 width, F MLP width, V vocabulary, S cache slots, BH cache rows (B·H). `cfg.L` is the number of
-layers. Variable names and paths come from `layout.py`.
+layers. Variable names and paths come from `param_paths.py`.
 
 `Transformer(cfg).apply(variables, tokens_BxT, gate=g)` returns logits `B×T×V`; with
 `return_hidden=True` it returns `(logits_BxTxV, h_BxTxD)`, `h` being the pre-logit residual
 stream (the input of the final norm). Parameters carry logical axis names (see
 `sharding.py`); the gate is a traced scalar shared by every tapered norm, or a traced vector with
-one gate per norm in `layout.norm_sites` order (block 0 attention, block 0 MLP, …, final).
+one gate per norm in `param_paths.norm_sites` order (block 0 attention, block 0 MLP, …, final).
 
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
@@ -16,17 +16,17 @@ at per-row offsets, writes their keys and values into a preallocated cache (one
 states with the updated cache.
 """
 
-import dataclasses
-import warnings
-from typing import Any, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import attention, layout, matvec
-from tapernorm_jax.norms import NORM_MODES, RENAMED_MODES, Norm, ScaleMonitor
+from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.model import attention, param_paths
+from tapernorm_jax.model.config import ModelConfig
+from tapernorm_jax.model.norms import Norm, ScaleMonitor
 
 Array = jax.Array
 # {"k": BH×K×S, "v": BH×S×K}, rows BH = B·H (row b, head h at b·H + h); slot s holds position s. This is
@@ -35,124 +35,6 @@ Array = jax.Array
 # orders, and for separate B and H axes (merged by a reshape before the matmul) a duplicated in-place
 # update inside the decode loop.
 LayerCache = dict[str, Array]
-FAMILIES = ("llama", "gpt2")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Model hyperparameters: V vocab, D width, H heads, L layers, F MLP width (0: family default), T max length."""
-
-  family: str = "llama"
-  V: int = 10_000
-  D: int = 64
-  H: int = 16
-  L: int = 8
-  F: int = 0
-  T: int = 512
-  internal_norm: str = "plain"
-  final_norm: str = "plain"
-  eps: float = 1e-5
-  rope_base: float = 10_000.0
-  tie_embeddings: bool = True
-  logits_bias: bool = False
-  init_std: float = 0.02
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  attention_impl: str = "auto"
-  remat: bool = False
-
-  def __post_init__(self):
-    for field in ("internal_norm", "final_norm"):
-      old = getattr(self, field)
-      if old in RENAMED_MODES:  # configs written before the rename carry the old name
-        warnings.warn(f"model.{field}={old!r} is deprecated; it is now called {RENAMED_MODES[old]!r}",
-                      DeprecationWarning, stacklevel=3)
-        object.__setattr__(self, field, RENAMED_MODES[old])
-    if self.attention_impl is None:  # configs written before attention.py said None for automatic
-      object.__setattr__(self, "attention_impl", "auto")
-    validate(self)
-
-  @property
-  def norm_kind(self) -> str:
-    """`rms` for llama, `ln` for gpt2."""
-    return "rms" if self.family == "llama" else "ln"
-
-  @property
-  def mlp_dim(self) -> int:
-    """F, or its family default: round(8D/3) for SwiGLU, 4D for GELU."""
-    if self.F:
-      return self.F
-    return round(8 * self.D / 3) if self.family == "llama" else 4 * self.D
-
-  @property
-  def compute_dtype(self) -> Any:
-    """The activation dtype; `auto` is bfloat16 on accelerators and float32 on CPU."""
-    if self.dtype == "auto":
-      return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
-    return jnp.dtype(self.dtype)
-
-  @classmethod
-  def from_config(cls, cfg: "ModelConfig | Mapping[str, Any]") -> "ModelConfig":
-    """Builds from a ModelConfig, a dict or an ml_collections ConfigDict (`config.model`)."""
-    if isinstance(cfg, cls):
-      return cfg
-    items = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(items) - known)
-    if unknown:
-      raise ValueError(f"unknown model config field(s) {unknown}; known fields: {sorted(known)}")
-    return cls(**items)
-
-  def replace(self, **changes: Any) -> "ModelConfig":
-    """A copy with fields changed (validated again)."""
-    return dataclasses.replace(self, **changes)
-
-  def fixed_form(self) -> "ModelConfig":
-    """The g = 0 model: every `taper` norm in its `fixed` form (the same variables)."""
-    swap = lambda mode: "fixed" if mode == "taper" else mode
-    return self.replace(internal_norm=swap(self.internal_norm), final_norm=swap(self.final_norm))
-
-  @property
-  def tapered(self) -> bool:
-    """Whether any norm is in a calibrated form (`taper` or `fixed`): it has c and γ̃ and folds."""
-    return self.internal_norm in layout.CALIBRATED_MODES or self.final_norm in layout.CALIBRATED_MODES
-
-
-def validate(cfg: ModelConfig) -> None:
-  """Raises ValueError naming the first bad field; runs before anything is traced or compiled."""
-
-  def fail(field: str, problem: str) -> None:
-    raise ValueError(f"model.{field}={getattr(cfg, field)!r}: {problem}")
-
-  if cfg.family not in FAMILIES:
-    fail("family", f"unknown family; choose one of {FAMILIES}")
-  for field in ("V", "D", "H", "L", "T"):
-    if not isinstance(getattr(cfg, field), int) or getattr(cfg, field) <= 0:
-      fail(field, "must be a positive integer")
-  if not isinstance(cfg.F, int) or cfg.F < 0:
-    fail("F", "must be a non-negative integer (0 picks the family default)")
-  if cfg.D % cfg.H:
-    fail("H", f"the number of heads must divide model.D={cfg.D}")
-  if cfg.family == "llama" and (cfg.D // cfg.H) % 2:
-    fail("H", f"RoPE needs an even head dimension, but D/H = {cfg.D // cfg.H}")
-  for field in ("internal_norm", "final_norm"):
-    if getattr(cfg, field) not in NORM_MODES:
-      fail(field, f"unknown norm mode; choose one of {NORM_MODES}")
-  if not cfg.eps > 0:
-    fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
-  if not cfg.init_std > 0:
-    fail("init_std", "must be > 0")
-  if cfg.dtype not in DTYPES:
-    fail("dtype", f"choose one of {DTYPES}")
-  if cfg.param_dtype not in DTYPES[1:]:
-    fail("param_dtype", f"choose one of {DTYPES[1:]}")
-  if cfg.attention_impl not in attention.IMPLS:
-    fail("attention_impl", f"choose one of {attention.IMPLS} (docs/method.md §13)")
-  if cfg.logits_bias and cfg.tie_embeddings:
-    fail("logits_bias", "a logits bias comes with an untied head; set model.tie_embeddings=False")
-
-
 def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
            std: float | None, dtype: Any) -> Array:
   """A parameter with logical axis names; normal(std) init, or zeros when std is None."""
@@ -271,12 +153,12 @@ class Attention(nn.Module):
     """
     cfg, dt = self.cfg, self.cfg.compute_dtype
     K = cfg.D // cfg.H
-    w_qkv_Dx3xHxK = _param(self, layout.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
+    w_qkv_Dx3xHxK = _param(self, param_paths.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
                            cfg.param_dtype).astype(dt)
-    bias_3xHxK = (_param(self, layout.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
+    bias_3xHxK = (_param(self, param_paths.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
                   .astype(dt) if cfg.family == "gpt2" else None)
 
-    w_3HKxD = _matvec_weight(self, layout.QKV)
+    w_3HKxD = _matvec_weight(self, param_paths.QKV)
 
     def heads(x_BxTxD: Array, which: slice) -> Array:
       """Queries, keys and/or values (`which` of the three) of every position of x, B×T×n×H×K."""
@@ -310,7 +192,7 @@ class Attention(nn.Module):
   def project_out(self, out_BxTxHxK: Array) -> Array:
     """The output projection H×K → D (with bias for gpt2)."""
     cfg = self.cfg
-    return _residual_out(self, out_BxTxHxK, layout.ATTN_OUT, layout.ATTN_OUT_BIAS, (cfg.H, cfg.D // cfg.H),
+    return _residual_out(self, out_BxTxHxK, param_paths.ATTN_OUT, param_paths.ATTN_OUT_BIAS, (cfg.H, cfg.D // cfg.H),
                          ("heads", "kv"), "bthk,hkd->btd")
 
 
@@ -328,11 +210,11 @@ class Mlp(nn.Module):
                                                                     cfg.init_std, cfg.param_dtype).astype(dt),
                                     _matvec_weight(self, name))
     if cfg.family == "llama":
-      hidden_BxTxF = nn.silu(dense_in(layout.WI_GATE)) * dense_in(layout.WI_UP)
+      hidden_BxTxF = nn.silu(dense_in(param_paths.WI_GATE)) * dense_in(param_paths.WI_UP)
     else:
-      bias_F = _param(self, layout.WI_BIAS, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
-      hidden_BxTxF = nn.gelu(dense_in(layout.WI) + bias_F, approximate=True)
-    return _residual_out(self, hidden_BxTxF, layout.WO, layout.WO_BIAS, (F,), ("mlp",), "btf,fd->btd")
+      bias_F = _param(self, param_paths.WI_BIAS, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
+      hidden_BxTxF = nn.gelu(dense_in(param_paths.WI) + bias_F, approximate=True)
+    return _residual_out(self, hidden_BxTxF, param_paths.WO, param_paths.WO_BIAS, (F,), ("mlp",), "btf,fd->btd")
 
 
 class Block(nn.Module):
@@ -352,12 +234,12 @@ class Block(nn.Module):
     cfg = self.cfg
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
-    x_BxTxD = norm(layout.ATTN_NORM)(h_BxTxD, gates_2[0])
-    attn = Attention(cfg, name=layout.ATTN)(x_BxTxD, positions_BxT, cache, index_B, from_start=from_start,
+    x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
+    attn = Attention(cfg, name=param_paths.ATTN)(x_BxTxD, positions_BxT, cache, index_B, from_start=from_start,
                                             last_only=last_only)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
-    h_BxTxD = h_BxTxD + Mlp(cfg, name=layout.MLP)(norm(layout.MLP_NORM)(h_BxTxD, gates_2[1]))
+    h_BxTxD = h_BxTxD + Mlp(cfg, name=param_paths.MLP)(norm(param_paths.MLP_NORM)(h_BxTxD, gates_2[1]))
     return h_BxTxD if cache is None else (h_BxTxD, cache)
 
 
@@ -373,22 +255,22 @@ class Transformer(nn.Module):
   def setup(self):  # attribute names are the layout's: embed, pos_embed, final_norm, pre_logit, head, logits_bias
     cfg = self.cfg
     block = nn.remat(Block, static_argnums=(6, 7)) if cfg.remat else Block  # self is 0: from_start, last_only
-    self.embed = self.param(layout.EMBED, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+    self.embed = self.param(param_paths.EMBED, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
                                                                   ("vocab", "embed")), (cfg.V, cfg.D),
                             cfg.param_dtype)
     if cfg.family == "gpt2":
-      self.pos_embed = self.param(layout.POS_EMBED, nn.with_logical_partitioning(
+      self.pos_embed = self.param(param_paths.POS_EMBED, nn.with_logical_partitioning(
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
-    self.blocks = [block(cfg, name=layout.block(i)) for i in range(cfg.L)]
+    self.blocks = [block(cfg, name=param_paths.block(i)) for i in range(cfg.L)]
     self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:
-      self.head = self.param(layout.HEAD, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
+      self.head = self.param(param_paths.HEAD, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
                                                                   ("embed", "vocab")), (cfg.D, cfg.V),
                              cfg.param_dtype)
     if cfg.logits_bias:
-      self.logits_bias = self.param(layout.LOGITS_BIAS, nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                                    (cfg.V,), cfg.param_dtype)
+      zeros = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
+      self.logits_bias = self.param(param_paths.LOGITS_BIAS, zeros, (cfg.V,), cfg.param_dtype)
 
   def __call__(self, tokens_BxT: Array, gate: Array | float = 1.0, *, positions_BxT: Array | None = None,
                return_hidden: bool = False) -> Array | tuple[Array, Array]:
@@ -458,9 +340,9 @@ class Transformer(nn.Module):
     out_dt = jnp.promote_types(dt, jnp.float32)
     x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[-1]).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
-      logits_BxTxV = tied_head(x_BxTxD, self.embed.astype(dt), _matvec_weight(self, layout.EMBED)).astype(out_dt)
+      logits_BxTxV = tied_head(x_BxTxD, self.embed.astype(dt), _matvec_weight(self, param_paths.EMBED)).astype(out_dt)
     else:
-      logits_BxTxV = project("bld,dv->blv", x_BxTxD, self.head.astype(dt), _matvec_weight(self, layout.HEAD)
+      logits_BxTxV = project("bld,dv->blv", x_BxTxD, self.head.astype(dt), _matvec_weight(self, param_paths.HEAD)
                              ).astype(out_dt)
     if cfg.logits_bias:
       logits_BxTxV += self.logits_bias.astype(out_dt)
@@ -485,7 +367,7 @@ def check_cache_write(cfg: ModelConfig, Q: int, S: int, index_B: Array) -> None:
 
 
 def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:
-  """One gate per norm (layout.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates."""
+  """One gate per norm (param_paths.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates."""
   if not isinstance(gate, jax.core.Tracer):  # a concrete gate is checked; a traced one (the train step's) cannot be
     values = np.asarray(gate)
     if not np.all((values >= 0) & (values <= 1)):
@@ -496,19 +378,3 @@ def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:
     raise ValueError(f"gate has shape {gate.shape}; give a scalar or one gate per norm, shape ({n},) for "
                      f"model.L={cfg.L}")
   return jnp.broadcast_to(gate, (n,))
-
-
-def init(cfg: Any, rng: Array, batch: int = 1, length: int = 8) -> dict[str, Any]:
-  """Initial variables (params and calib), still boxed with their logical axis names."""
-  model = Transformer(cfg)
-  return model.init(rng, jnp.zeros((batch, min(length, model.cfg.T)), jnp.int32))
-
-
-def abstract_variables(cfg: Any) -> dict[str, Any]:
-  """The variables `init` would make, as boxed ShapeDtypeStructs (nothing is computed)."""
-  return jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
-
-
-def param_count(params: Any) -> int:
-  """Number of trainable scalars (γ̃ included)."""
-  return sum(x.size for x in jax.tree.leaves(nn.unbox(params)))

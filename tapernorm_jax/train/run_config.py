@@ -1,7 +1,9 @@
-"""The paper's setup as configs: sizes, variants and the defaults every run starts from (docs/method.md §8).
+"""The config every run starts from (the paper's setup, docs/method.md §8), its `size=…,aux=…,seed=…` arguments
+and dotted overrides.
 
 The library builds configs here; the user-facing files under configs/ (one per variant, `--config=...`)
-build on it, so an installed package needs no checkout.
+build on it, so an installed package needs no checkout. The sizes and variants are the method's
+(`tapernorm_jax/taper/variants.py`).
 """
 
 from typing import Any
@@ -10,22 +12,7 @@ import ml_collections
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.data import corpora
-
-# The paper's widths and step counts (docs/method.md §8); `cpu` is a preset that trains in minutes on 2 cores.
-SIZES = {
-    "1m": dict(D=64, steps=500_000),
-    "3m": dict(D=128, steps=500_000),
-    "9m": dict(D=256, steps=750_000),
-    "30m": dict(D=512, steps=1_000_000),
-    "cpu": dict(D=64, steps=300),
-}
-VARIANTS = {  # (internal norm, final norm, aux loss on by default)
-    "baseline": ("plain", "plain", False),
-    "internal_taper": ("taper", "plain", True),
-    "final_taper": ("plain", "taper", False),  # the paper's unanchored ablation; aux=1 anchors it
-    "all_taper": ("taper", "taper", True),
-}
-
+from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
               example: str = "configs/all_taper.py:size=9m,aux=0,seed=3") -> dict[str, str]:
@@ -59,7 +46,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c = ml_collections.ConfigDict()
   c.variant = variant
-  c.method = "taper"  # how norms are removed: taper (TaperNorm) | fakeln (tapernorm_jax/methods.py)
+  c.method = "taper"  # how norms are removed: taper (TaperNorm) | fakeln (tapernorm_jax/taper/methods.py)
   c.size = size
   c.seed = seed
 

@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tapernorm_jax import layout
+from tapernorm_jax.model import param_paths
 
 NORM_KINDS = ("rms", "ln")
 NORM_MODES = ("plain", "taper", "fixed", "identity")
@@ -73,18 +73,18 @@ class Norm(nn.Module):
     feature_param = lambda name, init: self.param(
         name, nn.with_logical_partitioning(init, ("norm",)), (D,), self.param_dtype
     ).astype(sdt)
-    gamma_D = feature_param(layout.GAMMA, nn.initializers.ones)
-    beta_D = feature_param(layout.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
+    gamma_D = feature_param(param_paths.GAMMA, nn.initializers.ones)
+    beta_D = feature_param(param_paths.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
     hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
     if self.mode == "plain":
       return (hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype)
 
-    gamma_tilde_D = feature_param(layout.GAMMA_TILDE, nn.initializers.ones)
-    c = calib_scalar(self, layout.C, 1.0).value
-    calib_scalar(self, layout.NUM, 0.0)
-    calib_scalar(self, layout.DEN, 0.0)
-    calib_scalar(self, layout.S, 0.0)
-    calib_scalar(self, layout.COUNT, 0, jnp.int32)
+    gamma_tilde_D = feature_param(param_paths.GAMMA_TILDE, nn.initializers.ones)
+    c = calib_scalar(self, param_paths.C, 1.0).value
+    calib_scalar(self, param_paths.NUM, 0.0)
+    calib_scalar(self, param_paths.DEN, 0.0)
+    calib_scalar(self, param_paths.S, 0.0)
+    calib_scalar(self, param_paths.COUNT, 0, jnp.int32)
     fixed_BxTxD = c * hbar_BxTxD * gamma_tilde_D
     if self.mode == "fixed":
       return (beta_D + fixed_BxTxD).astype(self.dtype)
@@ -93,9 +93,9 @@ class Norm(nn.Module):
     normed_BxTxD = hbar_BxTxD * inv_s_BxTx1 * gamma_D
     if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
       sq_BxT = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxTxD * gamma_D)), axis=-1)
-      self.put_variable(CALIB_STATS, layout.NUM, jnp.mean(sq_BxT * inv_s_BxTx1[..., 0]))
-      self.put_variable(CALIB_STATS, layout.DEN, jnp.mean(sq_BxT))
-      self.put_variable(CALIB_STATS, layout.S, jnp.mean(1.0 / jax.lax.stop_gradient(inv_s_BxTx1)))
+      self.put_variable(CALIB_STATS, param_paths.NUM, jnp.mean(sq_BxT * inv_s_BxTx1[..., 0]))
+      self.put_variable(CALIB_STATS, param_paths.DEN, jnp.mean(sq_BxT))
+      self.put_variable(CALIB_STATS, param_paths.S, jnp.mean(1.0 / jax.lax.stop_gradient(inv_s_BxTx1)))
     gate = jnp.asarray(gate, sdt)
     return (beta_D + gate * normed_BxTxD + (1.0 - gate) * fixed_BxTxD).astype(self.dtype)
 
@@ -109,12 +109,12 @@ class ScaleMonitor(nn.Module):
   @nn.compact
   def __call__(self, h_BxTxD: Array) -> Array:
     """Returns s(h) per token (r(h) for RMS, σ_h for LN); records its batch mean when asked."""
-    calib_scalar(self, layout.S, 0.0)
-    calib_scalar(self, layout.COUNT, 0, jnp.int32)
-    calib_scalar(self, layout.S_TGT, 0.0)
+    calib_scalar(self, param_paths.S, 0.0)
+    calib_scalar(self, param_paths.COUNT, 0, jnp.int32)
+    calib_scalar(self, param_paths.S_TGT, 0.0)
     s_BxT = pre_logit_scale(h_BxTxD, self.kind, self.eps)
     if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
-      self.put_variable(CALIB_STATS, layout.S, jnp.mean(jax.lax.stop_gradient(s_BxT)))
+      self.put_variable(CALIB_STATS, param_paths.S, jnp.mean(jax.lax.stop_gradient(s_BxT)))
     return s_BxT
 
 

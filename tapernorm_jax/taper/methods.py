@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import traverse_util
 
-from tapernorm_jax import calibration, layout, losses, schedules
-from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.model import ModelConfig, param_paths
+from tapernorm_jax.taper import calibration, losses, schedules
 
 PyTree = Any
 METHODS = ("taper", "fakeln")
@@ -37,7 +37,7 @@ class TaperNorm:
   phases: schedules.Phases
 
   def __post_init__(self):
-    self.norms = layout.norms_in(self.model_cfg, ("taper",))  # these record statistics and get calibrated
+    self.norms = param_paths.norms_in(self.model_cfg, ("taper",))  # these record statistics and get calibrated
     self.off_step = self.phases.taper_end  # every gate is 0 from here on
 
   def gates(self, step: jax.Array) -> jax.Array:
@@ -70,10 +70,10 @@ class FakeLN:
   phases: schedules.Phases
 
   def __post_init__(self):
-    self.norms = layout.norms_in(self.model_cfg, ("taper",))
+    self.norms = param_paths.norms_in(self.model_cfg, ("taper",))
     self.removal = removal_steps(self.model_cfg, self.cfg.fakeln)
     self.off_step = max(self.removal.values())
-    self._order = [site.norm for site in layout.norm_sites(self.model_cfg)]
+    self._order = [site.norm for site in param_paths.norm_sites(self.model_cfg)]
 
   def gates(self, step: jax.Array) -> jax.Array:
     """One gate per norm: 1 before its removal step, 0 from it on."""
@@ -85,9 +85,9 @@ class FakeLN:
     events = {norm: step == self.removal[norm] for norm in self.norms}
     return select_per_norm(events, frozen_params, params), select_per_norm(events, frozen_calib, calib)
 
-  def stats_active(self, step: jax.Array) -> dict[layout.Path, jax.Array]:
+  def stats_active(self, step: jax.Array) -> dict[param_paths.Path, jax.Array]:
     """A norm's σ EMA runs until its removal step (the pre-logit monitor until the last one)."""
-    return {(layout.PRE_LOGIT,): step < self.off_step, **{n: step < self.removal[n] for n in self.norms}}
+    return {(param_paths.PRE_LOGIT,): step < self.off_step, **{n: step < self.removal[n] for n in self.norms}}
 
   def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array) -> tuple[jax.Array, jax.Array]:
     """λ (from the first removal on) and mean((s(h) − mean_batch s(h))²), the batch mean held constant."""
@@ -96,16 +96,16 @@ class FakeLN:
     return weight, losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps)
 
 
-def removal_steps(model_cfg: ModelConfig, fakeln: ml_collections.ConfigDict) -> dict[layout.Path, int]:
+def removal_steps(model_cfg: ModelConfig, fakeln: ml_collections.ConfigDict) -> dict[param_paths.Path, int]:
   """The step at which each norm is replaced: MLP norms of blocks 0…L−1 from `start`, `gap_mlp` apart, then the
   attention norms `gap_attn` apart, then the final norm `gap_final` after the last attention norm."""
-  sites = layout.norm_sites(model_cfg)
-  mlp = [s.norm for s in sites if s.norm[-1] == layout.MLP_NORM]
-  attn = [s.norm for s in sites if s.norm[-1] == layout.ATTN_NORM]
+  sites = param_paths.norm_sites(model_cfg)
+  mlp = [s.norm for s in sites if s.norm[-1] == param_paths.MLP_NORM]
+  attn = [s.norm for s in sites if s.norm[-1] == param_paths.ATTN_NORM]
   steps = {norm: fakeln.start + i * fakeln.gap_mlp for i, norm in enumerate(mlp)}
   attn_start = fakeln.start + len(mlp) * fakeln.gap_mlp
   steps.update({norm: attn_start + i * fakeln.gap_attn for i, norm in enumerate(attn)})
-  steps[(layout.FINAL_NORM,)] = attn_start + (len(attn) - 1) * fakeln.gap_attn + fakeln.gap_final
+  steps[(param_paths.FINAL_NORM,)] = attn_start + (len(attn) - 1) * fakeln.gap_attn + fakeln.gap_final
   return steps
 
 
@@ -114,7 +114,7 @@ def tree_select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
-def select_per_norm(preds: dict[layout.Path, jax.Array], on_true: PyTree, on_false: PyTree) -> PyTree:
+def select_per_norm(preds: dict[param_paths.Path, jax.Array], on_true: PyTree, on_false: PyTree) -> PyTree:
   """Entries under each norm path from `on_true` where that norm's predicate holds, else from `on_false`."""
   flat_true, flat_false = traverse_util.flatten_dict(on_true), traverse_util.flatten_dict(on_false)
   out = {}

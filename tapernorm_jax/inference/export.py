@@ -6,7 +6,7 @@
     DIR/tokenizer/         the tokenizer, when one is given: `tokenizer.model` (SentencePiece) or
                            `vocab.json` + `merges.txt` (GPT-2's BPE); config.json names its kind
 
-Loading needs only `model.py` (and `sentencepiece` or `tokenizers` for the tokenizer): no training code.
+Loading needs only the `model` package (and `sentencepiece` or `tokenizers` for the tokenizer): no training code.
 DIR may be local or a URL (`gs://bucket/export`); a remote tokenizer is copied to a local directory to load.
 """
 
@@ -26,15 +26,14 @@ from etils import epath
 from flax import traverse_util
 
 from tapernorm_jax import damaged, files
-from tapernorm_jax import fold as fold_lib
-from tapernorm_jax import model
-from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.tokenizer import SentencePiece
+from tapernorm_jax.model import ModelConfig, abstract_variables, check_matches
+from tapernorm_jax.taper import fold as fold_lib
+from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
 
 TOKENIZERS = {"sentencepiece": SentencePiece}  # kind → class with `load(directory)`; gpt2 is added lazily
 
 PyTree = Any
-FORMAT = "tapernorm_jax.export"
+FORMAT = "tapernorm_jax.export"  # the on-disk format name, kept from before the package split
 VERSION = 2  # 2: norm parameters named gamma/gamma_tilde/beta (1: scale/scale_tilde/bias)
 CONFIG_FILE = "config.json"
 VARIABLES_DIR = "variables"
@@ -68,7 +67,7 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
   if folded:
     variables, cfg = fold_lib.fold(variables, cfg)
   else:
-    fold_lib.check_matches(variables, cfg)
+    check_matches(variables, cfg)
   directory = files.workdir_path(directory)
   if directory.exists() and not directory.is_dir():
     raise NotADirectoryError(f"{directory} is a file; give a new directory for the export")
@@ -118,7 +117,7 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
     raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
                                          f"export the model again, or load it with source={other!r}", None,
                                          reason) from e
-  fold_lib.check_matches(variables, cfg)
+  check_matches(variables, cfg)
   tokenizer_dir = directory / info["tokenizer"]["dir"] if info.get("tokenizer") else None
   return Exported(variables=variables, model_cfg=cfg, tokenizer_dir=tokenizer_dir, info=info)
 
@@ -126,7 +125,7 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
 def restore_target(cfg: ModelConfig, device: jax.Device | None = None) -> PyTree:
   """ShapeDtypeStructs of the model's params and calib, placed on one device (a restore target)."""
   placement = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
-  shapes = nn.unbox(model.abstract_variables(cfg))
+  shapes = nn.unbox(abstract_variables(cfg))
   shapes = {"params": shapes["params"], "calib": shapes.get("calib", {})}
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), shapes)
 
@@ -147,7 +146,7 @@ def load_tokenizer(exported: Exported) -> Any:
     return None
   kind = exported.info["tokenizer"]["kind"]
   if kind == "gpt2":
-    from tapernorm_jax.gpt2_tokenizer import GPT2Tokenizer  # needs `tokenizers`: only for GPT-2 exports
+    from tapernorm_jax.tokenizers.gpt2_bpe import GPT2Tokenizer  # needs `tokenizers`: only for GPT-2 exports
     TOKENIZERS["gpt2"] = GPT2Tokenizer
   if kind not in TOKENIZERS:
     raise ValueError(f"{exported.tokenizer_dir}: unknown tokenizer kind {kind!r}")

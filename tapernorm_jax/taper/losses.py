@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tapernorm_jax.norms import pre_logit_scale
+from tapernorm_jax.model.norms import pre_logit_scale
 
 Array = jax.Array
 

@@ -15,9 +15,11 @@ import jax
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from tapernorm_jax import damaged, decode, export, files, layout, matvec
-from tapernorm_jax import fold as fold_lib
-from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables
+from tapernorm_jax import damaged, files
+from tapernorm_jax.inference import decode, export
+from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, param_paths
+from tapernorm_jax.taper import fold as fold_lib
 
 PyTree = Any
 FORMS = ("baseline", "unfused", "folded", "identity")
@@ -159,7 +161,7 @@ def perturbed(variables: PyTree, key: jax.Array, c_range: tuple[float, float] = 
   out = {}
   for path, x in flat.items():
     k = next(keys)
-    if path[0] == "calib" and path[-1] == layout.C:
+    if path[0] == "calib" and path[-1] == param_paths.C:
       x = jax.random.uniform(k, x.shape, x.dtype, *c_range)
     elif path[0] == "params" and x.ndim == 1:
       x = x + spread * jax.random.normal(k, x.shape, x.dtype)
@@ -172,7 +174,7 @@ def forms(variables: PyTree, cfg: ModelConfig) -> dict[str, tuple[PyTree, ModelC
   `folded` and `identity` (no norms: the upper bound), each with exactly the variables it reads."""
   if not cfg.tapered:
     raise ValueError(f"forms need a tapered model (internal_norm={cfg.internal_norm!r}, final_norm={cfg.final_norm!r})")
-  plain = lambda mode: "plain" if mode in layout.CALIBRATED_MODES else mode
+  plain = lambda mode: "plain" if mode in param_paths.CALIBRATED_MODES else mode
   configs = {"baseline": cfg.replace(internal_norm=plain(cfg.internal_norm), final_norm=plain(cfg.final_norm)),
              "unfused": cfg.fixed_form(), "identity": cfg.replace(internal_norm="identity", final_norm="identity")}
   out = {name: (select(variables, form_cfg), form_cfg) for name, form_cfg in configs.items()}

@@ -19,10 +19,10 @@ import optax
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from tapernorm_jax import calibration, layout, losses, methods, schedules, sharding
-from tapernorm_jax.checkpoint import ON_DAMAGED
-from tapernorm_jax.model import ModelConfig, Transformer
-from tapernorm_jax.norms import CALIB, CALIB_STATS
+from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
+from tapernorm_jax.model.norms import CALIB, CALIB_STATS
+from tapernorm_jax.taper import calibration, losses, methods, schedules
+from tapernorm_jax.train.checkpoint import ON_DAMAGED
 
 PyTree = Any
 State = dict[str, Any]  # {"params", "opt_state", "calib", "step"}
@@ -107,7 +107,7 @@ def grad_norms_by_type(grads: PyTree, model_cfg: ModelConfig) -> dict[str, jax.A
   flat = traverse_util.flatten_dict(grads)
   sq = lambda paths: sum(jnp.sum(jnp.square(flat[p].astype(jnp.float32))) for p in paths)
   return {f"grad_norm/{name}": jnp.mean(jnp.sqrt(jnp.stack([sq(paths) for paths in per_block])))
-          for name, per_block in layout.weight_paths(model_cfg).items()}
+          for name, per_block in param_paths.weight_paths(model_cfg).items()}
 
 
 @dataclasses.dataclass
@@ -123,7 +123,7 @@ class Trainer:
     self.model_cfg = ModelConfig.from_config(cfg.model)
     self.fast_cfg = self.model_cfg.fixed_form()
     self.has_fast_path = bool(cfg.taper.fast_path) and self.fast_cfg != self.model_cfg
-    self.calibrated_norms = layout.norms_in(self.model_cfg)
+    self.calibrated_norms = param_paths.norms_in(self.model_cfg)
     self.phases = schedules.Phases.from_config(cfg)
     self.method = methods.build(cfg, self.model_cfg, self.phases)
     self.lr = schedules.learning_rate(cfg.opt.lr, self.phases)
@@ -160,7 +160,7 @@ class Trainer:
     flat_fresh, flat_given = traverse_util.flatten_dict(fresh["params"]), traverse_util.flatten_dict(params)
     merged, problems = {}, []
     for path, init_value in flat_fresh.items():
-      source = path[:-1] + (layout.GAMMA,) if path[-1] == layout.GAMMA_TILDE else path
+      source = path[:-1] + (param_paths.GAMMA,) if path[-1] == param_paths.GAMMA_TILDE else path
       if source not in flat_given:
         problems.append(f"{'/'.join(path)} is missing")
       elif jnp.shape(flat_given[source]) != init_value.shape:
@@ -262,4 +262,4 @@ class Trainer:
     return {"logit_norm": losses.logit_norm(logits_BxTxV),
             "s_mean": jnp.mean(losses.pre_logit_scale(h_BxTxD, cfg.norm_kind, cfg.eps)),
             "s_tgt": calibration.s_target(calib), "radial_grad": losses.radial_gradient(grad_BxTxD, h_BxTxD),
-            **{f"c/{k}": v for k, v in calibration.norm_scalars(calib, self.calibrated_norms, layout.C).items()}}
+            **{f"c/{k}": v for k, v in calibration.norm_scalars(calib, self.calibrated_norms, param_paths.C).items()}}

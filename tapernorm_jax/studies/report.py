@@ -16,9 +16,11 @@ from matplotlib.ticker import FuncFormatter
 import numpy as np
 from PIL import Image
 
-from tapernorm_jax import defaults, files, hardware, sweep
+from tapernorm_jax import files, hardware
 from tapernorm_jax.files import write_text_atomically
-from tapernorm_jax.tables import markdown_table
+from tapernorm_jax.markdown import markdown_table
+from tapernorm_jax.studies import sweep
+from tapernorm_jax.taper import variants
 
 # Kanavalau, Amo Alonso and Lall, "Gated Normalization Removal and Scale Anchoring in Pre-Norm Transformers"
 # (arXiv 2602.10408), Table 2: TinyStories validation loss (nats/token) at g = 0, mean ± std over 6 seeds.
@@ -49,17 +51,17 @@ def label(variant: str, aux: int) -> str:
   """`internal_taper (+aux)`, `all_taper (aux=0)`, `final_taper`: the aux setting where it matters."""
   if aux:
     return f"{variant} (+aux)"
-  return f"{variant} (aux=0)" if defaults.VARIANTS.get(variant, ("", "", True))[2] else variant
+  return f"{variant} (aux=0)" if variants.VARIANTS.get(variant, ("", "", True))[2] else variant
 
 
 def unanchored(variant: str, aux: int) -> bool:
   """The final norm is tapered and no scale loss replaces it (the paper's unanchored ablations)."""
-  return defaults.VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
+  return variants.VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
 
 
 def size_order(size: str) -> int:
-  """defaults.SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
-  return list(defaults.SIZES).index(size) if size in defaults.SIZES else len(defaults.SIZES)
+  """variants.SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
+  return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)
 
 
 def variant_order(key: Key) -> int:
@@ -270,7 +272,7 @@ def paper_setting(runs: Sequence[Run]) -> bool:
   """True when the complete runs are the paper's setting: TinyStories, the paper's sizes and step counts."""
   done = [r for r in runs if r.status == "complete"]
   return bool(done) and all(r.corpus == "tinystories" and r.size in ("1m", "3m", "9m", "30m")
-                            and r.steps == defaults.SIZES[r.size]["steps"] for r in done)
+                            and r.steps == variants.SIZES[r.size]["steps"] for r in done)
 
 
 def loss_text(mean: float, std: float | None, gap: float | None) -> str:

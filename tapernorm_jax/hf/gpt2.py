@@ -5,7 +5,7 @@
 
 Every tensor goes through `TABLE`: a Hugging Face name (`{i}` the block index, with or without the
 `transformer.` prefix of `save_pretrained` files), its path in the model (names from
-`layout.py`), its Hugging Face shape in config letters and the fix between the two layouts.
+`param_paths.py`), its Hugging Face shape in config letters and the fix between the two layouts.
 GPT-2's Conv1D stores weights as (in, out), so every fix is a reshape: `c_attn` (D, 3D) splits
 into q, k, v and then heads, (D, 3, H, K); `attn.c_proj` (D, D) reads merged heads, (H, K, D).
 Loading reads safetensors as numpy arrays (no PyTorch, no transformers) and fails, naming the
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
-import huggingface_hub
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,28 +29,18 @@ import safetensors
 import safetensors.numpy
 from etils import epath
 from flax import traverse_util
-from huggingface_hub import errors as hub_errors
-from huggingface_hub.utils import validate_repo_id
 
-from tapernorm_jax import files, layout
-from tapernorm_jax.fold import check_matches
-from tapernorm_jax.errors import UserError
-from tapernorm_jax.layout import Path as ModelPath
-from tapernorm_jax.model import ModelConfig, init
+from tapernorm_jax import files
+from tapernorm_jax.hf.hub import CONFIG_FILE, MODEL_FILES, WEIGHTS_FILE, read_config, resolve
+from tapernorm_jax.model import ModelConfig, check_matches, init, param_paths
+from tapernorm_jax.model.param_paths import Path as ModelPath
 
 PyTree = Any
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 PREFIX = "transformer."  # `save_pretrained` of GPT2LMHeadModel prefixes the body's names; hub files don't
 IGNORED = re.compile(r"(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)")  # causal-mask buffers; the tied head
 ACTIVATION = "gelu_new"  # GELU with the tanh approximation, the model's gpt2 MLP
 BLOCK = "{i}"  # stands for the block index in TABLE
 Fix = Callable[[np.ndarray, ModelConfig], np.ndarray]
-
-
-class HubUnavailableError(UserError, OSError):
-  """A hub name could not be fetched (offline, or the hub refused) and is not a local directory either."""
 
 
 def same(x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -92,24 +81,25 @@ class Rule:
 
 def _norm_rules(hf: str, path: ModelPath) -> tuple[Rule, ...]:
   """A LayerNorm's weight → γ and bias → β."""
-  return (Rule(f"{hf}.weight", path + (layout.GAMMA,), ("D",)), Rule(f"{hf}.bias", path + (layout.BETA,), ("D",)))
+  return (Rule(f"{hf}.weight", path + (param_paths.GAMMA,), ("D",)),
+          Rule(f"{hf}.bias", path + (param_paths.BETA,), ("D",)))
 
 
-_ATTN, _MLP = (BLOCK, layout.ATTN), (BLOCK, layout.MLP)
+_ATTN, _MLP = (BLOCK, param_paths.ATTN), (BLOCK, param_paths.MLP)
 TABLE: tuple[Rule, ...] = (
-    Rule("wte.weight", (layout.EMBED,), ("V", "D")),
-    Rule("wpe.weight", (layout.POS_EMBED,), ("T", "D")),
-    *_norm_rules("h.{i}.ln_1", (BLOCK, layout.ATTN_NORM)),
-    Rule("h.{i}.attn.c_attn.weight", _ATTN + (layout.QKV,), ("D", "3D"), split_qkv, merge_qkv),
-    Rule("h.{i}.attn.c_attn.bias", _ATTN + (layout.QKV_BIAS,), ("3D",), split_qkv, merge_qkv),
-    Rule("h.{i}.attn.c_proj.weight", _ATTN + (layout.ATTN_OUT,), ("D", "D"), split_heads, merge_heads),
-    Rule("h.{i}.attn.c_proj.bias", _ATTN + (layout.ATTN_OUT_BIAS,), ("D",)),
-    *_norm_rules("h.{i}.ln_2", (BLOCK, layout.MLP_NORM)),
-    Rule("h.{i}.mlp.c_fc.weight", _MLP + (layout.WI,), ("D", "F")),
-    Rule("h.{i}.mlp.c_fc.bias", _MLP + (layout.WI_BIAS,), ("F",)),
-    Rule("h.{i}.mlp.c_proj.weight", _MLP + (layout.WO,), ("F", "D")),
-    Rule("h.{i}.mlp.c_proj.bias", _MLP + (layout.WO_BIAS,), ("D",)),
-    *_norm_rules("ln_f", (layout.FINAL_NORM,)),
+    Rule("wte.weight", (param_paths.EMBED,), ("V", "D")),
+    Rule("wpe.weight", (param_paths.POS_EMBED,), ("T", "D")),
+    *_norm_rules("h.{i}.ln_1", (BLOCK, param_paths.ATTN_NORM)),
+    Rule("h.{i}.attn.c_attn.weight", _ATTN + (param_paths.QKV,), ("D", "3D"), split_qkv, merge_qkv),
+    Rule("h.{i}.attn.c_attn.bias", _ATTN + (param_paths.QKV_BIAS,), ("3D",), split_qkv, merge_qkv),
+    Rule("h.{i}.attn.c_proj.weight", _ATTN + (param_paths.ATTN_OUT,), ("D", "D"), split_heads, merge_heads),
+    Rule("h.{i}.attn.c_proj.bias", _ATTN + (param_paths.ATTN_OUT_BIAS,), ("D",)),
+    *_norm_rules("h.{i}.ln_2", (BLOCK, param_paths.MLP_NORM)),
+    Rule("h.{i}.mlp.c_fc.weight", _MLP + (param_paths.WI,), ("D", "F")),
+    Rule("h.{i}.mlp.c_fc.bias", _MLP + (param_paths.WI_BIAS,), ("F",)),
+    Rule("h.{i}.mlp.c_proj.weight", _MLP + (param_paths.WO,), ("F", "D")),
+    Rule("h.{i}.mlp.c_proj.bias", _MLP + (param_paths.WO_BIAS,), ("D",)),
+    *_norm_rules("ln_f", (param_paths.FINAL_NORM,)),
 )
 
 
@@ -130,7 +120,7 @@ def entries(cfg: ModelConfig) -> list[Entry]:
     shape = tuple(_dim(cfg, d) for d in rule.dims)
     if BLOCK in rule.path:
       for i in range(cfg.L):
-        path = tuple(layout.block(i) if p == BLOCK else p for p in rule.path)
+        path = tuple(param_paths.block(i) if p == BLOCK else p for p in rule.path)
         out.append(Entry(rule, rule.hf.format(i=i), path, shape))
     else:
       out.append(Entry(rule, rule.hf, rule.path, shape))
@@ -149,49 +139,6 @@ def _shape_source(config: dict, dims: tuple[str, ...]) -> str:
             "F": "n_embd" if default_f else "n_inner"}
   source = ", ".join(f"{f}={config[f]}" for f in dict.fromkeys(fields[d] for d in dims))
   return source + (" (n_inner unset: 4·n_embd)" if default_f else "")
-
-
-# ---------------------------------------------------------------------------------------------------- sources
-
-
-def resolve(source: str | os.PathLike, names: tuple[str, ...], loader: str) -> Path:
-  """A local directory holding the files `names`, or the hub snapshot of repo `source` with just those files."""
-  path = Path(source).expanduser()
-  if path.is_dir():
-    missing = [n for n in names if not (path / n).is_file()]
-    if missing:
-      raise FileNotFoundError(f"{path} has no {', '.join(missing)}; {loader} reads a directory holding "
-                              f"{', '.join(names)} (the Hugging Face layout)")
-    return path
-  repo = str(source)
-  try:
-    validate_repo_id(repo)
-  except hub_errors.HFValidationError:
-    raise FileNotFoundError(f"{repo!r} is neither a local directory nor a Hugging Face Hub name "
-                            "('gpt2' or 'owner/name')") from None
-  try:
-    directory = Path(huggingface_hub.snapshot_download(repo, allow_patterns=list(names)))
-  except (hub_errors.LocalEntryNotFoundError, hub_errors.OfflineModeIsEnabled, hub_errors.HfHubHTTPError,
-          ConnectionError, TimeoutError) as e:
-    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    raise HubUnavailableError(
-        f"could not fetch {', '.join(names)} of {repo!r} from the Hugging Face Hub ({reason}), and {repo!r} is "
-        f"not a local directory. Without internet access, download them on a machine that has it: "
-        f"`hf download {repo} {' '.join(names)} --local-dir DIR` (huggingface_hub's CLI; before 1.0 it was "
-        f"`huggingface-cli download`), copy DIR here and pass the directory instead: {loader}('DIR')") from e
-  missing = [n for n in names if not (directory / n).is_file()]
-  if missing:
-    raise FileNotFoundError(f"the Hugging Face Hub repo {repo!r} has no {', '.join(missing)} ({loader} reads "
-                            f"{', '.join(names)}; a repo with only PyTorch .bin weights is not supported)")
-  return directory
-
-
-def read_config(path: Path) -> dict:
-  """config.json as a dict; a file that is not JSON is reported with its path."""
-  try:
-    return json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e})") from e
 
 
 def model_config(config: dict, path: Path) -> ModelConfig:
@@ -298,7 +245,7 @@ def exportable(cfg: ModelConfig) -> None:
     raise ValueError(f"model.family={cfg.family!r}: only gpt2-family models are Hugging Face GPT-2 models")
   for field in ("internal_norm", "final_norm"):
     mode = getattr(cfg, field)
-    if mode in layout.CALIBRATED_MODES:
+    if mode in param_paths.CALIBRATED_MODES:
       raise ValueError(f"model.{field}={mode!r}: a tapered norm (its g = 0 map c·h̄·γ̃) is not a LayerNorm, and "
                        "Hugging Face GPT-2 has LayerNorms only; save_gpt2 writes models whose norms are plain")
     if mode == "identity":

@@ -16,9 +16,10 @@ from typing import Any, Self, TextIO
 import jax
 import ml_collections
 
-from tapernorm_jax import defaults
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax.taper import variants
+from tapernorm_jax.train import run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: configs/ and experiments/
 MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing
@@ -54,7 +55,7 @@ class Cell:
 
   def config(self) -> ml_collections.ConfigDict:
     """The full run config: the variant file's config with the overrides applied."""
-    cfg = defaults.get_config(self.variant, self.config_arg)
+    cfg = run_config.get_config(self.variant, self.config_arg)
     for key, value in self.overrides:
       set_field(cfg, key, value)
     return cfg
@@ -83,10 +84,10 @@ def parse_variant(spec: Any, where: str) -> tuple[str, int]:
   if not isinstance(spec, str):
     raise SweepError(f"{where}={spec!r}: a variant is a string like 'all_taper' or 'all_taper:aux=0'")
   variant, _, rest = spec.partition(":")
-  if variant not in defaults.VARIANTS:
-    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(defaults.VARIANTS)}")
+  if variant not in variants.VARIANTS:
+    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(variants.VARIANTS)}")
   if not rest:
-    return variant, int(defaults.VARIANTS[variant][2])
+    return variant, int(variants.VARIANTS[variant][2])
   if rest not in ("aux=0", "aux=1"):
     raise SweepError(f"{where}={spec!r}: after ':' write aux=0 or aux=1")
   return variant, int(rest[-1])
@@ -152,8 +153,8 @@ def expand(sweep: Mapping[str, Any]) -> list[Cell]:
                 for i, v in enumerate(_as_list(grid.get("variants"), f"{where}.variants"))]
     sizes = _as_list(grid.get("sizes"), f"{where}.sizes")
     for i, size in enumerate(sizes):
-      if size not in defaults.SIZES:
-        raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(defaults.SIZES)}")
+      if size not in variants.SIZES:
+        raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(variants.SIZES)}")
     seeds = _as_list(grid.get("seeds", sweep.get("seeds")), f"{where}.seeds (or the sweep's seeds)")
     for i, seed in enumerate(seeds):
       if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -469,7 +470,7 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequ
   progress = Progress(cells, workdir)
   todo = [c for c in cells if progress.state[c.name] not in ("complete",) + (() if retry_failed else ("failed",))]
   if run_fn is None:
-    from tapernorm_jax import loop  # keeps the grid tools importable without the trainer
+    from tapernorm_jax.train import loop  # keeps the grid tools importable without the trainer
     run_fn = loop.run
     if todo:
       prepare_data(todo)

@@ -1,0 +1,1 @@
+"""Inference: KV-cache decoding, loading and running trained models or exports, and exports."""

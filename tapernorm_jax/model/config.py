@@ -1,0 +1,128 @@
+"""The model's hyperparameters (`ModelConfig`, the `model.*` config section) and their checks, before any tracing."""
+
+import dataclasses
+import warnings
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from tapernorm_jax.model import attention, param_paths
+from tapernorm_jax.model.norms import NORM_MODES, RENAMED_MODES
+
+FAMILIES = ("llama", "gpt2")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Model hyperparameters: V vocab, D width, H heads, L layers, F MLP width (0: family default), T max length."""
+
+  family: str = "llama"
+  V: int = 10_000
+  D: int = 64
+  H: int = 16
+  L: int = 8
+  F: int = 0
+  T: int = 512
+  internal_norm: str = "plain"
+  final_norm: str = "plain"
+  eps: float = 1e-5
+  rope_base: float = 10_000.0
+  tie_embeddings: bool = True
+  logits_bias: bool = False
+  init_std: float = 0.02
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention_impl: str = "auto"
+  remat: bool = False
+
+  def __post_init__(self):
+    for field in ("internal_norm", "final_norm"):
+      old = getattr(self, field)
+      if old in RENAMED_MODES:  # configs written before the rename carry the old name
+        warnings.warn(f"model.{field}={old!r} is deprecated; it is now called {RENAMED_MODES[old]!r}",
+                      DeprecationWarning, stacklevel=3)
+        object.__setattr__(self, field, RENAMED_MODES[old])
+    if self.attention_impl is None:  # configs written before attention.py said None for automatic
+      object.__setattr__(self, "attention_impl", "auto")
+    validate(self)
+
+  @property
+  def norm_kind(self) -> str:
+    """`rms` for llama, `ln` for gpt2."""
+    return "rms" if self.family == "llama" else "ln"
+
+  @property
+  def mlp_dim(self) -> int:
+    """F, or its family default: round(8D/3) for SwiGLU, 4D for GELU."""
+    if self.F:
+      return self.F
+    return round(8 * self.D / 3) if self.family == "llama" else 4 * self.D
+
+  @property
+  def compute_dtype(self) -> Any:
+    """The activation dtype; `auto` is bfloat16 on accelerators and float32 on CPU."""
+    if self.dtype == "auto":
+      return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_config(cls, cfg: "ModelConfig | Mapping[str, Any]") -> "ModelConfig":
+    """Builds from a ModelConfig, a dict or an ml_collections ConfigDict (`config.model`)."""
+    if isinstance(cfg, cls):
+      return cfg
+    items = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(items) - known)
+    if unknown:
+      raise ValueError(f"unknown model config field(s) {unknown}; known fields: {sorted(known)}")
+    return cls(**items)
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    """A copy with fields changed (validated again)."""
+    return dataclasses.replace(self, **changes)
+
+  def fixed_form(self) -> "ModelConfig":
+    """The g = 0 model: every `taper` norm in its `fixed` form (the same variables)."""
+    swap = lambda mode: "fixed" if mode == "taper" else mode
+    return self.replace(internal_norm=swap(self.internal_norm), final_norm=swap(self.final_norm))
+
+  @property
+  def tapered(self) -> bool:
+    """Whether any norm is in a calibrated form (`taper` or `fixed`): it has c and γ̃ and folds."""
+    return self.internal_norm in param_paths.CALIBRATED_MODES or self.final_norm in param_paths.CALIBRATED_MODES
+
+
+def validate(cfg: ModelConfig) -> None:
+  """Raises ValueError naming the first bad field; runs before anything is traced or compiled."""
+
+  def fail(field: str, problem: str) -> None:
+    raise ValueError(f"model.{field}={getattr(cfg, field)!r}: {problem}")
+
+  if cfg.family not in FAMILIES:
+    fail("family", f"unknown family; choose one of {FAMILIES}")
+  for field in ("V", "D", "H", "L", "T"):
+    if not isinstance(getattr(cfg, field), int) or getattr(cfg, field) <= 0:
+      fail(field, "must be a positive integer")
+  if not isinstance(cfg.F, int) or cfg.F < 0:
+    fail("F", "must be a non-negative integer (0 picks the family default)")
+  if cfg.D % cfg.H:
+    fail("H", f"the number of heads must divide model.D={cfg.D}")
+  if cfg.family == "llama" and (cfg.D // cfg.H) % 2:
+    fail("H", f"RoPE needs an even head dimension, but D/H = {cfg.D // cfg.H}")
+  for field in ("internal_norm", "final_norm"):
+    if getattr(cfg, field) not in NORM_MODES:
+      fail(field, f"unknown norm mode; choose one of {NORM_MODES}")
+  if not cfg.eps > 0:
+    fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
+  if not cfg.init_std > 0:
+    fail("init_std", "must be > 0")
+  if cfg.dtype not in DTYPES:
+    fail("dtype", f"choose one of {DTYPES}")
+  if cfg.param_dtype not in DTYPES[1:]:
+    fail("param_dtype", f"choose one of {DTYPES[1:]}")
+  if cfg.attention_impl not in attention.IMPLS:
+    fail("attention_impl", f"choose one of {attention.IMPLS} (docs/method.md §13)")
+  if cfg.logits_bias and cfg.tie_embeddings:
+    fail("logits_bias", "a logits bias comes with an untied head; set model.tie_embeddings=False")

@@ -1,0 +1,16 @@
+"""The paper's model sizes and variants: which norms taper, and whether the scale loss is on (docs/method.md §7–8)."""
+
+# The paper's widths and step counts (docs/method.md §8); `cpu` is a preset that trains in minutes on 2 cores.
+SIZES = {
+    "1m": dict(D=64, steps=500_000),
+    "3m": dict(D=128, steps=500_000),
+    "9m": dict(D=256, steps=750_000),
+    "30m": dict(D=512, steps=1_000_000),
+    "cpu": dict(D=64, steps=300),
+}
+VARIANTS = {  # (internal norm, final norm, aux loss on by default)
+    "baseline": ("plain", "plain", False),
+    "internal_taper": ("taper", "plain", True),
+    "final_taper": ("plain", "taper", False),  # the paper's unanchored ablation; aux=1 anchors it
+    "all_taper": ("taper", "taper", True),
+}
