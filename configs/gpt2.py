@@ -1,13 +1,16 @@
-"""GPT-2 fine-tuning (docs/method.md §10): `--config=configs/gpt2.py:model=s,method=internal_taper,seed=0`.
+"""GPT-2 fine-tuning (docs/method.md §10): `--config=configs/gpt2.py:model=s,variant=internal_taper,seed=0`.
 
 Arguments: `model=s|m|l|xl` (pretrained GPT-2 from the hub, the paper's per-size schedule) or
-`demo` (a 4-layer GPT-2-shaped model on the offline corpus, minutes on a CPU); `method=vanilla|
+`demo` (a 4-layer GPT-2-shaped model on the offline corpus, minutes on a CPU); `variant=baseline|
 internal_taper|all_taper|fakeln`; `seed=N`. Every field can be overridden with `--config.X.Y=`.
+(`method=` and `vanilla`, the names before, still work with a deprecation message.)
 """
 
 import ml_collections
 
 from configs import base
+from tapernorm_jax import config_fields
+from tapernorm_jax.errors import deprecated
 
 # The paper's per-size shapes and schedule: steps, LR warmup end, taper start, taper end (docs/method.md §10);
 # FakeLN's gaps follow its authors' schedules (an attention norm every gap_attn steps stands for their separate
@@ -21,12 +24,12 @@ MODELS = {
               fakeln=dict(gap_mlp=4, gap_attn=10, gap_final=10), microbatches=64),
     "xl": dict(hub="gpt2-xl", D=1600, H=25, L=48, steps=800, warmup=20, taper=(50, 700), aux=0.01,
                fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=128),
-    # The CPU demo: fine-tunes a model that configs/gpt2.py:model=demo,method=vanilla,pretrain=1 trained first.
+    # The CPU demo: fine-tunes a model that configs/gpt2.py:model=demo,variant=baseline,pretrain=1 trained first.
     "demo": dict(hub="", D=64, H=4, L=4, steps=200, warmup=10, taper=(20, 150), aux=0.1,
                  fakeln=dict(gap_mlp=4, gap_attn=8, gap_final=8), microbatches=1),
 }
-METHODS = {  # (internal norm, final norm, method, the fixed-target scale loss on)
-    "vanilla": ("plain", "plain", "taper", False),
+VARIANTS = {  # (internal norm, final norm, method, the fixed-target scale loss on)
+    "baseline": ("plain", "plain", "taper", False),
     "internal_taper": ("taper", "plain", "taper", False),
     "all_taper": ("taper", "taper", "taper", True),
     "fakeln": ("taper", "taper", "fakeln", False),  # its aux loss is fakeln.aux_weight
@@ -34,21 +37,26 @@ METHODS = {  # (internal norm, final norm, method, the fixed-target scale loss o
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """The fine-tuning config for `model`, `method` and `seed` in `arg`."""
-  args = base.parse_arg(arg, ("model", "method", "seed", "pretrain"), "configs/gpt2.py:model=s,method=internal_taper")
-  size, method = args.get("model", "s"), args.get("method", "internal_taper")
+  """The fine-tuning config for `model`, `variant` and `seed` in `arg`."""
+  args = base.parse_arg(arg, ("model", "variant", "method", "seed", "pretrain"),
+                        "configs/gpt2.py:model=s,variant=internal_taper")
+  if "method" in args:
+    deprecated("configs/gpt2.py: the argument method= is now variant=; the old name still works for now")
+    args.setdefault("variant", args.pop("method"))
+  size = args.get("model", "s")
+  variant = config_fields.current_value("variant", args.get("variant", "internal_taper"))
   if size not in MODELS:
     raise ValueError(f"model={size!r} is not one of {sorted(MODELS)}")
-  if method not in METHODS:
-    raise ValueError(f"method={method!r} is not one of {sorted(METHODS)}")
+  if variant not in VARIANTS:
+    raise ValueError(f"variant={variant!r} is not one of {sorted(VARIANTS)}")
   pretrain = args.get("pretrain", "0") == "1"
-  if pretrain and method != "vanilla":
-    raise ValueError("pretrain=1 trains the starting model and needs method=vanilla")
+  if pretrain and variant != "baseline":
+    raise ValueError("pretrain=1 trains the starting model and needs variant=baseline")
   spec, demo = MODELS[size], size == "demo"
-  internal, final, method_name, aux = METHODS[method]
+  internal, final, method, aux = VARIANTS[variant]
   steps = 600 if pretrain else spec["steps"]
   c = base.get_config("baseline", f"size=cpu,seed={args.get('seed', '0')}")
-  c.variant, c.size, c.method = method, size, method_name
+  c.variant, c.size, c.method = variant, size, method
   c.init_from = "" if pretrain else (spec["hub"] or "runs/gpt2_demo/pretrain/hf")  # an HF directory or hub name
   c.model.update(family="gpt2", V=2_000 if demo else 50_257, D=spec["D"], H=spec["H"], L=spec["L"], F=0,
                  T=128 if demo else 1024, internal_norm=internal, final_norm=final, tie_embeddings=True,
@@ -59,7 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                weight_decay=0.01)
   start, end = spec["taper"]
   c.taper.update(mu=0.1, aux_weight=spec["aux"] if aux else 0.0, gate_warmup_frac=start / steps, taper_end=end)
-  c.fakeln.update(start=20, aux_weight=spec["aux"], **spec["fakeln"])
+  c.fakeln.update(start=20, mu=0.1, aux_weight=spec["aux"], **spec["fakeln"])
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
                  log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)

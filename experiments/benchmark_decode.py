@@ -1,11 +1,11 @@
-"""Inference throughput of baseline, unfused, folded and identity models on the same weights (docs/method.md §9).
+"""Inference throughput of baseline, fixed, folded and identity models on the same weights (docs/method.md §9).
 
     python -m experiments.benchmark_decode             # the paper's grid: 30M, B ∈ {1, 4} × T ∈ {128, 256, 512}
     python -m experiments.benchmark_decode --quick     # a 1M-model smoke run in under a minute
     python -m experiments.benchmark_decode --size=9m --batches=1 --lengths=128,256 --repeats=7
 
 Forms (one set of internal_taper weights, the paper's model): `baseline` runs the norms as
-RMSNorm, `unfused` keeps the g = 0 map as an explicit `c·γ̃` multiply, `folded` has it folded
+RMSNorm, `fixed` keeps the g = 0 map as an explicit `c·γ̃` multiply, `folded` has it folded
 into QKV and the MLP input, and `identity` drops every norm (the upper bound). What is timed
 and how: `tapernorm_jax/benchmarks/decode.py`. Writes `results.json` and `table.md` under --out.
 """

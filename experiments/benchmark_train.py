@@ -1,6 +1,6 @@
 """Train-step throughput: `python -m experiments.benchmark_train [--sizes=1m,30m] [--batch=16] [--seq=512]`.
 
-Baseline vs TaperNorm mid-taper vs the g = 0 fast step, side by side in one process, and the
+Baseline vs TaperNorm mid-taper vs the g = 0 fixed step, side by side in one process, and the
 data loader alone (the share of a step spent waiting for data). Prints a markdown table and
 writes results.json and table.md under --out.
 """

@@ -6,14 +6,15 @@ tapered norms is folded first. `--prompt` may be repeated (one batch, ragged len
 `--tokens=1,2,3` feeds token ids instead of text. `--export_dir` also saves the folded model.
 A prompt longer than the model's context (model.T; for gpt2, model.T − max_new_tokens + 1) is
 refused, or with `--truncate_prompts` keeps its last tokens, with a warning that counts them.
-The library side: `tapernorm_jax/inference/generate.py`.
+The library side: `tapernorm_jax/inference/ (loading.py, forms.py, prompts.py)`.
 """
 
 from absl import app, flags, logging
 
 from tapernorm_jax import cli, files
-from tapernorm_jax.inference import decode, export, generate
-from tapernorm_jax.model.transformer import DTYPES
+from tapernorm_jax.inference import decode, export, forms, loading
+from tapernorm_jax.inference import prompts as prompts_lib
+from tapernorm_jax.model.config import DTYPES
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory or export directory.", required=True)
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for a batch.")
@@ -43,18 +44,18 @@ def check_sampling_flags() -> None:
     raise app.UsageError(f"--{e}") from None
 
 
-def prompts_from_flags(loaded: generate.Loaded) -> list[list[int]]:
+def prompts_from_flags(loaded: loading.Loaded) -> list[list[int]]:
   """Token ids of every --tokens list, then of every --prompt text (after bos, as in training)."""
   prompts = []
   for text in _TOKENS.value:
     try:
-      prompts.append(generate.parse_token_ids(text, loaded.model_cfg.V))
+      prompts.append(prompts_lib.parse_token_ids(text, loaded.model_cfg.V))
     except ValueError as e:
       raise app.UsageError(f"--tokens={e}") from None
   if _PROMPT.value and loaded.tokenizer is None:
     raise app.UsageError(f"--prompt={_PROMPT.value[0]!r}: {_WORKDIR.value} has no tokenizer here; give token ids "
                          "with --tokens=1,2,3 instead")
-  return prompts + generate.encode_prompts(loaded, _PROMPT.value) if _PROMPT.value else prompts
+  return prompts + prompts_lib.encode_prompts(loaded, _PROMPT.value) if _PROMPT.value else prompts
 
 
 def main(argv: list[str]) -> None:
@@ -72,17 +73,17 @@ def main(argv: list[str]) -> None:
     problem = "is a file" if not out.is_dir() else "exists and is not empty"
     raise app.UsageError(f"--export_dir={_EXPORT_DIR.value}: {problem}; give a new directory (an export never "
                          "overwrites one)")
-  loaded = generate.load(_WORKDIR.value, _STEP.value)
+  loaded = loading.load(_WORKDIR.value, _STEP.value)
   variables, cfg = loaded.variables, loaded.model_cfg
   if not _NO_FOLD.value:
-    variables, cfg = generate.fold_if_tapered(variables, cfg)
+    variables, cfg = forms.fold_if_tapered(variables, cfg)
   try:
     decode.check_sampling(_TEMPERATURE.value, _TOP_K.value, cfg.V)
   except ValueError as e:
     raise app.UsageError(f"--{e}") from None
   prompts = prompts_from_flags(loaded)
   try:
-    prompts, note = generate.fit_prompts(prompts, cfg, _MAX_NEW_TOKENS.value, truncate=_TRUNCATE.value)
+    prompts, note = prompts_lib.fit_prompts(prompts, cfg, _MAX_NEW_TOKENS.value, truncate=_TRUNCATE.value)
   except ValueError as e:
     message = str(e).replace("(truncate=True)", "(--truncate_prompts)")
     raise app.UsageError(f"--{message}" if message.startswith("max_new_tokens=") else message) from None
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> None:
     cfg = cfg.replace(dtype=_DTYPE.value)
   tok = loaded.tokenizer
   eos_id = tok.eos_id if tok is not None else None
-  outputs = generate.continue_prompts(variables, cfg, prompts, _MAX_NEW_TOKENS.value, _TEMPERATURE.value,
+  outputs = prompts_lib.continue_prompts(variables, cfg, prompts, _MAX_NEW_TOKENS.value, _TEMPERATURE.value,
                                        _TOP_K.value, _SEED.value, eos_id)
   for prompt, new in zip(prompts, outputs):
     if tok is None:

@@ -1,10 +1,55 @@
-"""Names inside an ml_collections config: every field's dotted path, the nearest to a misspelled one, and fields that
-share one value through a FieldReference (`data.seq_len` is `model.T`: setting one sets both)."""
+"""Names inside an ml_collections config: every field's dotted path, the nearest to a misspelled one, fields that
+share one value through a FieldReference (`data.seq_len` is `model.T`: setting one sets both), and the old names
+of renamed fields and values, which still load with a deprecation message."""
 
+import copy
 import difflib
 from typing import Any
 
 import ml_collections
+
+from tapernorm_jax.errors import deprecated
+
+RENAMED_FIELDS = {"taper.fast_path": "train.fixed_step"}  # old dotted name → new
+RENAMED_VALUES = {"variant": {"vanilla": "baseline"}}  # field → {old value → new}
+
+
+def current_name(dotted: str) -> str:
+  """The field `dotted` names today (a renamed one with a deprecation message)."""
+  if dotted in RENAMED_FIELDS:
+    deprecated(f"config field {dotted!r} is now {RENAMED_FIELDS[dotted]!r}; the old name still works for now")
+    return RENAMED_FIELDS[dotted]
+  return dotted
+
+
+def current_value(dotted: str, value: Any) -> Any:
+  """`value` as field `dotted` spells it today (a renamed value with a deprecation message)."""
+  renamed = RENAMED_VALUES.get(dotted, {})
+  if isinstance(value, str) and value in renamed:
+    deprecated(f"{dotted}={value!r} is now {dotted}={renamed[value]!r}; the old value still works for now")
+    return renamed[value]
+  return value
+
+
+def upgrade(config: dict[str, Any]) -> dict[str, Any]:
+  """A config read from disk (a run's config.json) with today's field names and values; the old ones warn."""
+  config = copy.deepcopy(config)
+  for old, new in RENAMED_FIELDS.items():
+    *old_sections, old_leaf = old.split(".")
+    node = config
+    for name in old_sections:
+      node = node.get(name) if isinstance(node, dict) else None
+    if isinstance(node, dict) and old_leaf in node:
+      value = node.pop(old_leaf)
+      *new_sections, new_leaf = current_name(old).split(".")
+      target = config
+      for name in new_sections:
+        target = target.setdefault(name, {})
+      target.setdefault(new_leaf, value)
+  for dotted in RENAMED_VALUES:
+    if "." not in dotted and dotted in config:
+      config[dotted] = current_value(dotted, config[dotted])
+  return config
 
 
 def field_paths(cfg: ml_collections.ConfigDict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -5,7 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from tapernorm_jax.inference import generate
+from tapernorm_jax.inference import forms
 from tapernorm_jax.model import ModelConfig, Transformer, init
 
 
@@ -16,7 +16,7 @@ def init_variables(cfg: ModelConfig, seed: int = 0):
 
 def perturbed_variables(cfg: ModelConfig) -> dict:
   """Unboxed variables whose γ̃, β and c are moved off their defaults, so outputs depend on every one."""
-  return generate.perturbed(init_variables(cfg), jax.random.key(1), c_range=(0.5, 2.0), spread=0.2)
+  return forms.perturbed(init_variables(cfg), jax.random.key(1), c_range=(0.5, 2.0), spread=0.2)
 
 
 @functools.cache

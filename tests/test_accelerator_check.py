@@ -24,7 +24,7 @@ def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):
   train = results["train"]["rows"]
   assert train[0]["case"] == "baseline" and train[0]["tokens_per_s"] > 0 and train[0]["mfu"] is None  # no CPU peak
   forms = results["inference"]["forward"][0]["forms"]
-  assert set(forms) == {"baseline", "unfused", "folded", "identity"} and forms["folded"]["median"] > 0
+  assert set(forms) == {"baseline", "fixed", "folded", "identity"} and forms["folded"]["median"] > 0
   assert "skipped" in results["peer"] or "table" in results["peer"]  # skipped where torch is not installed
   assert set(results["part_seconds"]) == {"tests", "train", "inference", "peer"}
   report = (out / "report.md").read_text()

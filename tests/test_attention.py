@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax.inference import decode, generate
+from tapernorm_jax.inference import decode, forms
 from tapernorm_jax.model import ModelConfig, Transformer, attention, init
 
 
@@ -115,7 +115,7 @@ def test_an_unknown_implementation_names_the_field():
 def tiny(family: str, **changes) -> tuple[ModelConfig, dict]:
   """A small tapered model with calibrated-looking weights."""
   cfg = ModelConfig(family=family, V=50, D=32, H=4, L=3, T=128, internal_norm="taper", final_norm="taper", **changes)
-  variables = generate.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1), (0.05, 0.5), 0.1)
+  variables = forms.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1), (0.05, 0.5), 0.1)
   return cfg, variables
 
 
@@ -166,4 +166,4 @@ def test_last_token_forward_equals_the_full_forward(family, remat):
   cfg, variables = tiny(family, remat=remat)
   tokens_BxT = jax.random.randint(jax.random.key(4), (3, 57), 0, cfg.V)
   full_BxTxV = jax.jit(Transformer(cfg).apply)(variables, tokens_BxT, 0.0)
-  np.testing.assert_allclose(generate.last_token_logits(cfg)(variables, tokens_BxT), full_BxTxV[:, -1], atol=2e-6)
+  np.testing.assert_allclose(forms.last_token_logits(cfg)(variables, tokens_BxT), full_BxTxV[:, -1], atol=2e-6)

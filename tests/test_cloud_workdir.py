@@ -27,17 +27,17 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from configs import base
 from tapernorm_jax import data
 from tapernorm_jax.files import LocalPathError, MissingFilesystemError, workdir_path
-from tapernorm_jax.inference import export, generate
+from tapernorm_jax.inference import export, forms, loading
 from tapernorm_jax.studies import report
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import read_jsonl
 
 # 8 steps: warmup and calibration over steps 0-1, then the taper; stopped at 5, inside it. Diagnostics only at the end
-# and no g = 0 fast step: fewer compilations (three runs compile their own steps).
+# and no g = 0 fixed step: fewer compilations (three runs compile their own steps).
 TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 8,
         "train.batch_size": 8, "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 1,
-        "checkpoint.every": 4, "taper.gate_warmup_frac": 0.25, "taper.fast_path": False, "opt.lr": 1e-3,
+        "checkpoint.every": 4, "taper.gate_warmup_frac": 0.25, "train.fixed_step": False, "opt.lr": 1e-3,
         "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}
 STOP = 5
 WORKDIR = "gs://bucket/runs/tiny"
@@ -121,16 +121,16 @@ def test_a_gs_workdir_trains_resumes_bit_exactly_and_exports(gcs, compile_cache,
   assert sorted(e.step for e in tb.Scalars("loss")) == list(range(8))
   assert Checkpointer(f"{WORKDIR}/checkpoints").all_steps() == [4, STOP, 8] and (remote / "checkpoints" / "8").is_dir()
 
-  loaded = generate.load(WORKDIR)
+  loaded = loading.load(WORKDIR)
   assert loaded.tokenizer is not None
-  variables, cfg = generate.fold_if_tapered(loaded.variables, loaded.model_cfg)
+  variables, cfg = forms.fold_if_tapered(loaded.variables, loaded.model_cfg)
   out = export.save("gs://bucket/exports/tiny", variables, cfg, fold=False, tokenizer=loaded.tokenizer)
   assert str(out) == "gs://bucket/exports/tiny" and export.is_export(out)
   assert sorted(os.listdir(gcs / "bucket" / "exports" / "tiny")) == ["config.json", "model.safetensors", "tokenizer",
                                                                      "variables"]
   for source in ("orbax", "safetensors"):
     jax.tree.map(np.testing.assert_array_equal, export.load(out, source).variables, variables)
-  again = generate.load(str(out))
+  again = loading.load(str(out))
   assert again.model_cfg == cfg and again.tokenizer.encode("Once upon a time") == loaded.tokenizer.encode(
       "Once upon a time")
 

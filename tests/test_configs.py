@@ -13,7 +13,7 @@ from tapernorm_jax.taper import variants
 from tapernorm_jax.train import run_config
 
 CONFIGS = sorted(p.stem for p in pathlib.Path(__file__).parent.parent.joinpath("configs").glob("*.py")
-                 if p.stem not in ("__init__", "base", "gpt2"))  # gpt2.py takes model=, method= (test_gpt2_finetune)
+                 if p.stem not in ("__init__", "base", "gpt2"))  # gpt2.py takes model=, variant= (test_gpt2_finetune)
 
 
 def test_the_four_paper_variants_exist():

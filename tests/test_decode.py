@@ -8,17 +8,18 @@ import pytest
 from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import decode as bench
 from tapernorm_jax.benchmarks.timing import read_bandwidth
-from tapernorm_jax.inference import decode, generate
+from tapernorm_jax.inference import decode
+from tapernorm_jax.inference import forms as forms_lib
 from tapernorm_jax.model import ModelConfig, init
 from tapernorm_jax.taper.fold import fold
 from model_helpers import logits_at, perturbed_variables
 
-FORMS = ("baseline", "unfused", "folded")
+FORMS = ("baseline", "fixed", "folded")
 
 
 def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
   """Variables and config of a small model whose outputs depend on every parameter (γ̃, β, c ≠ defaults)."""
-  norm = {"baseline": "plain", "unfused": "fixed", "folded": "taper"}[form]
+  norm = {"baseline": "plain", "fixed": "fixed", "folded": "taper"}[form]
   cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
                               init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
   variables = perturbed_variables(cfg)
@@ -72,7 +73,7 @@ def _greedy_by_full_forward(variables, cfg, prompts, n):
   return out
 
 
-@pytest.mark.parametrize("form", ["unfused", "folded"])
+@pytest.mark.parametrize("form", ["fixed", "folded"])
 def test_greedy_generation_of_a_ragged_batch_equals_recomputing_the_forward(form):
   variables, cfg = _model("llama", form)
   prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [6, 5], [3, 5, 8]]
@@ -123,7 +124,7 @@ def test_sampling_greedy_temperature_and_top_k():
 
 
 def test_remat_model_decodes_like_the_plain_one():
-  variables, cfg = _model("llama", "unfused")
+  variables, cfg = _model("llama", "fixed")
   prompt_BxP, lengths_B = decode.pad_prompts([[1, 2, 3, 4]])
   args = (prompt_BxP, lengths_B, jax.random.key(0))
   np.testing.assert_array_equal(decode.generate(variables, cfg, *args, max_new_tokens=4),
@@ -141,8 +142,8 @@ def test_requests_past_the_learned_positions_are_refused():
 @pytest.mark.slow  # compiles four forms twice; the benchmark's smoke run
 def test_decode_benchmark_runs_every_form_on_the_same_weights():
   cfg = bench.model_config("cpu", "internal_taper", "float32").replace(V=97, L=1)
-  forms = generate.forms(generate.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)
-  assert list(forms) == list(generate.FORMS)
+  forms = forms_lib.forms(forms_lib.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)
+  assert list(forms) == list(forms_lib.FORMS)
   embeds = [np.asarray(v["params"]["embed"]) for v, _ in forms.values()]
   assert all(np.array_equal(e, embeds[0]) for e in embeds)  # one set of weights; only the norms differ
   assert forms["identity"][1].internal_norm == forms["folded"][1].internal_norm == "identity"

@@ -15,7 +15,7 @@ import pytest
 from configs import base
 from tapernorm_jax import cli
 from tapernorm_jax.data import stories, text_files
-from tapernorm_jax.inference import decode, export, generate
+from tapernorm_jax.inference import decode, export, prompts
 from tapernorm_jax.model import ModelConfig, Transformer, init, sharding
 from tapernorm_jax.tokenizers import sentencepiece
 from tapernorm_jax.train import loop
@@ -290,16 +290,16 @@ def test_prompts_past_the_context_are_refused_or_cut_with_counts():
   _, cfg = _llama()
   with pytest.raises(ValueError, match=r"prompt 2 has 10 tokens, more than model\.T=8, the context this RoPE model "
                                        r"was trained on \(2 prompts are too long\)"):
-    generate.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4)
-  cut, note = generate.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4, truncate=True)
+    prompts.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4)
+  cut, note = prompts.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4, truncate=True)
   assert cut == [[1], [2] * 8, [3] * 8]
   assert note.startswith("cut 2 of 3 prompt(s) to their last 8 tokens") and "dropping 3 token(s)" in note
   gpt2 = cfg.replace(family="gpt2")
-  assert generate.fit_prompts([[1] * 6], gpt2, max_new_tokens=4, truncate=True)[0] == [[1] * 5]
+  assert prompts.fit_prompts([[1] * 6], gpt2, max_new_tokens=4, truncate=True)[0] == [[1] * 5]
   with pytest.raises(ValueError, match=r"'1,x': 'x' is not a token id"):
-    generate.parse_token_ids("1,x", 32)
+    prompts.parse_token_ids("1,x", 32)
   with pytest.raises(ValueError, match=r"token id 32 is outside the vocabulary \[0, 32\)"):
-    generate.parse_token_ids("1,32", 32)
+    prompts.parse_token_ids("1,32", 32)
 
 
 def test_invalid_utf8_is_replaced_and_warned_about_once_per_file_with_the_count(tmp_path, caplog):

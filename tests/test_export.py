@@ -14,7 +14,8 @@ import pytest
 import sentencepiece as spm
 
 from configs import base
-from tapernorm_jax.inference import decode, export, generate
+from tapernorm_jax.inference import decode, export, forms, loading
+from tapernorm_jax.inference import prompts as prompts_lib
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper.fold import fold
 from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
@@ -98,7 +99,7 @@ def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, to
   sp = spm.SentencePieceProcessor(model_file=tokenizer_file)
   folded, folded_cfg = fold(variables, cfg)
   prompts = [[sp.bos_id()] + sp.encode(t) for t in ("Once upon a time", "Tom")]
-  expected = generate.continue_prompts(folded, folded_cfg, prompts, 6, eos_id=sp.eos_id())
+  expected = prompts_lib.continue_prompts(folded, folded_cfg, prompts, 6, eos_id=sp.eos_id())
   for prompt, new in zip(prompts, expected):
     assert sp.decode(prompt) + sp.decode(new) in result.stdout
 
@@ -123,17 +124,17 @@ def test_generate_restores_params_and_calib_from_the_latest_training_checkpoint(
   old, new = perturbed_variables(cfg), perturbed_variables(cfg.replace(init_std=0.3))
   _write_training_checkpoint(tmp_path, cfg, old, 10)
   _write_training_checkpoint(tmp_path, cfg, new, 20)
-  restored, run_cfg = generate.load_checkpoint(str(tmp_path))
+  restored, run_cfg = loading.load_checkpoint(str(tmp_path))
   assert run_cfg["restored_step"] == 20 and set(restored) == {"params", "calib"}
   jax.tree.map(np.testing.assert_array_equal, restored, new)
-  at_10, _ = generate.load_checkpoint(str(tmp_path), step=10)
+  at_10, _ = loading.load_checkpoint(str(tmp_path), step=10)
   jax.tree.map(np.testing.assert_array_equal, at_10, old)
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 15"):
-    generate.load_checkpoint(str(tmp_path), step=15)
-  loaded = generate.load(str(tmp_path))
-  variables, folded_cfg = generate.fold_if_tapered(loaded.variables, loaded.model_cfg)
+    loading.load_checkpoint(str(tmp_path), step=15)
+  loaded = loading.load(str(tmp_path))
+  variables, folded_cfg = forms.fold_if_tapered(loaded.variables, loaded.model_cfg)
   prompts = [[1, 5, 7, 9], [1, 4]]
-  got = generate.continue_prompts(variables, folded_cfg, prompts, 5)
+  got = prompts_lib.continue_prompts(variables, folded_cfg, prompts, 5)
   prompt_BxP, lengths_B = decode.pad_prompts(prompts)
   want = decode.generate(new, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=5)
   assert got == np.asarray(want).tolist()

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from tapernorm_jax.inference import generate
+from tapernorm_jax.inference import forms
 from tapernorm_jax.model import ModelConfig, Transformer, sharding
 from tapernorm_jax.taper.fold import fold, fold_linear, norm_map
 from tapernorm_jax.taper.losses import cross_entropy
@@ -32,7 +32,7 @@ def _cfg(family: str, variant: str, **changes) -> ModelConfig:
 
 def perturbed(variables, seed: int = 1):
   """Unboxed variables with non-trivial γ, γ̃, β, biases and c, so that every part of the fold matters."""
-  return generate.perturbed(variables, jax.random.key(seed), c_range=(0.3, 3.0), spread=0.3)
+  return forms.perturbed(variables, jax.random.key(seed), c_range=(0.3, 3.0), spread=0.3)
 
 
 def _tokens(cfg: ModelConfig, shape=(3, 16), seed: int = 2) -> jax.Array:

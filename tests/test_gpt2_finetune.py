@@ -25,25 +25,25 @@ FIXTURE = ROOT / "tests" / "fixtures" / "tiny_gpt2"
 @pytest.mark.parametrize("size,D,H,L,steps,warmup,start,end,aux", [
     ("s", 768, 12, 12, 300, 25, 25, 100, 0.1), ("m", 1024, 16, 24, 500, 10, 20, 200, 0.1),
     ("l", 1280, 20, 36, 600, 30, 30, 500, 0.1), ("xl", 1600, 25, 48, 800, 20, 50, 700, 0.01)])
-@pytest.mark.parametrize("method", list(gpt2.METHODS))
-def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, aux, method):
-  cfg = gpt2.get_config(f"model={size},method={method}")
+@pytest.mark.parametrize("variant", list(gpt2.VARIANTS))
+def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, aux, variant):
+  cfg = gpt2.get_config(f"model={size},variant={variant}")
   model_cfg = ModelConfig.from_config(cfg.model)
   assert (model_cfg.V, model_cfg.T, model_cfg.D, model_cfg.H, model_cfg.L) == (50257, 1024, D, H, L)
   phases = Phases.from_config(cfg)
   assert (phases.steps, phases.lr_warmup, phases.taper_start, phases.taper_end) == (steps, warmup, start, end)
   assert cfg.train.batch_size * cfg.model.T == 2**19 and cfg.opt.lr == 6e-4 and cfg.opt.weight_decay == 0.01
   assert cfg.taper.mu == 0.1 and cfg.opt.clip == 1.0 and cfg.data.tokenizer == "gpt2"
-  assert cfg.taper.aux_weight == (aux if method == "all_taper" else 0.0)
+  assert cfg.taper.aux_weight == (aux if variant == "all_taper" else 0.0)
   validate(cfg, num_devices=1)  # every preset is a config that trains (checked before anything compiles)
-  if method == "fakeln":
+  if variant == "fakeln":
     removal = methods.removal_steps(model_cfg, cfg.fakeln)
     assert max(removal.values()) == removal[("final_norm",)] < steps
 
 
 def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():
   variables, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
-  cfg = base.override(gpt2.get_config("model=demo,method=all_taper"), {
+  cfg = base.override(gpt2.get_config("model=demo,variant=all_taper"), {
       "model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2})
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   loop.check_pretrained(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
@@ -72,10 +72,10 @@ def test_demo_pretrain_save_load_and_fine_tune(tmp_path):
   run = lambda arg, workdir, *extra: subprocess.run(
       [sys.executable, "-m", "experiments.gpt2_finetune", f"--config=configs/gpt2.py:{arg}", f"--workdir={workdir}",
        *small, *extra], cwd=ROOT, check=True, capture_output=True, timeout=600)
-  run("model=demo,method=vanilla,pretrain=1", tmp_path / "pre", "--config.train.steps=20",
+  run("model=demo,variant=baseline,pretrain=1", tmp_path / "pre", "--config.train.steps=20",
       "--config.taper.taper_end=10")
   assert hf_gpt2.load_gpt2(str(tmp_path / "pre" / "hf"))[1].D == 32
-  run("model=demo,method=fakeln", tmp_path / "fake", f"--config.init_from={tmp_path / 'pre' / 'hf'}",
+  run("model=demo,variant=fakeln", tmp_path / "fake", f"--config.init_from={tmp_path / 'pre' / 'hf'}",
       "--config.train.steps=16", "--config.taper.taper_end=12", "--config.fakeln.start=2",
       "--config.fakeln.gap_mlp=1", "--config.fakeln.gap_attn=1", "--config.fakeln.gap_final=1")
   results = json.loads((tmp_path / "fake" / "results.json").read_text())

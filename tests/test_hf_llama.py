@@ -10,7 +10,7 @@ import safetensors.numpy
 
 from tapernorm_jax.hf import llama
 from tapernorm_jax.hf.hub import CONFIG_FILE, WEIGHTS_FILE
-from tapernorm_jax.inference import generate
+from tapernorm_jax.inference import forms
 from tapernorm_jax.model import ModelConfig, Transformer, init
 
 TAPERED = ModelConfig(family="llama", V=61, D=32, H=4, L=2, T=32, internal_norm="taper", final_norm="plain")
@@ -64,10 +64,10 @@ def hf_llama_logits(tensors: dict[str, np.ndarray], config: dict, tokens_T: np.n
 @pytest.fixture(scope="module")
 def baseline() -> tuple[dict, ModelConfig]:
   """The baseline form (plain RMSNorms) of calibrated-looking internal_taper weights."""
-  make = lambda key: generate.perturbed(init(TAPERED, key), jax.random.fold_in(key, 1), c_range=(0.5, 2.0),
+  make = lambda key: forms.perturbed(init(TAPERED, key), jax.random.fold_in(key, 1), c_range=(0.5, 2.0),
                                         spread=0.2)
   variables = unoptimized(make, jax.random.key(0))
-  return generate.forms(variables, TAPERED)["baseline"]
+  return forms.forms(variables, TAPERED)["baseline"]
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -92,11 +92,11 @@ def test_numpy_llama_from_the_file_gives_the_model_logits(tmp_path, baseline, ti
   assert np.abs(logits_TxV - expected_TxV).max() <= 1e-5 * np.abs(expected_TxV).max()
 
 
-@pytest.mark.parametrize("form, message", [("unfused", "internal_norm='fixed'"), ("folded", "internal_norm='identity'"),
+@pytest.mark.parametrize("form, message", [("fixed", "internal_norm='fixed'"), ("folded", "internal_norm='identity'"),
                                            ("gpt2", "family='gpt2'")])
 def test_save_refuses_what_llama_cannot_express(tmp_path, baseline, form, message):
   variables, cfg = baseline
-  cfg = {"unfused": TAPERED.fixed_form(), "folded": cfg.replace(internal_norm="identity"),
+  cfg = {"fixed": TAPERED.fixed_form(), "folded": cfg.replace(internal_norm="identity"),
          "gpt2": cfg.replace(family="gpt2")}[form]
   with pytest.raises(ValueError, match=message):
     llama.save_llama(variables, cfg, tmp_path)

@@ -21,7 +21,7 @@ from tapernorm_jax.train.metrics import read_jsonl
 from tapernorm_jax.train.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# 24 steps: warmup and calibration EMAs over steps 0-5, taper 6 → 18, then the g = 0 fast step.
+# 24 steps: warmup and calibration EMAs over steps 0-5, taper 6 → 18, then the g = 0 fixed step.
 TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
         "train.batch_size": 8, "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 2,
         "checkpoint.every": 6, "taper.gate_warmup_frac": 0.25, "taper.taper_end": 18, "opt.lr": 1e-3,

@@ -1,4 +1,5 @@
-"""The few-row kernel (`matvec.rows`): products against float64 numpy, decode with it against XLA's products."""
+"""The CPU few-row projections (`few_rows`, `matvec.rows`): products against float64 numpy, decoding through the
+model's projection seam against decoding with the model's own einsum."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +7,9 @@ import numpy as np
 import pytest
 
 from tapernorm_jax.inference import decode
-from tapernorm_jax.inference.cpu_kernels import matvec
-from tapernorm_jax.model.transformer import MATVEC, ModelConfig
+from tapernorm_jax.inference.cpu_kernels import few_rows, matvec
+from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.model.transformer import einsum
 from model_helpers import perturbed_variables
 
 needs_kernel = pytest.mark.skipif(not matvec.available(), reason=f"matvec kernel unavailable: {matvec.reason()}")
@@ -39,26 +41,26 @@ def test_rows_name_what_they_cannot_take(x_shape, w_shape, dtype):
     matvec.rows(jnp.ones(x_shape, dtype), jnp.ones(w_shape, dtype))
 
 
-_prefill = jax.jit(decode.prefill, static_argnums=1)
-_step = jax.jit(decode.decode_step, static_argnums=1)
+_prefill = jax.jit(decode.prefill, static_argnums=1, static_argnames="projection")
+_step = jax.jit(decode.decode_step, static_argnums=1, static_argnames="projection")
 
 
-def _decode_both_ways(cfg: ModelConfig, B: int) -> tuple[list, list, dict]:
-  """Step-by-step logits after a ragged prefill, from XLA's products and from the kernel; and the kernel's variables."""
-  variables = perturbed_variables(cfg)
-  with_kernel = decode.with_matvec_weights(variables, cfg)
+def _decode(variables: dict, cfg: ModelConfig, B: int, projection=einsum) -> list:
+  """Step-by-step logits after a ragged prefill of B prompts, through `projection`."""
   prompt_BxP, lengths_B = decode.pad_prompts([[1 + b + i for i in range(3 + 2 * b)] for b in range(B)])
-  runs = []
-  for v in (variables, with_kernel):
-    cache = decode.init_cache(cfg, B, 16)
-    logits_BxV, cache = _prefill(v, cfg, prompt_BxP, lengths_B, cache)
-    steps = [logits_BxV]
-    for i in range(3):
-      tokens_B = jnp.argmax(steps[-1], -1).astype(jnp.int32)
-      logits_BxV, cache = _step(v, cfg, tokens_B, lengths_B + i, cache)
-      steps.append(logits_BxV)
-    runs.append(steps)
-  return runs[0], runs[1], with_kernel
+  cache = decode.init_cache(cfg, B, 16)
+  logits_BxV, cache = _prefill(variables, cfg, prompt_BxP, lengths_B, cache, projection=projection)
+  steps = [logits_BxV]
+  for i in range(3):
+    tokens_B = jnp.argmax(steps[-1], -1).astype(jnp.int32)
+    logits_BxV, cache = _step(variables, cfg, tokens_B, lengths_B + i, cache, projection=projection)
+    steps.append(logits_BxV)
+  return steps
+
+
+def _assert_same_steps(got: list, want: list) -> None:
+  for got_BxV, want_BxV in zip(got, want, strict=True):
+    np.testing.assert_allclose(got_BxV, want_BxV, rtol=0, atol=1e-5 * float(jnp.abs(want_BxV).max()))
 
 
 CONFIGS = {  # tied head, remat'ed blocks; untied head with biases
@@ -70,38 +72,56 @@ CONFIGS = {  # tied head, remat'ed blocks; untied head with biases
 
 @needs_kernel
 @pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
-def test_decode_with_the_kernel_matches_xla_products(family):
+def test_decode_with_the_kernel_matches_the_model_s_einsum(family):
   cfg = CONFIGS[family]
-  plain, kernel, with_kernel = _decode_both_ways(cfg, B=4)
-  for a_BxV, b_BxV in zip(plain, kernel):
-    np.testing.assert_allclose(b_BxV, a_BxV, rtol=0, atol=1e-5 * float(jnp.abs(a_BxV).max()))
+  variables = perturbed_variables(cfg)
+  with_kernel, projection = few_rows.prepare(variables, cfg, rows=4)
+  assert projection is few_rows.kernel_projection
+  _assert_same_steps(_decode(with_kernel, cfg, 4, projection), _decode(variables, cfg, 4))
   # Every projection of a decode step goes through the kernel: 4 per block (llama: 5) and the head.
   step = jax.make_jaxpr(lambda v, c: decode.decode_step(v, cfg, jnp.zeros(4, jnp.int32), jnp.ones(4, jnp.int32),
-                                                        c))(with_kernel, decode.init_cache(cfg, 4, 16))
+                                                        c, projection=projection))(with_kernel,
+                                                                                   decode.init_cache(cfg, 4, 16))
   calls = str(step).count(matvec.TARGET)
   assert calls == cfg.L * (5 if family == "llama" else 4) + 1
-  prefill = jax.make_jaxpr(lambda v, c: decode.prefill(v, cfg, jnp.zeros((4, 6), jnp.int32), jnp.full(4, 6), c))(
-      with_kernel, decode.init_cache(cfg, 4, 16))
+  prefill = jax.make_jaxpr(lambda v, c: decode.prefill(v, cfg, jnp.zeros((4, 6), jnp.int32), jnp.full(4, 6), c,
+                                                       projection=projection))(with_kernel,
+                                                                               decode.init_cache(cfg, 4, 16))
   assert str(prefill).count(matvec.TARGET) == 1  # 24 rows go to XLA; only the head's 4 last positions
+  # The model itself never calls the kernel: the same variables through its own projection run no custom call.
+  plain_step = jax.make_jaxpr(lambda v, c: decode.decode_step(v, cfg, jnp.zeros(4, jnp.int32),
+                                                              jnp.ones(4, jnp.int32), c))(with_kernel,
+                                                                                          decode.init_cache(cfg, 4, 16))
+  assert matvec.TARGET not in str(plain_step)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_row_by_row_decode_matches_the_model_s_einsum(family):
+  cfg = CONFIGS[family]
+  variables = perturbed_variables(cfg)
+  _assert_same_steps(_decode(variables, cfg, 3, few_rows.rowwise_projection), _decode(variables, cfg, 3))
 
 
 @needs_kernel
 def test_the_copies_are_each_projection_as_output_by_input():
   cfg = CONFIGS["llama"]
   variables = perturbed_variables(cfg)
-  copies = decode.with_matvec_weights(variables, cfg)[MATVEC]
+  copies = few_rows.with_matvec_weights(variables, cfg)[few_rows.MATVEC]
   params = variables["params"]
+  qkv_3xHKxD = np.asarray(params["block_0"]["attn"]["qkv"]).reshape(48, 3, 48).transpose(1, 2, 0)
+  np.testing.assert_array_equal(copies["block_0"]["attn"]["qkv"], qkv_3xHKxD)
   np.testing.assert_array_equal(copies["block_0"]["attn"]["out"],
                                 np.asarray(params["block_0"]["attn"]["out"]).reshape(48, 48).T)
   np.testing.assert_array_equal(copies["block_0"]["mlp"]["wi_0"], np.asarray(params["block_0"]["mlp"]["wi_0"]).T)
   np.testing.assert_array_equal(copies["embed"], params["embed"])  # the tied head's table, as it is
 
 
-def test_without_the_kernel_decoding_keeps_xla_products(reload_kernel, monkeypatch):
+def test_without_the_kernel_a_few_rows_go_one_at_a_time(reload_kernel, monkeypatch):
   monkeypatch.setenv("TAPERNORM_MATVEC", "0")
   assert not matvec.available() and "TAPERNORM_MATVEC=0" in matvec.reason()
   variables = {"params": {}}
-  assert decode.with_matvec_weights(variables, CONFIGS["llama"]) is variables
+  assert few_rows.prepare(variables, CONFIGS["llama"], rows=4) == (variables, few_rows.rowwise_projection)
+  assert few_rows.prepare(variables, CONFIGS["llama"], rows=9) == (variables, einsum)  # past 8 rows: XLA's GEMM
   with pytest.raises(RuntimeError, match="not available .*TAPERNORM_MATVEC=0"):
     matvec.rows(jnp.ones((2, 8)), jnp.ones((4, 8)))
 
@@ -114,6 +134,7 @@ def test_a_missing_compiler_is_a_reason_not_a_crash(reload_kernel, monkeypatch, 
 
 
 @needs_kernel
-def test_bfloat16_models_keep_xla_products():
+def test_bfloat16_models_do_not_use_the_float32_kernel():
   variables = {"params": {}}
-  assert decode.with_matvec_weights(variables, CONFIGS["llama"].replace(dtype="bfloat16")) is variables
+  bf16 = CONFIGS["llama"].replace(dtype="bfloat16")
+  assert few_rows.prepare(variables, bf16, rows=4) == (variables, few_rows.rowwise_projection)

@@ -26,7 +26,7 @@ WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
 STEPS, B, T = 4, 8, 32
 TINY = {"model.D": 32, "model.H": 4, "model.L": 1, "model.T": T, "model.V": 512, "train.steps": STEPS,
         "train.batch_size": B, "train.log_every": 1, "train.diag_every": 100, "train.eval_batches": 1,
-        "checkpoint.every": 100, "taper.gate_warmup_frac": 0.5, "taper.fast_path": False, "opt.lr": 1e-3,
+        "checkpoint.every": 100, "taper.gate_warmup_frac": 0.5, "train.fixed_step": False, "opt.lr": 1e-3,
         "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60}
 MESHES = {"dp": {"mesh.data": -1, "mesh.fsdp": 1},  # the batch over all 4 devices, parameters replicated
           "fsdp": {"mesh.data": 1, "mesh.fsdp": 4}}  # the batch and every parameter sharded over all 4 devices

@@ -1,4 +1,4 @@
-"""The jitted train step: calibration at the taper start, one compilation, the fast path, the optimiser."""
+"""The jitted train step: calibration at the taper start, one compilation, the g = 0 fixed step, the optimiser."""
 
 import logging
 
@@ -75,18 +75,18 @@ def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trai
   assert gates[0] == 1.0 and 0 < gates[-1] < 1
 
 
-def test_fast_step_equals_the_tapered_step_once_the_gate_is_zero(trainer):
+def test_fixed_step_equals_the_tapered_step_once_the_gate_is_zero(trainer):
   state = trainer.init_state(2)
   data = batches(trainer.phases.taper_end + 1, trainer.cfg, seed=2)
   for batch in data[:-1]:
     state, _ = trainer.train_step(state, batch)
-  assert trainer.uses_fast_step(trainer.phases.taper_end) and not trainer.uses_fast_step(trainer.phases.taper_end - 1)
+  assert trainer.uses_fixed_step(trainer.phases.taper_end) and not trainer.uses_fixed_step(trainer.phases.taper_end - 1)
   copy = jax.tree.map(jnp.copy, state)
   slow, m_slow = trainer.train_step(state, data[-1])
-  fast, m_fast = trainer.fast_train_step(copy, data[-1])
+  fixed, m_fixed = trainer.fixed_train_step(copy, data[-1])
   assert float(m_slow["gate"]) == 0.0
-  np.testing.assert_allclose(m_fast["loss"], m_slow["loss"], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), fast, slow)
+  np.testing.assert_allclose(m_fixed["loss"], m_slow["loss"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), fixed, slow)
 
 
 def test_calibration_state_never_enters_the_optimiser(trainer):

@@ -1,4 +1,4 @@
-"""Inference throughput of the baseline, unfused, folded and identity forms of one set of weights (docs/method.md §9).
+"""Inference throughput of the baseline, fixed, folded and identity forms of one set of weights (docs/method.md §9).
 
 `forward` is the paper's last-token-logits forward over B×T tokens (no cache); `decode` is
 KV-cache generation of N tokens after a P-token prompt, timed apart from the prefill and set
@@ -17,9 +17,11 @@ import jax
 import jax.numpy as jnp
 
 from tapernorm_jax import hardware
-from tapernorm_jax.inference import decode, generate
-from tapernorm_jax.inference.cpu_kernels import matvec
-from tapernorm_jax.taper import variants
+from tapernorm_jax.inference import decode
+from tapernorm_jax.inference import forms as forms_lib
+from tapernorm_jax.inference.cpu_kernels import few_rows, matvec
+from tapernorm_jax.model.transformer import einsum
+from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train import run_config
 from tapernorm_jax.benchmarks.timing import (bandwidth_probe, check_at_least, paired_ratio, read_bandwidth,
                                              summary, time_interleaved)
@@ -28,7 +30,7 @@ from tapernorm_jax.model import ModelConfig, init, param_count
 
 PyTree = Any
 # The paper's measurement (docs/method.md §9): thousands of tokens/s on an H100 in bf16 (PyTorch eager),
-# as (baseline, unfused, folded), keyed by (B, T).
+# as (baseline, fixed, folded), keyed by (B, T).
 PAPER_TABLE = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
          (4, 128): (149.3, 169.3, 180.4), (4, 256): (290.5, 323.6, 344.9), (4, 512): (546.3, 588.1, 615.9)}
 MODES = ("forward", "decode")
@@ -57,8 +59,8 @@ class Settings:
     unknown = set(self.modes) - set(MODES)
     if unknown:
       raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {MODES}")
-    if self.size not in variants.SIZES:
-      raise ValueError(f"size={self.size!r}: choose one of {sorted(variants.SIZES)}")
+    if self.size not in SIZES:
+      raise ValueError(f"size={self.size!r}: choose one of {sorted(SIZES)}")
     if self.variant not in VARIANTS:
       raise ValueError(f"variant={self.variant!r}: choose one of {VARIANTS} (a model with tapered norms)")
     check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
@@ -90,7 +92,7 @@ def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
 def forward_calls(forms: dict[str, tuple[PyTree, ModelConfig]], tokens_BxT: Any) -> dict[str, Any]:
   """Per form, a call of its jitted last-token-logits forward on `tokens_BxT`."""
   tokens_BxT = jnp.asarray(tokens_BxT)
-  return {name: (lambda f=generate.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
+  return {name: (lambda f=forms_lib.last_token_logits(cfg), v=v: f(v, tokens_BxT)) for name, (v, cfg) in forms.items()}
 
 
 def bench_forward(forms: dict, s: Settings) -> list[dict]:
@@ -117,27 +119,35 @@ def bytes_per_decode_step(variables: PyTree, cfg: ModelConfig, B: int, cache: de
   return {"weights": int(total), "cache": decode.cache_bytes(cache)}
 
 
-WITHOUT_KERNEL = "folded_xla"  # decode contender: the folded form with XLA's own products (no matvec kernel)
+PROJECTIONS = {"kernel_projection": "the matvec kernel", "rowwise_projection": "one product per row (kernel: {})",
+               "einsum": "the model's einsum"}
+WITHOUT_KERNEL = "folded_xla"  # decode contender: the folded form with the model's own einsum (no CPU projection)
+
+
+def projection_name(projection: Any) -> str:
+  """Which projection decoding used, in words (with the reason the kernel was not used, where it was not)."""
+  return PROJECTIONS[projection.__name__].format(matvec.reason())
 
 
 def bench_decode(forms: dict, s: Settings) -> list[dict]:
   """KV-cache generation: prefill and per-token decode timed apart; decode set against the roofline."""
   rows = []
-  runs = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}
-  if matvec.available():  # the few-row kernel's gain, side by side: folded with XLA's own products
-    runs[WITHOUT_KERNEL] = forms["folded"]
   for B in s.decode_batches:
+    runs = {name: (*few_rows.prepare(v, cfg, B), cfg) for name, (v, cfg) in forms.items()}
+    if runs["folded"][1] is not einsum:  # the CPU projection's gain, side by side: folded with the model's own
+      runs[WITHOUT_KERNEL] = (forms["folded"][0], einsum, forms["folded"][1])
     P, N = s.prompt, s.new_tokens
     prompt_BxP = jax.random.randint(jax.random.key(B), (B, P), 0, next(iter(forms.values()))[1].V)
     lengths_B = jnp.full((B,), P, jnp.int32)
     prefills, loops, traffic = {}, {}, {}
-    for name, (v, cfg) in runs.items():
+    for name, (v, projection, cfg) in runs.items():
       decode.check_lengths(cfg, P, N)
-      prefill = jax.jit(lambda v, p, n, c, cfg=cfg: decode.prefill(v, cfg, p, n, c))
+      prefill = jax.jit(lambda v, p, n, c, cfg=cfg, pr=projection: decode.prefill(v, cfg, p, n, c, projection=pr))
       empty = decode.init_cache(cfg, B, decode.cache_length(P, N))
       logits_BxV, cache = prefill(v, prompt_BxP, lengths_B, empty)
       first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
-      loop = jax.jit(lambda v, f, n, c, cfg=cfg: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0), N))
+      loop = jax.jit(lambda v, f, n, c, cfg=cfg, pr=projection: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0),
+                                                                                  N, projection=pr))
       prefills[name] = lambda prefill=prefill, v=v, empty=empty: prefill(v, prompt_BxP, lengths_B, empty)
       loops[name] = lambda loop=loop, v=v, first_B=first_B, cache=cache: loop(v, first_B, lengths_B, cache)
       traffic[name] = bytes_per_decode_step(v, cfg, B, cache)
@@ -146,8 +156,8 @@ def bench_decode(forms: dict, s: Settings) -> list[dict]:
     prefill_samples = time_interleaved(prefills, s.repeats, s.warmup, s.min_sample_s)
     loop_samples = time_interleaved(loops, s.repeats, s.warmup, s.min_sample_s)
     bandwidth = summary(loop_samples.pop("read"), step_bytes / 1e9)
-    row = {"B": B, "prompt": P, "new_tokens": N, "read_gb_s": bandwidth, "matvec": matvec.reason() or "used",
-           "forms": {}}
+    row = {"B": B, "prompt": P, "new_tokens": N, "read_gb_s": bandwidth,
+           "projection": projection_name(runs["folded"][1]), "forms": {}}
     for name in runs:
       stats = summary(loop_samples[name], B * (N - 1))  # the first new token comes from the prefill
       form_bytes = traffic[name]["weights"] + traffic[name]["cache"]
@@ -177,8 +187,8 @@ def log_row(title: str, row: dict, unit: str) -> None:
 def run(s: Settings) -> dict[str, Any]:
   """Builds the four forms of one set of calibrated-looking weights and runs the selected modes."""
   cfg = model_config(s.size, s.variant, s.dtype)
-  variables = generate.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
-  forms = generate.forms(variables, cfg)
+  variables = forms_lib.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
+  forms = forms_lib.forms(variables, cfg)
   results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
                              "settings": dataclasses.asdict(s), "model": dataclasses.asdict(cfg),
                              "params": param_count(forms["baseline"][0]["params"])}
@@ -214,11 +224,11 @@ def markdown(results: dict) -> str:
       paper = PAPER_TABLE.get((row["B"], row["T"]))
       bound = speedup(f, "folded", "identity")
       rows.append([row["B"], row["T"], f"{f['baseline']['median'] / 1e3:.2f} ± {50 * f['baseline']['spread']:.1f}%",
-                   cell("unfused"), cell("folded"), cell("identity"),
+                   cell("fixed"), cell("folded"), cell("identity"),
                    f"{bound['median']:.3f} ({bound['min']:.2f}–{bound['max']:.2f})",
                    f"{paper[2]:.1f} ({paper[2] / paper[0]:.2f}×)" if paper else "–"])
     lines += ["Last-token-logits forward, no KV cache, thousands of tokens/s (ratio to baseline):", "",
-              markdown_table(["B", "T", "baseline", "unfused", "folded", "identity", "folded / identity",
+              markdown_table(["B", "T", "baseline", "fixed", "folded", "identity", "folded / identity",
                               "paper folded (H100)"], rows), ""]
   if results.get("decode"):
     dram = lambda B, step: B * results["bandwidth"]["median_gb_s"] * 1e9 / (step["weights"] + step["cache"])
@@ -228,21 +238,22 @@ def markdown(results: dict) -> str:
       cell = lambda n: f"{f[n]['median']:,.1f} ({speedup(f, n, 'baseline')['median']:.3f}×)"
       step = f["folded"]["bytes_per_step"]
       kernel = speedup(f, "folded", WITHOUT_KERNEL) if WITHOUT_KERNEL in f else None
-      rows.append([row["B"], row["prompt"], row["new_tokens"], f"{f['baseline']['median']:,.1f}", cell("unfused"),
+      rows.append([row["B"], row["prompt"], row["new_tokens"], f"{f['baseline']['median']:,.1f}", cell("fixed"),
                    cell("folded"), cell("identity"),
                    f"{f[WITHOUT_KERNEL]['median']:,.1f} ({kernel['median']:.2f}× "
-                   f"{kernel['min']:.2f}–{kernel['max']:.2f})" if kernel else f"– ({row.get('matvec', '')})",
+                   f"{kernel['min']:.2f}–{kernel['max']:.2f})" if kernel else f"– ({row.get('projection', '')})",
                    f"{(step['weights'] + step['cache']) / 1e6:.1f}",
                    f"{row['read_gb_s']['median']:.1f}", f"{f['folded']['roofline_tokens_s']:,.1f}",
                    f"{100 * f['folded']['roofline_fraction']:.0f}%",
                    f"{100 * f['folded']['median'] / dram(row['B'], step):.0f}%"])
     lines += ["KV-cache decode after a P-token prompt (prefill excluded), tokens/s (ratio to baseline; every form "
-              "with the few-row kernel, `matvec.py`, where it is available, and folded once more without it). "
+              "with the CPU few-row projection that `inference/cpu_kernels/few_rows.py` picks for the batch, and "
+              "folded once more with the model's own einsum). "
               "Roofline = B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a "
               "sum over as many bytes as one step reads (sampled between the decode runs), and with the DRAM "
               "bandwidth:", "",
-              markdown_table(["B", "P", "N", "baseline", "unfused", "folded", "identity",
-                              "folded, XLA's products (kernel's gain, range)", "MB read / step",
+              markdown_table(["B", "P", "N", "baseline", "fixed", "folded", "identity",
+                              "folded, model's einsum (CPU projection's gain, range)", "MB read / step",
                               "read GB/s", "roofline tok/s", "folded % of roofline", "folded % of DRAM roofline"],
                              rows), ""]
   return "\n".join(lines)

@@ -31,7 +31,9 @@ from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks.decode import model_config
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
-from tapernorm_jax.inference import decode, generate
+from tapernorm_jax.inference import decode
+from tapernorm_jax.inference import forms as forms_lib
+from tapernorm_jax.inference.cpu_kernels import few_rows
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, init, param_count
 
@@ -83,8 +85,8 @@ QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), promp
 def weights(s: Settings) -> dict[str, tuple[PyTree, ModelConfig]]:
   """The `baseline` and `folded` forms, in float32, of the weights benchmarks/decode.py times (same seeds)."""
   cfg = model_config(s.size, s.variant, "float32")
-  make = jax.jit(lambda k0, k1: generate.perturbed(init(cfg, k0), k1, (0.05, 0.5), 0.1))
-  forms = generate.forms(make(jax.random.key(s.seed), jax.random.key(s.seed + 1)), cfg)
+  make = jax.jit(lambda k0, k1: forms_lib.perturbed(init(cfg, k0), k1, (0.05, 0.5), 0.1))
+  forms = forms_lib.forms(make(jax.random.key(s.seed), jax.random.key(s.seed + 1)), cfg)
   return {name: forms[name] for name in FORMS}
 
 
@@ -99,7 +101,7 @@ def in_dtype(variables: PyTree, cfg: ModelConfig, dtype: str) -> tuple[PyTree, M
 def last_logits(variables: PyTree, cfg: ModelConfig, tokens_BxT: np.ndarray) -> np.ndarray:
   """This project's last-token logits B×V, float32 matmuls at full precision (no TF32 on GPUs)."""
   with jax.default_matmul_precision("highest"):
-    return np.asarray(generate.last_token_logits(cfg)(variables, jnp.asarray(tokens_BxT)))
+    return np.asarray(forms_lib.last_token_logits(cfg)(variables, jnp.asarray(tokens_BxT)))
 
 
 def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARITY_TOLERANCE) -> dict[str, float]:
@@ -119,12 +121,18 @@ def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARI
 
 
 def decode_calls(forms: dict[str, tuple[PyTree, ModelConfig]], prompt_BxP: np.ndarray, new_tokens: int) -> Calls:
-  """This project's jitted greedy prefill-and-decode (`decode.generate`) per form."""
+  """This project's jitted greedy prefill-and-decode (`decode.generate`) per form, with the projection and variables
+  `few_rows.prepare` picks for this batch (prepared here, outside the timed calls)."""
+  B = prompt_BxP.shape[0]
   prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
-  lengths_B = jnp.full((prompt_BxP.shape[0],), prompt_BxP.shape[1], jnp.int32)
+  lengths_B = jnp.full((B,), prompt_BxP.shape[1], jnp.int32)
   key = jax.random.key(0)
-  return {name: (lambda v=v, cfg=cfg: decode.generate(v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens))
-          for name, (v, cfg) in forms.items()}
+  calls = {}
+  for name, (v, cfg) in forms.items():
+    v, projection = few_rows.prepare(v, cfg, B)
+    calls[name] = lambda v=v, cfg=cfg, projection=projection: decode.generate(
+        v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens, projection=projection)
+  return calls
 
 
 def measure(calls: Calls, work: float, s: Settings) -> dict[str, dict]:
@@ -163,7 +171,6 @@ def bench_decode(peer: Peer, forms: dict, s: Settings) -> list[dict]:
   rows = []
   V = next(iter(forms.values()))[1].V
   P, N = s.prompt, s.new_tokens
-  forms = {name: (decode.with_matvec_weights(v, cfg), cfg) for name, (v, cfg) in forms.items()}  # once, not per B
   for B in s.decode_batches:
     prompt_BxP = np.random.default_rng(B).integers(0, V, (B, P), dtype=np.int32)
     calls = {**peer.decode_calls(prompt_BxP, N), **decode_calls(forms, prompt_BxP, N)}

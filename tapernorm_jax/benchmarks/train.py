@@ -1,4 +1,4 @@
-"""Train-step throughput: baseline vs TaperNorm mid-taper vs the g = 0 fast step, side by side in one process."""
+"""Train-step throughput: baseline vs TaperNorm mid-taper vs the g = 0 fixed step, side by side in one process."""
 
 import dataclasses
 import statistics
@@ -13,14 +13,14 @@ from tapernorm_jax import data, hardware
 from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import param_count, sharding
-from tapernorm_jax.taper import variants
+from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
 
 CASES = (  # (label, variant, which step)
     ("baseline", "baseline", "train_step"),
     ("all_taper, 0 < g < 1", "all_taper", "train_step"),
-    ("all_taper, g = 0 fast step", "all_taper", "fast_train_step"),
+    ("all_taper, g = 0 fixed step", "all_taper", "fixed_train_step"),
 )
 
 
@@ -35,9 +35,9 @@ class Settings:
   repeats: int = 5
 
   def __post_init__(self):
-    unknown = [size for size in self.sizes if size not in variants.SIZES]
+    unknown = [size for size in self.sizes if size not in SIZES]
     if unknown or not self.sizes:
-      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(variants.SIZES)}")
+      raise ValueError(f"sizes={','.join(self.sizes)}: choose from {', '.join(SIZES)}")
     check_at_least(self, 1, "batch", "seq", "steps", "repeats")
 
 

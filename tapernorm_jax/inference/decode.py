@@ -10,9 +10,8 @@ query at position p see slots ≤ p.
     logits_BxV, cache = decode_step(variables, cfg, tokens_B, index_B, cache)
     tokens_BxN = generate(variables, cfg, prompt_BxP, lengths_B, key, max_new_tokens=N)
 
-On CPU, `with_matvec_weights(variables, cfg)` adds, once, an output×input copy of every projection
-(the `matvec` collection); steps of up to 8 rows then read each weight once for all rows through a
-custom call (`matvec.py`) instead of once per row. It costs a second copy of the weights in memory.
+Every function takes the model's `projection` (default: its own einsum); on CPU, decoding a few rows
+passes the one `tapernorm_jax/inference/cpu_kernels/few_rows.py` prepares with its variables.
 
 Requests outside the model's domain are a ValueError naming the argument, raised while tracing
 (the shapes and sampling settings are static): `temperature` < 0, `top_k` outside [0, V],
@@ -26,40 +25,16 @@ import logging
 import math
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
-from tapernorm_jax.inference.cpu_kernels import matvec
-from tapernorm_jax.model import param_paths
-from tapernorm_jax.model.transformer import MATVEC, LayerCache, ModelConfig, Transformer
+from tapernorm_jax.model.transformer import LayerCache, ModelConfig, Projection, Transformer, einsum
 
 Array = jax.Array
 PyTree = Any
 Cache = list[LayerCache]
 log = logging.getLogger(__name__)
-
-
-# Leading (input) axes of each projection's kernel; its output×input copy is the kernel reshaped to 2-D, transposed.
-INPUT_AXES = {param_paths.QKV: 1, param_paths.ATTN_OUT: 2, param_paths.WI_GATE: 1, param_paths.WI_UP: 1,
-              param_paths.WI: 1, param_paths.WO: 1, param_paths.HEAD: 1}
-
-
-def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
-  """`variables` plus the `matvec` collection (every projection as output × input) that lets decode steps of up to
-  8 rows use `matvec.rows`; `variables` unchanged where that kernel is unavailable or the compute dtype is not fp32."""
-  if not matvec.available() or jnp.dtype(cfg.compute_dtype) != jnp.float32:
-    return variables
-  params, copies = nn.meta.unbox(variables["params"]), {}
-  for path, w in traverse_util.flatten_dict(params).items():
-    if path[-1] in INPUT_AXES:  # made eagerly: made under jit, even outside the decode loop, they slow it ~3×
-      w = jnp.asarray(w, jnp.float32)
-      copies[path] = w.reshape(math.prod(w.shape[:INPUT_AXES[path[-1]]]), -1).T.copy()
-  if cfg.tie_embeddings:  # the table already is the tied head's output × input form
-    copies[(param_paths.EMBED,)] = jnp.asarray(params[param_paths.EMBED], jnp.float32)
-  return {**variables, MATVEC: traverse_util.unflatten_dict(copies)}
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
@@ -74,9 +49,9 @@ def cache_bytes(cache: Cache) -> int:
 
 
 def prefill(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: Array, cache: Cache,
-            gate: Array | float = 0.0) -> tuple[Array, Cache]:
+            gate: Array | float = 0.0, projection: Projection = einsum) -> tuple[Array, Cache]:
   """Runs the (right-padded) prompts into the cache; returns the logits after each row's last prompt token."""
-  model = Transformer(cfg)
+  model = Transformer(cfg, projection)
   index_B = jnp.zeros(prompt_BxP.shape[0], jnp.int32)
   h_BxPxD, cache = model.apply(variables, prompt_BxP, cache, index_B, gate, from_start=True,
                                method=Transformer.decode)
@@ -85,9 +60,9 @@ def prefill(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: A
 
 
 def decode_step(variables: PyTree, cfg: ModelConfig, tokens_B: Array, index_B: Array, cache: Cache,
-                gate: Array | float = 0.0) -> tuple[Array, Cache]:
+                gate: Array | float = 0.0, projection: Projection = einsum) -> tuple[Array, Cache]:
   """One token per row at position `index_B`; returns its next-token logits B×V and the updated cache."""
-  model = Transformer(cfg)
+  model = Transformer(cfg, projection)
   h_Bx1xD, cache = model.apply(variables, tokens_B[:, None], cache, index_B, gate, method=Transformer.decode)
   return model.apply(variables, h_Bx1xD, gate, method=Transformer.logits)[:, 0], cache
 
@@ -119,7 +94,7 @@ def sample(logits_BxV: Array, key: Array, temperature: float = 0.0, top_k: int =
 
 def decode_loop(variables: PyTree, cfg: ModelConfig, first_B: Array, lengths_B: Array, cache: Cache, key: Array,
                 max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, eos_id: int | None = None,
-                gate: Array | float = 0.0) -> Array:
+                gate: Array | float = 0.0, projection: Projection = einsum) -> Array:
   """Given each row's first new token, generates the rest with `lax.while_loop`; returns tokens B×N."""
   B, N = first_B.shape[0], max_new_tokens
   done_B = jnp.zeros(B, bool) if eos_id is None else first_B == eos_id
@@ -131,7 +106,7 @@ def decode_loop(variables: PyTree, cfg: ModelConfig, first_B: Array, lengths_B: 
 
   def step(state):
     i, out_BxN, cache, tokens_B, key, done_B = state
-    logits_BxV, cache = decode_step(variables, cfg, tokens_B, lengths_B + i - 1, cache, gate)
+    logits_BxV, cache = decode_step(variables, cfg, tokens_B, lengths_B + i - 1, cache, gate, projection)
     key, sub = jax.random.split(key)
     tokens_B = sample(logits_BxV, sub, temperature, top_k)
     if eos_id is not None:
@@ -146,19 +121,20 @@ def decode_loop(variables: PyTree, cfg: ModelConfig, first_B: Array, lengths_B: 
   return out_BxN
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "eos_id"))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "eos_id",
+                                             "projection"))
 def generate(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: Array, key: Array, *,
              max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, eos_id: int | None = None,
-             gate: Array | float = 0.0) -> Array:
+             gate: Array | float = 0.0, projection: Projection = einsum) -> Array:
   """Prefill plus `max_new_tokens − 1` decode steps in one compiled function; returns the new tokens B×N."""
   check_sampling(temperature, top_k, cfg.V)
   check_lengths(cfg, prompt_BxP.shape[1], max_new_tokens)
   cache = init_cache(cfg, prompt_BxP.shape[0], cache_length(prompt_BxP.shape[1], max_new_tokens))
-  logits_BxV, cache = prefill(variables, cfg, prompt_BxP, lengths_B, cache, gate)
+  logits_BxV, cache = prefill(variables, cfg, prompt_BxP, lengths_B, cache, gate, projection)
   key, sub = jax.random.split(key)
   first_B = sample(logits_BxV, sub, temperature, top_k)
   return decode_loop(variables, cfg, first_B, lengths_B, cache, key, max_new_tokens, temperature, top_k, eos_id,
-                     gate)
+                     gate, projection)
 
 
 def cache_length(prompt_length: int, max_new_tokens: int) -> int:

@@ -1,12 +1,12 @@
 """The model's hyperparameters (`ModelConfig`, the `model.*` config section) and their checks, before any tracing."""
 
 import dataclasses
-import warnings
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
+from tapernorm_jax.errors import deprecated
 from tapernorm_jax.model import attention, param_paths
 from tapernorm_jax.model.norms import NORM_MODES, RENAMED_MODES
 
@@ -41,8 +41,8 @@ class ModelConfig:
     for field in ("internal_norm", "final_norm"):
       old = getattr(self, field)
       if old in RENAMED_MODES:  # configs written before the rename carry the old name
-        warnings.warn(f"model.{field}={old!r} is deprecated; it is now called {RENAMED_MODES[old]!r}",
-                      DeprecationWarning, stacklevel=3)
+        deprecated(f"model.{field}={old!r} is now called {RENAMED_MODES[old]!r}; the old name still works for now",
+                   stacklevel=4)
         object.__setattr__(self, field, RENAMED_MODES[old])
     if self.attention_impl is None:  # configs written before attention.py said None for automatic
       object.__setattr__(self, "attention_impl", "auto")

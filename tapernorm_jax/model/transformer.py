@@ -14,16 +14,19 @@ one gate per norm in `param_paths.norm_sites` order (block 0 attention, block 0 
 at per-row offsets, writes their keys and values into a preallocated cache (one
 `{"k": BH×K×S, "v": BH×S×K}` dict per layer; slot = position) and returns the new pre-logit
 states with the updated cache.
+
+Every linear map goes through one seam, `Transformer(cfg, projection=...)` (default: `einsum`), so a
+backend-specific product (a CPU kernel for decoding a few rows) is chosen by the caller and never by a
+backend check in here.
 """
 
-from typing import Any
+from typing import Any, Protocol
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax.inference.cpu_kernels import matvec
 from tapernorm_jax.model import attention, param_paths
 from tapernorm_jax.model.config import ModelConfig
 from tapernorm_jax.model.norms import Norm, ScaleMonitor
@@ -49,56 +52,31 @@ def _residual_out(module: nn.Module, x: Array, name: str, bias_name: str, in_sha
   cfg, dt = module.cfg, module.cfg.compute_dtype
   w = _param(module, name, in_shape + (cfg.D,), in_axes + ("embed",), cfg.init_std / (2 * cfg.L) ** 0.5,
              cfg.param_dtype)
-  y_BxTxD = project(spec, x, w.astype(dt), _matvec_weight(module, name))
+  y_BxTxD = module.projection(module, name, spec, x, w.astype(dt))
   if cfg.family == "gpt2":
     y_BxTxD += _param(module, bias_name, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
   return y_BxTxD
 
 
-ROWWISE_MAX = 8  # on CPU, a projection of 2…ROWWISE_MAX rows (B·T: batched decode) runs one row at a time
-MATVEC = "matvec"  # variable collection: output×input copies of the projections (decode.with_matvec_weights)
+class Projection(Protocol):
+  """The seam every linear map of the model goes through (`Transformer(cfg, projection=...)`).
 
-
-def _matvec_weight(module: nn.Module, name: str) -> Array | None:
-  """The output×input copy of `module`'s weight `name` for the few-row kernel, when the caller supplied one."""
-  return module.get_variable(MATVEC, name) if module.has_variable(MATVEC, name) else None
-
-
-def project(spec: str, x_BxTx___: Array, w: Array, w_OxK: Array | None = None) -> Array:
-  """`jnp.einsum(spec, x, w)` for x with leading axes B, T; on CPU a few rows (batched decode) avoid XLA's GEMM.
-
-  `spec` contracts x's trailing axes with w's leading ones. Given `w_OxK` (w as output × input, 2-D), up
-  to matvec.MAX_ROWS rows go through `matvec.rows`, which reads each weight row once for all of them.
-  Otherwise on CPU 2…ROWWISE_MAX rows go one at a time: XLA:CPU hands a product of 2–8 rows with a
-  weight to a GEMM that first copies the weight into packed panels (about 3.5× the time of one row's
-  matrix–vector product here), while one product per row reads the weight straight, from cache
-  after the first row. The barrier keeps XLA's dot merger from fusing the rows back into one GEMM.
+  Called as `projection(module, name, spec, x_BxTx___, w, part)`: `module` owns the weight `name` (a
+  `param_paths` name), `spec` is the einsum that contracts x's trailing axes with w's leading ones,
+  and `part` is None or, for the fused QKV weight, the slice of its second axis that `w` is. The
+  model's own is `einsum`; decoding may pass another that computes the same product faster on one
+  backend (`tapernorm_jax/inference/cpu_kernels/`), reading any extra variables it needs from
+  `module`.
   """
-  B, T = x_BxTx___.shape[:2]
-  if w_OxK is not None and B * T <= matvec.MAX_ROWS:
-    out_RxO = matvec.rows(x_BxTx___.reshape(B * T, w_OxK.shape[1]), w_OxK)
-    return out_RxO.reshape((B, T) + w.shape[x_BxTx___.ndim - 2:])
-  if not 1 < B * T <= ROWWISE_MAX or jax.default_backend() != "cpu":
-    return jnp.einsum(spec, x_BxTx___, w)
-  rows_Nx1x___ = x_BxTx___.reshape((B * T, 1) + x_BxTx___.shape[2:])
-  out_Nx1x___ = jnp.concatenate([jnp.einsum(spec, jax.lax.optimization_barrier(rows_Nx1x___[i:i + 1]), w)
-                                 for i in range(B * T)])
-  return out_Nx1x___.reshape((B, T) + out_Nx1x___.shape[2:])
+
+  def __call__(self, module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
+               part: slice | None = None) -> Array: ...
 
 
-def tied_head(x_BxTxD: Array, embed_VxD: Array, w_VxD: Array | None = None) -> Array:
-  """Logits against the embedding table (B×T×V); for a few rows on CPU, as one pass over the table's rows.
-
-  `w_VxD`: the table as given for `matvec.rows` (it is already the head's output×input form).
-  """
-  B, T, D = x_BxTxD.shape
-  if w_VxD is not None and B * T <= matvec.MAX_ROWS:
-    return matvec.rows(x_BxTxD.reshape(B * T, D), w_VxD).reshape(B, T, -1)
-  if not 1 < B * T <= ROWWISE_MAX or jax.default_backend() != "cpu":
-    return jnp.einsum("bld,vd->blv", x_BxTxD, embed_VxD)
-  # The product is fused into the reduction: each table row is read once and dotted with every row of x.
-  logits_VxN = jnp.sum(embed_VxD[:, None, :] * x_BxTxD.reshape(1, B * T, D), axis=-1)
-  return logits_VxN.T.reshape(B, T, -1)
+def einsum(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array, part: slice | None = None) -> Array:
+  """The model's projection: `jnp.einsum(spec, x, w)`, whatever the backend."""
+  del module, name, part
+  return jnp.einsum(spec, x_BxTx___, w)
 
 
 def write_cache(cache: Array, new_BxTxHxK: Array, index_B: Array, keys: bool) -> Array:
@@ -141,6 +119,7 @@ class Attention(nn.Module):
   """Causal multi-head self-attention through `model.attention_impl` (attention.py), optionally over a KV cache."""
 
   cfg: ModelConfig
+  projection: Projection = einsum
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
@@ -158,13 +137,11 @@ class Attention(nn.Module):
     bias_3xHxK = (_param(self, param_paths.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
                   .astype(dt) if cfg.family == "gpt2" else None)
 
-    w_3HKxD = _matvec_weight(self, param_paths.QKV)
-
     def heads(x_BxTxD: Array, which: slice) -> Array:
       """Queries, keys and/or values (`which` of the three) of every position of x, B×T×n×H×K."""
       # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel.
-      w_OxD = None if w_3HKxD is None else w_3HKxD.reshape(3, -1, cfg.D)[which].reshape(-1, cfg.D)
-      out_BxTxnxHxK = project("bld,dthk->blthk", x_BxTxD.astype(dt), w_qkv_Dx3xHxK[:, which], w_OxD)
+      out_BxTxnxHxK = self.projection(self, param_paths.QKV, "bld,dthk->blthk", x_BxTxD.astype(dt),
+                                      w_qkv_Dx3xHxK[:, which], which)
       return out_BxTxnxHxK if bias_3xHxK is None else out_BxTxnxHxK + bias_3xHxK[which]
 
     if last_only:  # keys and values of every position, the query of the last one only
@@ -200,15 +177,15 @@ class Mlp(nn.Module):
   """SwiGLU (`wi_0` gate, `wi_1` up) for llama, GELU-tanh with biases for gpt2."""
 
   cfg: ModelConfig
+  projection: Projection = einsum
 
   @nn.compact
   def __call__(self, x_BxTxD: Array) -> Array:
     """Position-wise feed-forward, B×T×D → B×T×D."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     F, x_BxTxD = cfg.mlp_dim, x_BxTxD.astype(dt)
-    dense_in = lambda name: project("btd,df->btf", x_BxTxD, _param(self, name, (cfg.D, F), ("embed", "mlp"),
-                                                                    cfg.init_std, cfg.param_dtype).astype(dt),
-                                    _matvec_weight(self, name))
+    dense_in = lambda name: self.projection(self, name, "btd,df->btf", x_BxTxD, _param(
+        self, name, (cfg.D, F), ("embed", "mlp"), cfg.init_std, cfg.param_dtype).astype(dt))
     if cfg.family == "llama":
       hidden_BxTxF = nn.silu(dense_in(param_paths.WI_GATE)) * dense_in(param_paths.WI_UP)
     else:
@@ -221,6 +198,7 @@ class Block(nn.Module):
   """Pre-norm block: h + Attn(NormA(h)), then + MLP(NormM(h))."""
 
   cfg: ModelConfig
+  projection: Projection = einsum
 
   @nn.compact
   def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
@@ -235,11 +213,12 @@ class Block(nn.Module):
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
     x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
-    attn = Attention(cfg, name=param_paths.ATTN)(x_BxTxD, positions_BxT, cache, index_B, from_start=from_start,
-                                            last_only=last_only)
+    attn = Attention(cfg, self.projection, name=param_paths.ATTN)(x_BxTxD, positions_BxT, cache, index_B,
+                                                                  from_start=from_start, last_only=last_only)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
-    h_BxTxD = h_BxTxD + Mlp(cfg, name=param_paths.MLP)(norm(param_paths.MLP_NORM)(h_BxTxD, gates_2[1]))
+    mlp = Mlp(cfg, self.projection, name=param_paths.MLP)
+    h_BxTxD = h_BxTxD + mlp(norm(param_paths.MLP_NORM)(h_BxTxD, gates_2[1]))
     return h_BxTxD if cache is None else (h_BxTxD, cache)
 
 
@@ -247,6 +226,7 @@ class Transformer(nn.Module):
   """Decoder-only pre-norm transformer; `cfg` may be a ModelConfig, a dict or a ConfigDict."""
 
   cfg: Any
+  projection: Projection = einsum  # the seam for backend-specific products (see Projection)
 
   def __post_init__(self):
     object.__setattr__(self, "cfg", ModelConfig.from_config(self.cfg))
@@ -261,7 +241,7 @@ class Transformer(nn.Module):
     if cfg.family == "gpt2":
       self.pos_embed = self.param(param_paths.POS_EMBED, nn.with_logical_partitioning(
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
-    self.blocks = [block(cfg, name=param_paths.block(i)) for i in range(cfg.L)]
+    self.blocks = [block(cfg, self.projection, name=param_paths.block(i)) for i in range(cfg.L)]
     self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:
@@ -340,10 +320,10 @@ class Transformer(nn.Module):
     out_dt = jnp.promote_types(dt, jnp.float32)
     x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[-1]).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
-      logits_BxTxV = tied_head(x_BxTxD, self.embed.astype(dt), _matvec_weight(self, param_paths.EMBED)).astype(out_dt)
+      logits_BxTxV = self.projection(self, param_paths.EMBED, "bld,vd->blv", x_BxTxD, self.embed.astype(dt))
     else:
-      logits_BxTxV = project("bld,dv->blv", x_BxTxD, self.head.astype(dt), _matvec_weight(self, param_paths.HEAD)
-                             ).astype(out_dt)
+      logits_BxTxV = self.projection(self, param_paths.HEAD, "bld,dv->blv", x_BxTxD, self.head.astype(dt))
+    logits_BxTxV = logits_BxTxV.astype(out_dt)
     if cfg.logits_bias:
       logits_BxTxV += self.logits_bias.astype(out_dt)
     return logits_BxTxV

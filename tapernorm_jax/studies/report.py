@@ -16,11 +16,11 @@ from matplotlib.ticker import FuncFormatter
 import numpy as np
 from PIL import Image
 
-from tapernorm_jax import files, hardware
+from tapernorm_jax import config_fields, files, hardware
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import sweep
-from tapernorm_jax.taper import variants
+from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 # Kanavalau, Amo Alonso and Lall, "Gated Normalization Removal and Scale Anchoring in Pre-Norm Transformers"
 # (arXiv 2602.10408), Table 2: TinyStories validation loss (nats/token) at g = 0, mean ± std over 6 seeds.
@@ -51,17 +51,17 @@ def label(variant: str, aux: int) -> str:
   """`internal_taper (+aux)`, `all_taper (aux=0)`, `final_taper`: the aux setting where it matters."""
   if aux:
     return f"{variant} (+aux)"
-  return f"{variant} (aux=0)" if variants.VARIANTS.get(variant, ("", "", True))[2] else variant
+  return f"{variant} (aux=0)" if VARIANTS.get(variant, ("", "", True))[2] else variant
 
 
 def unanchored(variant: str, aux: int) -> bool:
   """The final norm is tapered and no scale loss replaces it (the paper's unanchored ablations)."""
-  return variants.VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
+  return VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
 
 
 def size_order(size: str) -> int:
-  """variants.SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
-  return list(variants.SIZES).index(size) if size in variants.SIZES else len(variants.SIZES)
+  """SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
+  return list(SIZES).index(size) if size in SIZES else len(SIZES)
 
 
 def variant_order(key: Key) -> int:
@@ -157,7 +157,7 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   name = os.path.basename(os.path.normpath(run_dir))
   status = sweep.cell_status(run_dir)
   results = dict(status.results or {})
-  config = _read_json(os.path.join(run_dir, "config.json"))
+  config = config_fields.upgrade(_read_json(os.path.join(run_dir, "config.json")))
   record = sweep.read_record(run_dir)
   ident = {**(expected or {}), **record}
   if config:
@@ -165,7 +165,8 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
                  seed=config.get("seed", ident.get("seed")),
                  aux=int(config.get("taper", {}).get("aux_weight", 0) > 0))
   if results:
-    ident.update(variant=results["variant"], size=results["size"], seed=results["seed"],
+    ident.update(variant=config_fields.current_value("variant", results["variant"]), size=results["size"],
+                 seed=results["seed"],
                  aux=int(results.get("aux_weight", 0) > 0))
   if not all(k in ident for k in ("variant", "size", "seed", "aux")):
     raise ValueError(f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
@@ -272,7 +273,7 @@ def paper_setting(runs: Sequence[Run]) -> bool:
   """True when the complete runs are the paper's setting: TinyStories, the paper's sizes and step counts."""
   done = [r for r in runs if r.status == "complete"]
   return bool(done) and all(r.corpus == "tinystories" and r.size in ("1m", "3m", "9m", "30m")
-                            and r.steps == variants.SIZES[r.size]["steps"] for r in done)
+                            and r.steps == SIZES[r.size]["steps"] for r in done)
 
 
 def loss_text(mean: float, std: float | None, gap: float | None) -> str:

@@ -18,7 +18,7 @@ import ml_collections
 
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
-from tapernorm_jax.taper import variants
+from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: configs/ and experiments/
@@ -84,10 +84,10 @@ def parse_variant(spec: Any, where: str) -> tuple[str, int]:
   if not isinstance(spec, str):
     raise SweepError(f"{where}={spec!r}: a variant is a string like 'all_taper' or 'all_taper:aux=0'")
   variant, _, rest = spec.partition(":")
-  if variant not in variants.VARIANTS:
-    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(variants.VARIANTS)}")
+  if variant not in VARIANTS:
+    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
   if not rest:
-    return variant, int(variants.VARIANTS[variant][2])
+    return variant, int(VARIANTS[variant][2])
   if rest not in ("aux=0", "aux=1"):
     raise SweepError(f"{where}={spec!r}: after ':' write aux=0 or aux=1")
   return variant, int(rest[-1])
@@ -153,8 +153,8 @@ def expand(sweep: Mapping[str, Any]) -> list[Cell]:
                 for i, v in enumerate(_as_list(grid.get("variants"), f"{where}.variants"))]
     sizes = _as_list(grid.get("sizes"), f"{where}.sizes")
     for i, size in enumerate(sizes):
-      if size not in variants.SIZES:
-        raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(variants.SIZES)}")
+      if size not in SIZES:
+        raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(SIZES)}")
     seeds = _as_list(grid.get("seeds", sweep.get("seeds")), f"{where}.seeds (or the sweep's seeds)")
     for i, seed in enumerate(seeds):
       if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

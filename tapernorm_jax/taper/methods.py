@@ -14,6 +14,7 @@ the traced step, so neither recompiles when a gate changes.
 """
 
 import dataclasses
+import logging
 from typing import Any
 
 import jax
@@ -26,6 +27,37 @@ from tapernorm_jax.taper import calibration, losses, schedules
 
 PyTree = Any
 METHODS = ("taper", "fakeln")
+DEFAULT = "taper"  # configs without a `method` field (written before FakeLN) are TaperNorm runs
+TAPER_DEFAULTS = dict(  # the `taper` section
+    gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
+    taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
+    mu=0.01,  # EMA weight of the calibration statistics
+    delta=1e-8,  # c* = num / (den + δ)
+    aux_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
+FAKELN_DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replaced at a time, docs/method.md §10)
+    start=20,  # the step the first MLP norm is replaced at
+    gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm removals
+    gap_final=2,  # steps from the last attention norm to the final norm
+    mu=0.01,  # EMA weight of each norm's σ statistics
+    aux_weight=0.1)  # λ of mean((s(h) − batch mean s(h))²), on from the first removal
+
+
+def name(cfg: ml_collections.ConfigDict) -> str:
+  """The method `cfg.method` names (TaperNorm where the field is absent); ValueError for an unknown one."""
+  method = cfg.get("method", DEFAULT)
+  if method not in METHODS:
+    raise ValueError(f"method={method!r}: choose one of {METHODS}")
+  return method
+
+
+def check_fields(cfg: ml_collections.ConfigDict, checks: list[tuple[bool, str, str]]) -> None:
+  """Raises ValueError `field=value: problem` for the first (ok, dotted field, problem) that is not ok."""
+  for ok, field, problem in checks:
+    if not ok:
+      value = cfg
+      for part in field.split("."):
+        value = value[part]
+      raise ValueError(f"{field}={value!r}: {problem}")
 
 
 @dataclasses.dataclass
@@ -39,6 +71,22 @@ class TaperNorm:
   def __post_init__(self):
     self.norms = param_paths.norms_in(self.model_cfg, ("taper",))  # these record statistics and get calibrated
     self.off_step = self.phases.taper_end  # every gate is 0 from here on
+    self.mu = self.cfg.taper.mu
+
+  @staticmethod
+  def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
+    """Raises ValueError naming the first bad `taper.*` field; warns when nothing anchors the pre-logit scale."""
+    check_fields(cfg, [
+        (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
+        (cfg.taper.aux_weight >= 0, "taper.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
+        (cfg.taper.delta >= 0, "taper.delta", "must be >= 0")])
+    if "taper" in (model_cfg.internal_norm, model_cfg.final_norm) and phases.taper_start < 1:
+      raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
+                       "needs at least one (raise it or train.steps)")
+    if model_cfg.final_norm != "plain" and cfg.taper.aux_weight == 0:
+      logging.warning("final_norm=%r with taper.aux_weight=0: nothing anchors the pre-logit scale, so logits may "
+                      "grow without bound (logit chasing). A legitimate ablation; set taper.aux_weight>0 to anchor.",
+                      model_cfg.final_norm)
 
   def gates(self, step: jax.Array) -> jax.Array:
     """The global gate (1 throughout for a model without tapered norms, which nothing would gate)."""
@@ -73,7 +121,23 @@ class FakeLN:
     self.norms = param_paths.norms_in(self.model_cfg, ("taper",))
     self.removal = removal_steps(self.model_cfg, self.cfg.fakeln)
     self.off_step = max(self.removal.values())
+    self.mu = self.cfg.fakeln.mu
     self._order = [site.norm for site in param_paths.norm_sites(self.model_cfg)]
+
+  @staticmethod
+  def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
+    """Raises ValueError naming the first bad `fakeln.*` field, or a schedule that does not end before the run."""
+    del phases
+    check_fields(cfg, [
+        (cfg.fakeln.start >= 1, "fakeln.start",
+         "must be >= 1 (σ_avg needs at least one step of statistics before the first removal)"),
+        *[(cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0") for f in ("gap_mlp", "gap_attn", "gap_final")],
+        (0.0 < cfg.fakeln.mu <= 1.0, "fakeln.mu", "the EMA weight μ must lie in (0, 1]"),
+        (cfg.fakeln.aux_weight >= 0, "fakeln.aux_weight", "λ must be >= 0 (0 turns the scale loss off)")])
+    last = max(removal_steps(model_cfg, cfg.fakeln).values())
+    if last >= cfg.train.steps:
+      raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
+                       "lower fakeln.start or the gaps, or raise train.steps")
 
   def gates(self, step: jax.Array) -> jax.Array:
     """One gate per norm: 1 before its removal step, 0 from it on."""
@@ -81,7 +145,7 @@ class FakeLN:
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """At a norm's removal step: its c = 1/σ_avg and γ̃ ← γ; every other norm unchanged."""
-    frozen_params, frozen_calib = calibration.fake_ln(params, calib, self.norms, self.cfg.taper.mu)
+    frozen_params, frozen_calib = calibration.fake_ln(params, calib, self.norms, self.mu)
     events = {norm: step == self.removal[norm] for norm in self.norms}
     return select_per_norm(events, frozen_params, params), select_per_norm(events, frozen_calib, calib)
 
@@ -124,9 +188,14 @@ def select_per_norm(preds: dict[param_paths.Path, jax.Array], on_true: PyTree, o
   return traverse_util.unflatten_dict(out)
 
 
+CLASSES = {"taper": TaperNorm, "fakeln": FakeLN}
+
+
+def validate(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
+  """The checks of the method `cfg.method` names (before anything compiles)."""
+  CLASSES[name(cfg)].check(cfg, model_cfg, phases)
+
+
 def build(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> TaperNorm | FakeLN:
   """The method `cfg.method` names."""
-  method = cfg.get("method", "taper")
-  if method not in METHODS:
-    raise ValueError(f"method={method!r}: choose one of {METHODS}")
-  return {"taper": TaperNorm, "fakeln": FakeLN}[method](cfg, model_cfg, phases)
+  return CLASSES[name(cfg)](cfg, model_cfg, phases)

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from tapernorm_jax import data, files
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.taper import methods
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl
 from tapernorm_jax.train.trainer import State, Trainer
@@ -252,7 +253,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
     batch = global_batch(trainer, next(train_it))
     reporter.data_wait_s += time.time() - t0
     profiler.before_step(k)
-    step_fn = trainer.fast_train_step if trainer.uses_fast_step(k) else trainer.train_step
+    step_fn = trainer.fixed_train_step if trainer.uses_fixed_step(k) else trainer.train_step
     state, metrics = step_fn(state, batch)
     done = k + 1
     if done % cfg.train.diag_every == 0 or done == steps:
@@ -278,7 +279,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
       "schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": prepared.name,
       "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T,
       "final_val_loss": evaluated["losses"]["val"], "eval_losses": evaluated["losses"], "val_gate": 0.0,
-      "val_tokens": n_eval * B * T, "params": param_count(state["params"]), "method": cfg.get("method", "taper"),
+      "val_tokens": n_eval * B * T, "params": param_count(state["params"]), "method": methods.name(cfg),
       "init_from": cfg.get("init_from", ""),
       "wall_time_s": time.time() - t_start, "resumed_from": start, "devices": mesh.size,
       "backend": jax.default_backend(), "device_kind": mesh.devices.flat[0].device_kind, "complete": done >= steps,

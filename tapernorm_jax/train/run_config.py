@@ -12,6 +12,7 @@ import ml_collections
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.data import corpora
+from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
@@ -46,7 +47,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c = ml_collections.ConfigDict()
   c.variant = variant
-  c.method = "taper"  # how norms are removed: taper (TaperNorm) | fakeln (tapernorm_jax/taper/methods.py)
+  c.method = methods.DEFAULT  # how norms are removed: taper (TaperNorm) | fakeln (tapernorm_jax/taper/methods.py)
   c.size = size
   c.seed = seed
 
@@ -64,22 +65,15 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.opt = ml_collections.ConfigDict(dict(
       lr=3e-3 if cpu else 3e-4, warmup_frac=0.05, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, clip=1.0))
 
-  c.taper = ml_collections.ConfigDict(dict(
-      gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
-      taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
-      mu=0.01, delta=1e-8, aux_weight=0.1 if aux else 0.0, fast_path=True))
+  c.taper = ml_collections.ConfigDict(dict(methods.TAPER_DEFAULTS, aux_weight=0.1 if aux else 0.0))
+  c.fakeln = ml_collections.ConfigDict(methods.FAKELN_DEFAULTS)
 
   c.train = ml_collections.ConfigDict(dict(
       steps=steps, batch_size=16, log_every=10 if cpu else 100, diag_every=50 if cpu else 1_000,
       eval_batches=8 if cpu else 64, microbatches=1,  # > 1: gradient accumulation inside the jitted step
       profile_steps=0,  # > 0: trace this many steps with jax.profiler into <workdir>/profile (TensorBoard/Perfetto)
-      profile_start=10))  # the first traced step (past compilation)
-
-  c.fakeln = ml_collections.ConfigDict(dict(  # method=fakeln: one norm replaced at a time (docs/method.md §10)
-      start=20,  # the step the first MLP norm is replaced at
-      gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm removals
-      gap_final=2,  # steps from the last attention norm to the final norm
-      aux_weight=0.1))  # λ of mean((s(h) − batch mean s(h))²), on from the first removal
+      profile_start=10,  # the first traced step (past compilation)
+      fixed_step=True))  # once every gate is 0 for good: a second compiled step with the norms in their g = 0 form
 
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, distributed=False,  # distributed: call jax.distributed.initialize (one process per host)
@@ -93,6 +87,8 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 def override(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> ml_collections.ConfigDict:
   """Sets dotted fields (`{"train.steps": 600}`, as `--config.train.steps=600` would); unknown fields, and two
   different values for fields that share one (`model.T` and `data.seq_len`), are an error."""
+  changes = {config_fields.current_name(dotted): config_fields.current_value(dotted, value)
+             for dotted, value in changes.items()}
   for dotted in changes:
     if problem := config_fields.problem(cfg, dotted):
       hint = config_fields.nearest(cfg, dotted)

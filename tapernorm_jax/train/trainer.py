@@ -8,7 +8,6 @@ gate has reached 0 the loop moves to a second compiled step whose tapered norms 
 """
 
 import dataclasses
-import logging
 from typing import Any
 
 import flax.linen as nn
@@ -32,7 +31,6 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   """Raises ValueError naming the offending field for configs that cannot train; runs before compiling."""
   model_cfg = ModelConfig.from_config(cfg.model)
   phases = schedules.Phases.from_config(cfg) if cfg.train.steps > 0 else None
-  gated = "taper" in (model_cfg.internal_norm, model_cfg.final_norm)  # some norm follows the gate schedule
   checks = [
       (cfg.train.steps > 0, "train.steps", "must be positive"),
       (cfg.train.batch_size > 0, "train.batch_size", "must be positive"),
@@ -45,9 +43,6 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       (cfg.opt.weight_decay >= 0, "opt.weight_decay", "must be >= 0"),
       (0.0 <= cfg.taper.gate_warmup_frac <= 1.0, "taper.gate_warmup_frac",
        "must lie in [0, 1]: the gate warmup cannot be longer than the run"),
-      (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
-      (cfg.taper.aux_weight >= 0, "taper.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
-      (cfg.taper.delta >= 0, "taper.delta", "must be >= 0"),
       (cfg.train.profile_steps >= 0, "train.profile_steps", "must be >= 0 (0 turns profiling off)"),
       (cfg.train.profile_start >= 0, "train.profile_start", "must be >= 0"),
       (0.0 <= cfg.opt.b1 < 1.0, "opt.b1", "Adam's β1 must lie in [0, 1)"),
@@ -58,39 +53,17 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (the number of checkpoints kept)"),
       (0 <= cfg.seed < 2**32, "seed", "must be an integer in [0, 2**32)"),
   ]
-  for ok, field, problem in checks:
-    if not ok:
-      value = cfg
-      for name in field.split("."):
-        value = value[name]
-      raise ValueError(f"{field}={value!r}: {problem}")
+  methods.check_fields(cfg, checks)
   if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:
     raise ValueError(f"taper.taper_end={cfg.taper.taper_end}: must be -1 (the last step) or in "
                      f"(0, train.steps={cfg.train.steps}]")
   if phases.taper_start > phases.taper_end:
     raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac}: the taper would start at step "
                      f"{phases.taper_start}, after taper.taper_end={phases.taper_end}")
-  if gated and phases.taper_start < 1:
-    raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
-                     "needs at least one (raise it or train.steps)")
   if cfg.checkpoint.get("on_damaged", "stop") not in ON_DAMAGED:
     raise ValueError(f"checkpoint.on_damaged={cfg.checkpoint.on_damaged!r}: choose one of {ON_DAMAGED} (fallback "
                      "resumes from the newest checkpoint that restores and moves damaged ones aside)")
-  if cfg.get("method", "taper") not in methods.METHODS:
-    raise ValueError(f"method={cfg.method!r}: choose one of {methods.METHODS}")
-  if cfg.get("method", "taper") == "fakeln":
-    for field in ("start", "gap_mlp", "gap_attn", "gap_final"):
-      if cfg.fakeln[field] < (1 if field == "start" else 0):
-        raise ValueError(f"fakeln.{field}={cfg.fakeln[field]!r}: must be >= {1 if field == 'start' else 0} "
-                         "(σ_avg needs at least one step of statistics before the first removal)")
-    last = max(methods.removal_steps(model_cfg, cfg.fakeln).values())
-    if last >= cfg.train.steps:
-      raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
-                       "lower fakeln.start or the gaps, or raise train.steps")
-  elif model_cfg.final_norm != "plain" and cfg.taper.aux_weight == 0:
-    logging.warning("final_norm=%r with taper.aux_weight=0: nothing anchors the pre-logit scale, so logits may "
-                    "grow without bound (logit chasing). A legitimate ablation; set taper.aux_weight>0 to anchor.",
-                    model_cfg.final_norm)
+  methods.validate(cfg, model_cfg, phases)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
@@ -121,8 +94,8 @@ class Trainer:
     cfg = self.cfg
     validate(cfg, self.mesh.size)
     self.model_cfg = ModelConfig.from_config(cfg.model)
-    self.fast_cfg = self.model_cfg.fixed_form()
-    self.has_fast_path = bool(cfg.taper.fast_path) and self.fast_cfg != self.model_cfg
+    self.fixed_cfg = self.model_cfg.fixed_form()
+    self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg
     self.calibrated_norms = param_paths.norms_in(self.model_cfg)
     self.phases = schedules.Phases.from_config(cfg)
     self.method = methods.build(cfg, self.model_cfg, self.phases)
@@ -132,10 +105,10 @@ class Trainer:
     self.state_shardings = sharding.shardings(boxed, self.mesh)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     replicated = sharding.replicated(self.mesh)
-    step = lambda fast: jax.jit(lambda s, b: self._train_step(s, b, fast),
+    step = lambda fixed: jax.jit(lambda s, b: self._train_step(s, b, fixed),
                                 in_shardings=(self.state_shardings, self.batch_sharding),
                                 out_shardings=(self.state_shardings, replicated), donate_argnums=0)
-    self.train_step, self.fast_train_step = step(False), step(True)
+    self.train_step, self.fixed_train_step = step(False), step(True)
     self.eval_step = jax.jit(self._eval_step, in_shardings=(self.state_shardings, self.batch_sharding),
                              out_shardings=replicated)
     self.diagnostics = jax.jit(self._diagnostics, in_shardings=(self.state_shardings, self.batch_sharding),
@@ -180,9 +153,9 @@ class Trainer:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
                         self.state_shardings)
 
-  def uses_fast_step(self, step: int) -> bool:
+  def uses_fixed_step(self, step: int) -> bool:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
-    return self.has_fast_path and step >= self.method.off_step
+    return self.has_fixed_step and step >= self.method.off_step
 
   def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
             model_cfg: ModelConfig, record: bool) -> tuple[jax.Array, tuple]:
@@ -219,16 +192,16 @@ class Trainer:
     B, T1 = batch_BxT1.shape
     return jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
 
-  def _train_step(self, state: State, batch_BxT1: jax.Array, fast: bool) -> tuple[State, dict]:
+  def _train_step(self, state: State, batch_BxT1: jax.Array, fixed: bool) -> tuple[State, dict]:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run."""
     step, params, calib = state["step"], state["params"], state["calib"]
-    gate = jnp.float32(0.0) if fast else self.method.gates(step)
-    if not fast:
+    gate = jnp.float32(0.0) if fixed else self.method.gates(step)
+    if not fixed:
       params, calib = self.method.calibrate(params, calib, step)
-    model_cfg = self.fast_cfg if fast else self.model_cfg
-    (loss, (ce, aux, stats)), grads = self._grads(params, calib, batch_BxT1, gate, step, model_cfg, not fast)
-    if not fast:
-      calib = calibration.ema_update(calib, stats, self.cfg.taper.mu, active=self.method.stats_active(step))
+    model_cfg = self.fixed_cfg if fixed else self.model_cfg
+    (loss, (ce, aux, stats)), grads = self._grads(params, calib, batch_BxT1, gate, step, model_cfg, not fixed)
+    if not fixed:
+      calib = calibration.ema_update(calib, stats, self.method.mu, active=self.method.stats_active(step))
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
     new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "calib": calib,
                  "step": step + 1}
@@ -239,7 +212,7 @@ class Trainer:
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there), one microbatch at a time."""
     ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
-                                          state["step"], self.fast_cfg, False)[1][0]
+                                          state["step"], self.fixed_cfg, False)[1][0]
     return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
 
   def _diagnostics(self, state: State, batch_BxT1: jax.Array) -> dict[str, jax.Array]:

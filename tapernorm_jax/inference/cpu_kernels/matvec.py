@@ -1,14 +1,14 @@
 """A few rows times a weight on CPU, reading the weight once: the custom call behind batched decode.
 
 XLA:CPU has no kernel for a product of 2–8 rows with a large weight: it either packs the weight for a
-GEMM or (`model.project`) reads it once per row. `matvec_rows.cc` reads each weight row once and
-dots it with every row; it needs the weight as output × input (input axis minor), which
-`decode.with_matvec_weights` prepares once, outside the decoding loop.
+GEMM or (`few_rows.rowwise_projection`) reads it once per row. `matvec_rows.cc` reads each weight row
+once and dots it with every row; it needs the weight as output × input (input axis minor), which
+`few_rows.prepare` makes once, outside the decoding loop.
 
 The source is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against jaxlib's
 FFI headers, into `$TAPERNORM_CACHE` (default `~/.cache/tapernorm_jax`), keyed by the source, jaxlib and
 the CPU. Where that fails (no compiler, `TAPERNORM_MATVEC=0`), `available()` is False, `reason()` says
-why, and decoding keeps XLA's own products.
+why, and decoding goes one row at a time instead.
 """
 
 import ctypes

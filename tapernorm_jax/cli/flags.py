@@ -1,104 +1,27 @@
-"""What every entry point shares: `run(main)` in place of absl's `app.run(main)`, and flags from a settings dataclass.
-
-`run` reports a user's mistake as one line on stderr, `error: <what, the value, what is allowed, the fix>`,
-and exits without a traceback:
-
-    exit 2   a mistake: an unknown or unparsable flag, a missing config file, an unknown config field (with
-             the nearest valid name), two flags that set one shared config value, or an error raised by main
-             for its input (ValueError from this project's code, FileNotFoundError and the other OSErrors about
-             paths, tapernorm_jax.errors.UserError: a damaged checkpoint, an unreachable hub, a tokenizer that
-             does not match its cache)
-    exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), or
-             the device ran out of memory (XLA's RESOURCE_EXHAUSTED)
-
-Anything else is a bug and keeps its traceback; `--verbose` shows the traceback for mistakes too.
+"""Flags for the entry points: absl flags from a settings dataclass, and config-file flags (`--config=FILE:args`,
+`--config.x.y=`) checked before absl parses them, each mistake reported in one line (the nearest valid name
+included). Old names of renamed config fields still work, with a deprecation message.
 """
 
 import dataclasses
 import difflib
-import json
-import functools
 import glob
 import os
 import re
 import sys
-import traceback
 import typing
-from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
-from absl import app, flags, logging
 import ml_collections
+from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flag_types  # is_config_flag is not re-exported
 
 from tapernorm_jax import config_fields
+from tapernorm_jax.cli.failures import fail, raised_in
 from tapernorm_jax.errors import UserError
 
-EXIT_MISTAKE = 2
-EXIT_STOPPED = 1
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROJECT_DIRS = tuple(os.path.join(ROOT, name) + os.sep for name in ("tapernorm_jax", "configs", "experiments"))
-PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
-
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On a mistake, show the full traceback instead of the one-line message.")
-
-
-def run(main: Callable[[list[str]], Any]) -> None:
-  """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line."""
-  app.run(guard(main), flags_parser=parse_flags)
-
-
-def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-  """`main` with its user errors turned into `error: ...` on stderr and exit code 2 (1 for a non-finite loss)."""
-
-  @functools.wraps(main)
-  def guarded(argv: list[str]) -> Any:
-    try:
-      return main(argv)
-    except Exception as e:  # noqa: BLE001 (classified below; bugs are re-raised)
-      code = exit_code(e)
-      if code is None or verbose(argv):
-        raise
-      fail(describe(e), code)
-
-  return guarded
-
-
-def out_of_memory(error: BaseException) -> bool:
-  """Whether `error` is XLA running out of device memory."""
-  return type(error).__name__ == "JaxRuntimeError" and str(error).startswith("RESOURCE_EXHAUSTED")
-
-
-def describe(error: BaseException) -> str:
-  """The one-line message for a user error."""
-  if out_of_memory(error):
-    return (f"out of device memory ({str(error).splitlines()[0]}); lower train.batch_size or raise "
-            "train.microbatches, shorten model.T, or use a smaller model")
-  return str(error)
-
-
-def exit_code(error: BaseException) -> int | None:
-  """The exit code for a user error, or None for a bug (which keeps its traceback)."""
-  if isinstance(error, FloatingPointError) or out_of_memory(error):
-    return EXIT_STOPPED
-  if isinstance(error, (UserError, app.UsageError, *PATH_ERRORS)):
-    return EXIT_MISTAKE
-  if isinstance(error, ValueError) and raised_in_project(error):
-    return EXIT_MISTAKE
-  return None
-
-
-def raised_in_project(error: BaseException) -> bool:
-  """Whether `error` was raised by this project's code (its message was written for the user), not a library's."""
-  frames = traceback.extract_tb(error.__traceback__)
-  return bool(frames) and frames[-1].filename.startswith(PROJECT_DIRS)
-
-
-def raised_in(error: BaseException, package: str) -> bool:
-  """Whether the innermost frame of `error`'s traceback is in `package`."""
-  frames = traceback.extract_tb(error.__traceback__)
-  return bool(frames) and f"{os.sep}{package}{os.sep}" in frames[-1].filename
 
 
 def verbose(argv: list[str] | None = None) -> bool:
@@ -106,15 +29,6 @@ def verbose(argv: list[str] | None = None) -> bool:
   if flags.FLAGS.is_parsed():
     return _VERBOSE.value
   return any(arg in ("--verbose", "-verbose", "--verbose=true", "--verbose=True") for arg in argv or sys.argv)
-
-
-def fail(message: str, code: int = EXIT_MISTAKE) -> NoReturn:
-  """Prints `error: message` as one line on stderr and exits with `code`."""
-  sys.stdout.flush()
-  line = " ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())
-  sys.stderr.write(f"error: {line}\n")
-  sys.stderr.flush()
-  sys.exit(code)
 
 
 class FlagMistake(UserError, ValueError):
@@ -175,6 +89,7 @@ def check_config_arguments(argv: list[str]) -> None:
   (`--config.train.steps=...`) names a field it has; FlagMistake names the argument, the problem and the fix."""
   for name in config_flag_names():
     flag = flags.FLAGS[name]
+    rename_overrides(argv, name)
     given = [(i, arg) for i, arg in enumerate(argv) if re.match(rf"^--?{re.escape(name)}(=|$)", arg)]
     overrides = [arg for arg in argv if re.match(rf"^--?(no)?{re.escape(name)}\.", arg)]
     if given:
@@ -193,6 +108,14 @@ def check_config_arguments(argv: list[str]) -> None:
         hint = config_fields.nearest(config, dotted)
         raise FlagMistake(f"{arg}: {problem}" + (f"; did you mean --{name}.{hint}?" if hint else
                                                  f"; {name} has the fields: {', '.join(config.keys())}"))
+
+
+def rename_overrides(argv: list[str], name: str) -> None:
+  """Rewrites, in place, overrides of renamed fields (`--config.taper.fast_path=`) to today's names, with a
+  deprecation message."""
+  for i, arg in enumerate(argv):
+    if match := re.match(rf"^(--?(?:no)?{re.escape(name)}\.)([\w.]+)(.*)$", arg):
+      argv[i] = match[1] + config_fields.current_name(match[2]) + match[3]
 
 
 def load_config(flag: Any, name: str, value: str) -> ml_collections.ConfigDict:
@@ -271,25 +194,6 @@ def from_flags(cls: type, holders: dict[str, Any]) -> Any:
     return cls(**values)
   except ValueError as e:
     raise app.UsageError(f"--{e}" if str(e).split("=", 1)[0] in holders else str(e)) from None
-
-
-def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:
-  """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
-  import jax  # the training stack: only for the entry points that train
-  from tapernorm_jax import files
-  from tapernorm_jax.model import sharding
-  from tapernorm_jax.train import loop
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if stop_after is not None and stop_after < 1:
-    raise app.UsageError(f"--stop_after={stop_after}: must be a step >= 1 (leave it out to train to the end)")
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
-  sharding.initialize_distributed(cfg.mesh)  # with mesh.distributed: one process per host (or per GPU)
-  results = loop.run(cfg, workdir, stop_after=stop_after)
-  if jax.process_index() == 0:
-    print(json.dumps(results, indent=2))
-    print(f"run directory: {files.workdir_path(workdir)}")
-  return results
 
 
 def settings(argv: list[str], cls: type, holders: dict[str, Any]) -> Any:

@@ -1,0 +1,68 @@
+"""What every entry point shares: `run(main)` in place of absl's `app.run(main)`, and flags from a settings dataclass
+(`flags.py`); how a mistake is reported is `failures.py`.
+
+`run` reports a user's mistake as one line on stderr, `error: <what, the value, what is allowed, the fix>`,
+and exits without a traceback:
+
+    exit 2   a mistake: an unknown or unparsable flag, a missing config file, an unknown config field (with
+             the nearest valid name), two flags that set one shared config value, or an error raised by main
+             for its input (ValueError from this project's code, FileNotFoundError and the other OSErrors about
+             paths, tapernorm_jax.errors.UserError: a damaged checkpoint, an unreachable hub, a tokenizer that
+             does not match its cache)
+    exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), or
+             the device ran out of memory (XLA's RESOURCE_EXHAUSTED)
+
+Anything else is a bug and keeps its traceback; `--verbose` shows the traceback for mistakes too.
+"""
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from absl import app, logging
+
+from tapernorm_jax.cli.failures import describe, exit_code, fail
+from tapernorm_jax.cli.flags import define_config_file, define_flags, from_flags, parse_flags, settings, verbose
+
+__all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flags", "guard", "run", "settings", "train"]
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line."""
+  app.run(guard(main), flags_parser=parse_flags)
+
+
+def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """`main` with its user errors turned into `error: ...` on stderr and exit code 2 (1 for a non-finite loss)."""
+
+  @functools.wraps(main)
+  def guarded(argv: list[str]) -> Any:
+    try:
+      return main(argv)
+    except Exception as e:  # noqa: BLE001 (classified below; bugs are re-raised)
+      code = exit_code(e)
+      if code is None or verbose(argv):
+        raise
+      fail(describe(e), code)
+
+  return guarded
+
+
+def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:
+  """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
+  import jax  # the training stack: only for the entry points that train
+  from tapernorm_jax import files
+  from tapernorm_jax.model import sharding
+  from tapernorm_jax.train import loop
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if stop_after is not None and stop_after < 1:
+    raise app.UsageError(f"--stop_after={stop_after}: must be a step >= 1 (leave it out to train to the end)")
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
+  sharding.initialize_distributed(cfg.mesh)  # with mesh.distributed: one process per host (or per GPU)
+  results = loop.run(cfg, workdir, stop_after=stop_after)
+  if jax.process_index() == 0:
+    print(json.dumps(results, indent=2))
+    print(f"run directory: {files.workdir_path(workdir)}")
+  return results

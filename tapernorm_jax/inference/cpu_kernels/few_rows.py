@@ -1,0 +1,93 @@
+"""Decoding a few rows on CPU, faster than XLA:CPU's products, through the model's projection seam (opt-in).
+
+XLA:CPU hands a product of 2–8 rows with a large weight to a GEMM that first copies the weight into
+packed panels (about 3.5× the time of one row's matrix–vector product on the machines measured),
+so batched decode pays that copy for every weight at every step. Two projections avoid it:
+
+* `kernel_projection`: up to `matvec.MAX_ROWS` rows through the `matvec.rows` custom call, which
+  reads each weight row once for all of them. It needs every weight as output × input; `prepare`
+  adds those copies once, as the `matvec` variable collection (a second copy of the weights).
+* `rowwise_projection`: where the kernel is unavailable (no C++ compiler, `TAPERNORM_MATVEC=0`,
+  not float32), one product per row, each reading the weight straight (from cache after the first
+  row); an optimisation barrier keeps XLA's dot merger from fusing the rows back into one GEMM.
+
+    variables, projection = few_rows.prepare(variables, cfg, rows=B)
+    decode.generate(variables, cfg, ..., projection=projection)
+
+Off CPU, or for more rows, `prepare` returns the variables unchanged and the model's own projection.
+"""
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.model import ModelConfig, param_paths
+from tapernorm_jax.model.transformer import Projection, einsum
+
+Array = jax.Array
+PyTree = Any
+MATVEC = "matvec"  # variable collection: output×input copies of the projections
+ROWWISE_MAX = 8  # 2…ROWWISE_MAX rows (B·T) go one at a time without the kernel
+# Leading (input) axes of each projection's weight; its output×input copy is the weight reshaped to 2-D, transposed.
+INPUT_AXES = {param_paths.QKV: 1, param_paths.ATTN_OUT: 2, param_paths.WI_GATE: 1, param_paths.WI_UP: 1,
+              param_paths.WI: 1, param_paths.WO: 1, param_paths.HEAD: 1}
+
+
+def prepare(variables: PyTree, cfg: ModelConfig, rows: int) -> tuple[PyTree, Projection]:
+  """The variables and projection for decode steps of `rows` rows on this host: the kernel's (with its weight copies),
+  else one product per row on CPU; elsewhere, or past ROWWISE_MAX rows, `variables` and the model's own einsum."""
+  if jax.default_backend() != "cpu" or rows > ROWWISE_MAX:
+    return variables, einsum
+  if matvec.available() and jnp.dtype(cfg.compute_dtype) == jnp.float32 and rows <= matvec.MAX_ROWS:
+    return with_matvec_weights(variables, cfg), kernel_projection
+  return variables, rowwise_projection
+
+
+def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
+  """`variables` plus the `matvec` collection: every projection's weight as float32 output × input (QKV as 3 × HK × D,
+  so a part of it is a leading slice)."""
+  params, copies = nn.meta.unbox(variables["params"]), {}
+  for path, w in traverse_util.flatten_dict(params).items():
+    if path[-1] in INPUT_AXES:  # made eagerly: made under jit, even outside the decode loop, they slow it ~3×
+      w = jnp.asarray(w, jnp.float32)
+      w_OxK = w.reshape(math.prod(w.shape[:INPUT_AXES[path[-1]]]), -1).T
+      copies[path] = (w_OxK.reshape(3, -1, w.shape[0]) if path[-1] == param_paths.QKV else w_OxK).copy()
+  if cfg.tie_embeddings:  # the table already is the tied head's output × input form
+    copies[(param_paths.EMBED,)] = jnp.asarray(params[param_paths.EMBED], jnp.float32)
+  return {**variables, MATVEC: traverse_util.unflatten_dict(copies)}
+
+
+def kernel_projection(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
+                      part: slice | None = None) -> Array:
+  """`matvec.rows` against the prepared copy of `name` for up to matvec.MAX_ROWS rows; otherwise row by row."""
+  B, T = x_BxTx___.shape[:2]
+  if not module.has_variable(MATVEC, name) or B * T > matvec.MAX_ROWS:
+    return rowwise_projection(module, name, spec, x_BxTx___, w, part)
+  w_OxK = module.get_variable(MATVEC, name)
+  if part is not None:
+    w_OxK = w_OxK[part].reshape(-1, w_OxK.shape[-1])
+  out_RxO = matvec.rows(x_BxTx___.reshape(B * T, w_OxK.shape[1]), w_OxK)
+  out_shape = w.shape[:1] if name == param_paths.EMBED else w.shape[x_BxTx___.ndim - 2:]  # the tied head: V
+  return out_RxO.reshape((B, T) + out_shape)
+
+
+def rowwise_projection(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
+                       part: slice | None = None) -> Array:
+  """`jnp.einsum(spec, x, w)` one row at a time for 2…ROWWISE_MAX rows (B·T); the tied head as one pass over the
+  table's rows; one einsum otherwise."""
+  del module, part
+  B, T = x_BxTx___.shape[:2]
+  if not 1 < B * T <= ROWWISE_MAX:
+    return jnp.einsum(spec, x_BxTx___, w)
+  if name == param_paths.EMBED:  # the product fused into the reduction: each table row is read once
+    logits_VxN = jnp.sum(w[:, None, :] * x_BxTx___.reshape(1, B * T, -1), axis=-1)
+    return logits_VxN.T.reshape(B, T, -1)
+  rows_Nx1x___ = x_BxTx___.reshape((B * T, 1) + x_BxTx___.shape[2:])
+  out_Nx1x___ = jnp.concatenate([jnp.einsum(spec, jax.lax.optimization_barrier(rows_Nx1x___[i:i + 1]), w)
+                                 for i in range(B * T)])
+  return out_Nx1x___.reshape((B, T) + out_Nx1x___.shape[2:])
