@@ -55,6 +55,11 @@ def workdir_path(path: str | os.PathLike) -> epath.Path:
                                  "gcs extra: pip install 'tapernorm_jax[gcs]'") from e
 
 
+def cache_dir() -> str:
+  """Where prepared data, downloads and built kernels go by default: $TAPERNORM_CACHE, else ~/.cache/tapernorm_jax."""
+  return os.environ.get("TAPERNORM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tapernorm_jax")
+
+
 def local_path(path: str | os.PathLike, field: str) -> pathlib.Path:
   """A local directory setting with `~` expanded; a URL raises LocalPathError naming `field`."""
   text = os.fspath(path)

@@ -6,6 +6,9 @@ full precision (no TF32). Unset, the tests run on 8 fake CPU devices (a JAX_PLAT
 kept). With `TAPERNORM_TEST_DEVICES_DIR` set, every test process (each xdist worker, not the controller)
 writes the devices it ran on there, one JSON file per process: the accelerator check reads them to prove
 where its tests ran.
+
+Every test process keeps its cache (`TAPERNORM_CACHE`: prepared corpora, the compiled decode kernel) in its
+own pytest temporary directory, so no test writes to ~/.cache.
 """
 
 import json
@@ -30,7 +33,11 @@ elif "JAX_DEFAULT_MATMUL_PRECISION" not in os.environ:
 
 
 def pytest_sessionstart(session) -> None:
-  """Records the devices this process's tests run on, when asked to (TAPERNORM_TEST_DEVICES_DIR)."""
+  """Points the cache into this session's temporary directory, before collection imports anything that builds (the
+  decode kernel's availability is probed at import); records the devices this process's tests run on, when asked
+  to (TAPERNORM_TEST_DEVICES_DIR)."""
+  basetemp = session.config._tmp_path_factory.getbasetemp()  # noqa: SLF001 (the tmp_path_factory fixture's own)
+  os.environ["TAPERNORM_CACHE"] = str(basetemp / "cache")
   out_dir = os.environ.get("TAPERNORM_TEST_DEVICES_DIR")
   xdist_controller = getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput")
   if out_dir and not xdist_controller:  # an xdist controller runs no tests (and must not take the accelerator)

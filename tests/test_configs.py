@@ -1,7 +1,6 @@
 """Every config file loads, in every size and aux setting, and builds its model."""
 
 import importlib
-import pathlib
 import subprocess
 import sys
 
@@ -11,8 +10,9 @@ import pytest
 from tapernorm_jax.model import ModelConfig, init
 from tapernorm_jax.taper import variants
 from tapernorm_jax.train import run_config
+from locations import ROOT
 
-CONFIGS = sorted(p.stem for p in pathlib.Path(__file__).parent.parent.joinpath("configs").glob("*.py")
+CONFIGS = sorted(p.stem for p in ROOT.joinpath("configs").glob("*.py")
                  if p.stem not in ("__init__", "base", "gpt2"))  # gpt2.py takes model=, variant= (test_gpt2_finetune)
 
 

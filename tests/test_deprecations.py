@@ -1,10 +1,9 @@
 """The project uses nothing the installed jax has deprecated (each CI run checks its own jax: 0.10 and the newest)."""
 
 import importlib
-import pathlib
 import re
+from locations import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Public jax modules that announce deprecated attributes in a module-level `_deprecations` table.
 MODULES = ("jax", "jax.numpy", "jax.lax", "jax.nn", "jax.random", "jax.sharding", "jax.tree_util", "jax.core",
            "jax.experimental", "jax.experimental.pallas", "jax.extend", "jax.ffi", "jax.stages", "jax.profiler")

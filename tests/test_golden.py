@@ -16,8 +16,9 @@ from configs import base
 from tapernorm_jax.model import param_paths, sharding
 from tapernorm_jax.taper import calibration
 from tapernorm_jax.train.trainer import Trainer
+from locations import FIXTURES
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "golden.json")
+FIXTURE = os.path.join(FIXTURES, "golden.json")
 STEPS = 3
 
 

@@ -34,9 +34,9 @@ from tapernorm_jax.model import attention
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tests that say whether this backend computes what the CPU does: attention implementations against the
 # reference, bf16 norms and folds, sharding over every local device, decode against the full forward.
-TESTS = ("tests/test_attention.py", "tests/test_norms.py", "tests/test_fold.py", "tests/test_sharding.py",
-         "tests/test_decode.py")
-SMOKE_TESTS = ("tests/test_attention.py::test_auto_picks_the_backend_s_kernel",)
+TESTS = ("tests/model/test_attention.py", "tests/model/test_norms.py", "tests/taper/test_fold.py",
+         "tests/model/test_sharding.py", "tests/inference/test_decode.py")
+SMOKE_TESTS = ("tests/model/test_attention.py::test_auto_picks_the_backend_s_kernel",)
 # What the subprocesses share the accelerator with: no process may take most of its memory up front.
 SHARED_DEVICE_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 

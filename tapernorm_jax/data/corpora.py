@@ -2,6 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from tapernorm_jax import files
@@ -13,7 +14,7 @@ SPLITS = ("train", "validation")
 # Every `cfg.data` field this package reads, with the value used where a config lacks it.
 DEFAULTS: dict[str, Any] = dict(
     source="synthetic",  # one of SOURCES
-    data_dir="~/.cache/tapernorm_jax",  # prepared corpora, eval sets and downloads live here
+    data_dir="",  # prepared corpora, eval sets and downloads live here ("": files.cache_dir())
     manual_dir="",  # tinystories: a directory with the raw text files; openwebtext: a directory of parquet files
     text_train="", text_valid="",  # source=text: path or glob of the train / validation text files
     text_separator="<|endoftext|>",  # splits text files (source=text and eval_sets) into documents
@@ -75,11 +76,16 @@ def text(cfg: Any) -> Corpus:
       num_documents=lambda split: None)
 
 
+def data_directory(cfg: Any) -> Path:
+  """`data.data_dir`, or the cache directory where it is empty (a local path; a URL is refused naming the field)."""
+  return files.local_path(setting(cfg, "data_dir") or files.cache_dir(), "data.data_dir")
+
+
 def tinystories(cfg: Any) -> Corpus:
   """TinyStories V2 through its TFDS ArrayRecord dataset, built (and downloaded) on first use."""
   from tapernorm_jax.data import tinystories as ts  # imports tensorflow_datasets: only when asked for
 
-  data_dir = files.local_path(setting(cfg, "data_dir"), "data.data_dir")
+  data_dir = data_directory(cfg)
   manual_dir = setting(cfg, "manual_dir")
 
   def documents(split: str) -> Iterator[str]:
@@ -107,7 +113,7 @@ def openwebtext(cfg: Any) -> Corpus:
     origin = dict(files=text_files.file_fingerprint(paths))
     shards = lambda: iter(paths)  # noqa: E731
   else:
-    downloads = files.local_path(setting(cfg, "data_dir"), "data.data_dir") / "downloads" / "openwebtext"
+    downloads = data_directory(cfg) / "downloads" / "openwebtext"
     origin = dict(repo=owt.REPO, layouts=owt.LAYOUTS)
     shards = lambda: owt.hub_paths(downloads)  # noqa: E731
   limits = {"train": max_documents or None, "validation": owt.validation_limit(max_documents, fraction)}

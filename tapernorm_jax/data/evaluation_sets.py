@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from tapernorm_jax import files
 from tapernorm_jax.data import cache_dirs, corpora, text_files
 from tapernorm_jax.data.prepared import Prepared, read_stream, token_dtype, write_stream
 from tapernorm_jax.data.tokenizer_choice import CorpusTokenizer
@@ -79,7 +78,7 @@ def eval_sets(cfg: Any, prepared: Prepared) -> dict[str, np.ndarray]:
   `cfg.seq_len` set, a set shorter than one window of `seq_len + 1` tokens is an error.
   """
   sets = parse(corpora.setting(cfg, "eval_sets"))
-  data_dir = files.local_path(corpora.setting(cfg, "data_dir"), "data.data_dir")
+  data_dir = corpora.data_directory(cfg)
   separator = corpora.setting(cfg, "text_separator")
   seq_len = corpora.setting(cfg, "seq_len")
   streams = {}

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from tapernorm_jax import files
 from tapernorm_jax.data import cache_dirs, corpora, tokenizer_choice
 from tapernorm_jax.data.cache_dirs import COMPLETE  # noqa: F401 (callers and tests use prepared.COMPLETE)
 from tapernorm_jax.data.tokenizer_choice import CorpusTokenizer, TokenizerChoice
@@ -140,7 +139,7 @@ def prepare(cfg: Any) -> Prepared:
     raise ValueError(f"data.vocab_size must be a positive integer, got {vocab_size!r}")
   corpus = corpora.from_config(cfg)
   choice = tokenizer_choice.from_config(cfg, int(vocab_size))  # GPT-2: an error unless vocab_size matches it
-  data_dir = files.local_path(corpora.setting(cfg, "data_dir"), "data.data_dir")
+  data_dir = corpora.data_directory(cfg)
   directory = cache_path(data_dir, corpus, choice)
   if not cache_dirs.is_complete(directory):
     log.info("preparing %s into %s", corpus.name, directory)

@@ -9,7 +9,7 @@ of `qkv` (D, 3, H, K), each (D, H·K) with heads major, then (H·K, D); `o_proj`
 (H, K, D) → (D, H·K). No head permutation: `model.rope` is the rotate-half form that Hugging
 Face's `apply_rotary_pos_emb` computes (the first K/2 features of a head pair with the last K/2),
 so the model's head layout is already Hugging Face's. experiments/benchmark_peer.py checks the
-logits against transformers; tests/test_hf_llama.py against a numpy Llama read from the file.
+logits against transformers; tests/hf/test_llama.py against a numpy Llama read from the file.
 """
 
 import dataclasses

@@ -15,7 +15,7 @@
               splash on TPU when T is a multiple of its 128-row blocks (else xla).
 
 Every implementation takes and returns `B×T×H×K` arrays, computes the softmax in fp32 and is
-tested against `xla` (outputs and gradients) in tests/test_attention.py.
+tested against `xla` (outputs and gradients) in tests/model/test_attention.py.
 """
 
 import functools

@@ -21,7 +21,7 @@ from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: configs/ and experiments/
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing
 CELL_RECORD = "cell.json"  # DIR/<cell>/cell.json: what the runner last did with the cell (status, error, devices)
 CELL_LOG = "log.txt"  # DIR/<cell>/log.txt: the cell's own output (its progress bar, warnings)

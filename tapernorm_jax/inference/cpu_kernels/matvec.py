@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
+from tapernorm_jax import files
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "matvec_rows.cc"
 TARGET = "tapernorm_matvec_rows"
@@ -35,7 +37,7 @@ FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 def cache_dir() -> Path:
   """Where compiled kernels are kept."""
-  return Path(os.environ.get("TAPERNORM_CACHE", Path.home() / ".cache" / "tapernorm_jax"))
+  return Path(files.cache_dir())
 
 
 def _cpu_id() -> str:

@@ -20,8 +20,8 @@ from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper.fold import fold
 from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
 from model_helpers import init_variables, logits_at, perturbed_variables
+from locations import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = ["Once upon a time there was a little cat named Tom.", "Tom liked to play in the park with his red ball.",
         "One day the ball rolled away and Tom was sad.", "His friend Lily found the ball and they were happy."]
 V = 80
@@ -78,7 +78,7 @@ def test_export_errors_are_clear(tmp_path):
   (tmp_path / "busy" / "x").write_text("x")
   with pytest.raises(FileExistsError, match="not empty"):
     export.save(tmp_path / "busy", perturbed_variables(cfg), cfg)
-  with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.inference.export directory"):
+  with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.export directory"):
     export.load(tmp_path)
   with pytest.raises(ValueError, match="do not match the model config"):
     export.save(tmp_path / "bad", perturbed_variables(cfg),

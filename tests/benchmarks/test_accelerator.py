@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from tapernorm_jax.benchmarks import accelerator
+from locations import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):

@@ -11,8 +11,9 @@ from tapernorm_jax.data import corpora, stories, tokenizer_choice
 from tapernorm_jax.data import prepared as prepared_lib
 from tapernorm_jax.tokenizers import gpt2_bpe
 from tapernorm_jax.tokenizers.sentencepiece import TokenizerMismatchError
+from locations import SHARED_DATA
 
-GPT2_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpt2"
+GPT2_DIR = SHARED_DATA / "gpt2"
 needs_gpt2 = pytest.mark.skipif(not (GPT2_DIR / "vocab.json").is_file(), reason="../shared/data/gpt2 is not here")
 SEP = "<|endoftext|>"
 

@@ -17,9 +17,10 @@ from tokenizers import pre_tokenizers
 from tapernorm_jax.hf import gpt2, hub
 from tapernorm_jax.model import ModelConfig, Transformer, init, param_paths
 from tapernorm_jax.tokenizers.gpt2_bpe import GPT2Tokenizer
+from locations import SHARED_DATA, FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tiny_gpt2"  # made by scripts/make_gpt2_fixture.py
-GPT2_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2"  # GPT-2's real vocab.json, merges.txt
+FIXTURE = FIXTURES / "tiny_gpt2"  # made by scripts/make_gpt2_fixture.py
+GPT2_DATA = SHARED_DATA / "gpt2"  # GPT-2's real vocab.json, merges.txt
 needs_gpt2_data = pytest.mark.skipif(not (GPT2_DATA / "vocab.json").is_file(), reason=f"no {GPT2_DATA}")
 TEXTS = ["Hello world", "Once upon a time, there was a little cat.\nIt liked milk.\n\n",
          "  leading and trailing spaces  ", "unicode: héllo wörld — naïve café, 日本語, emoji 🙂", "tabs\tand\r\nCRLF",

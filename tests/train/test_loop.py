@@ -19,8 +19,8 @@ from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import read_jsonl
 from tapernorm_jax.train.trainer import Trainer
+from locations import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 24 steps: warmup and calibration EMAs over steps 0-5, taper 6 → 18, then the g = 0 fixed step.
 TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
         "train.batch_size": 8, "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 2,

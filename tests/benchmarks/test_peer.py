@@ -4,15 +4,14 @@ without PyTorch."""
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tapernorm_jax.benchmarks import peer
 from tapernorm_jax.benchmarks.timing import paired_ratio
+from locations import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_parity_passes_within_tolerance_and_refuses_beyond():

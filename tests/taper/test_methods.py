@@ -22,7 +22,7 @@ def gpt2_cfg(method: str, overrides: dict | None = None):
       "model.family": "gpt2", "model.D": 32, "model.H": 4, "model.L": 2, "model.T": T, "model.V": V,
       "train.steps": 10, "train.batch_size": B, "taper.gate_warmup_frac": 0.2, "taper.taper_end": 8,
       "taper.mu": 1.0, "opt.lr": 1e-3, "method": method, "fakeln.start": 2, "fakeln.gap_mlp": 1,
-      "fakeln.gap_attn": 1, "fakeln.gap_final": 1, **(overrides or {})})
+      "fakeln.gap_attn": 1, "fakeln.gap_final": 1, "fakeln.mu": 1.0, **(overrides or {})})
 
 
 def batches(n: int, seed: int = 0) -> list[jax.Array]:

@@ -21,8 +21,8 @@ from tapernorm_jax.tokenizers import sentencepiece
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
 from tapernorm_jax.train.trainer import Trainer
+from locations import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
         "train.batch_size": 8, "checkpoint.every": 6, "taper.gate_warmup_frac": 0.25, "taper.taper_end": 18}
 

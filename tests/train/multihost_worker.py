@@ -1,6 +1,6 @@
-"""One process of a multi-process training run on this machine, for tests/test_multihost.py.
+"""One process of a multi-process training run on this machine, for tests/train/test_multihost.py.
 
-    python tests/multihost_worker.py SPEC_JSON
+    python tests/train/multihost_worker.py SPEC_JSON
 
 SPEC: {"process_id", "num_processes", "port", "local_devices", "workdir", "changes" (dotted config fields),
 "stop_after", "record", "compilation_cache" (a directory, or empty)}. Trains through `cli.train` (the entry points'
@@ -15,8 +15,7 @@ import sys
 import traceback
 
 SPEC = json.loads(sys.argv[1])
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 
 import jax
 

@@ -4,7 +4,6 @@ mismatches are named, and the CPU demo path runs end to end (pretrain → HF dir
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -17,9 +16,9 @@ from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.schedules import Phases
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.trainer import Trainer, validate
+from locations import FIXTURES, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "tiny_gpt2"
+FIXTURE = FIXTURES / "tiny_gpt2"
 
 
 @pytest.mark.parametrize("size,D,H,L,steps,warmup,start,end,aux", [

@@ -12,8 +12,8 @@ import pytest
 
 from configs.sweeps import cpu_mini, table2
 from tapernorm_jax.studies import sweep
+from locations import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
         "train": {"steps": 6, "batch_size": 4, "log_every": 3, "diag_every": 3, "eval_batches": 1},
         "checkpoint": {"every": 3}, "taper": {"gate_warmup_frac": 0.34},

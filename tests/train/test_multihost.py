@@ -20,9 +20,9 @@ import pytest
 from configs import base
 from tapernorm_jax import data
 from tapernorm_jax.train.metrics import read_jsonl
+from locations import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
+WORKER = os.path.join(ROOT, "tests", "train", "multihost_worker.py")
 STEPS, B, T = 4, 8, 32
 TINY = {"model.D": 32, "model.H": 4, "model.L": 1, "model.T": T, "model.V": 512, "train.steps": STEPS,
         "train.batch_size": B, "train.log_every": 1, "train.diag_every": 100, "train.eval_batches": 1,

@@ -10,8 +10,9 @@ import tensorflow_datasets as tfds
 from tapernorm_jax import data
 from tapernorm_jax.data import stories
 from tapernorm_jax.data import tinystories as ts
+from locations import SHARED_DATA
 
-SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinystories" / "sample.txt"
+SAMPLE = SHARED_DATA / "tinystories" / "sample.txt"
 TRAIN, VALID = ts.FILES["train"], ts.FILES["validation"]
 
 

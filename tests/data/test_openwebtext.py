@@ -13,6 +13,7 @@ import pytest
 from tapernorm_jax import data
 from tapernorm_jax.data import corpora, stories
 from tapernorm_jax.data import openwebtext as owt
+from locations import SHARED_DATA
 
 TRAIN_LAYOUT = "plain_text/train"
 
@@ -182,7 +183,7 @@ def test_bad_fields_and_manual_dirs_are_clear_errors(tmp_path):
     data.prepare(owt_cfg(tmp_path, manual_dir=str(tmp_path / "empty")))
 
 
-GPT2_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gpt2"
+GPT2_DIR = SHARED_DATA / "gpt2"
 
 
 @pytest.mark.skipif(not (GPT2_DIR / "vocab.json").is_file(), reason="../shared/data/gpt2 is not here")

@@ -1,0 +1,52 @@
+"""Old names still load, each with one deprecation message naming the old and the new: config fields and values on
+disk and on the command line, the GPT-2 config's arguments, norm modes; in tests such a message is an error."""
+
+import pytest
+
+from configs import gpt2
+from tapernorm_jax import config_fields
+from tapernorm_jax.cli import flags as cli_flags
+from tapernorm_jax.errors import TaperNormDeprecationWarning, deprecated
+from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.train import run_config
+
+
+def test_an_old_field_in_overrides_sets_the_new_one():
+  with pytest.warns(TaperNormDeprecationWarning, match="'taper.fast_path' is now 'train.fixed_step'"):
+    cfg = run_config.override(run_config.get_config("all_taper"), {"taper.fast_path": False})
+  assert cfg.train.fixed_step is False and "fast_path" not in cfg.taper
+
+
+def test_an_old_config_on_disk_reads_with_today_s_names():
+  old = {"variant": "vanilla", "size": "s", "taper": {"mu": 0.1, "fast_path": False}, "train": {"steps": 300}}
+  with pytest.warns(TaperNormDeprecationWarning) as caught:
+    new = config_fields.upgrade(old)
+  assert new == {"variant": "baseline", "size": "s", "taper": {"mu": 0.1}, "train": {"steps": 300, "fixed_step": False}}
+  assert old["taper"]["fast_path"] is False  # the dict read from disk is left as it was
+  assert {str(w.message).split(" is now")[0] for w in caught} == {"config field 'taper.fast_path'", "variant='vanilla'"}
+
+
+def test_an_old_override_on_the_command_line_is_rewritten():
+  argv = ["prog", "--config=configs/baseline.py", "--config.taper.fast_path=False", "--noconfig.taper.fast_path",
+          "--config.train.steps=3"]
+  with pytest.warns(TaperNormDeprecationWarning):
+    cli_flags.rename_overrides(argv, "config")
+  assert argv[2:] == ["--config.train.fixed_step=False", "--noconfig.train.fixed_step", "--config.train.steps=3"]
+
+
+def test_gpt2_s_old_argument_and_variant_name():
+  with pytest.warns(TaperNormDeprecationWarning) as caught:
+    old = gpt2.get_config("model=demo,method=vanilla")
+  assert len(caught) == 2  # method= → variant=, vanilla → baseline
+  assert old.to_dict() == gpt2.get_config("model=demo,variant=baseline").to_dict()
+
+
+def test_a_renamed_norm_mode_loads_as_the_new_one():
+  with pytest.warns(TaperNormDeprecationWarning, match="model.internal_norm='scale' is now called 'fixed'"):
+    cfg = ModelConfig(internal_norm="scale")
+  assert cfg.internal_norm == "fixed"
+
+
+def test_the_project_s_own_deprecations_fail_tests():
+  with pytest.raises(TaperNormDeprecationWarning, match="an old name"):
+    deprecated("an old name")
