@@ -24,7 +24,8 @@ _SETTINGS = cli.define_flags(accelerator.Settings, {
     "train": "Run the train-step benchmark.", "inference": "Run the forward and decode benchmarks.",
     "peer": "Run the forward grid beside Hugging Face (needs torch and transformers; skipped without).",
     "test_timeout_s": "Seconds before the test subprocess is stopped.",
-    "peer_timeout_s": "Seconds before the Hugging Face subprocess is stopped."})
+    "peer_timeout_s": "Seconds before the Hugging Face subprocess is stopped.",
+    "checkout": "A clone of the repository whose tests and peer script to run (default: the one installed from)."})
 _OUT = flags.DEFINE_string("out", "runs/accelerator_check", "Output directory for results.json and report.md.")
 
 

@@ -31,7 +31,7 @@ from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.model import attention
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout, if installed from one
 # The tests that say whether this backend computes what the CPU does: attention implementations against the
 # reference, bf16 norms and folds, sharding over every local device, decode against the full forward.
 TESTS = ("tests/model/test_attention.py", "tests/model/test_norms.py", "tests/taper/test_fold.py",
@@ -52,6 +52,7 @@ class Settings:
   peer: bool = True
   test_timeout_s: int = 300
   peer_timeout_s: int = 240
+  checkout: str = ""  # a clone of the repository (its tests/ and experiments/); "": the one installed from, if any
 
   def __post_init__(self):
     for name in ("test_timeout_s", "peer_timeout_s"):
@@ -59,10 +60,24 @@ class Settings:
         raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
 
 
+def checkout_dir(s: Settings) -> str | None:
+  """The checkout whose tests and peer script to run: `s.checkout`, else the one this package lives in; None when
+  the package was installed without one (a wheel: the check then runs its benchmarks only)."""
+  directory = s.checkout or ROOT
+  return directory if os.path.isfile(os.path.join(directory, "tests", "conftest.py")) else None
+
+
+NO_CHECKOUT = ("no checkout: the tests and the peer script live in the repository, not in the installed package; "
+               "pass --checkout=DIR of a clone to run them")
+
+
 def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
   """Runs the accelerator test subset in a subprocess on this host's default backend (tests/conftest.py forces
   8 fake CPU devices only when no backend is asked for); counts from its JUnit XML, and the devices every test
-  process recorded."""
+  process recorded. Skipped, with the reason, without a checkout."""
+  root = checkout_dir(s)
+  if root is None:
+    return {"skipped": NO_CHECKOUT}
   report, devices_dir = os.path.join(out_dir, "tests.xml"), os.path.join(out_dir, "test_devices")
   shutil.rmtree(devices_dir, ignore_errors=True)
   env = {**os.environ, **SHARED_DEVICE_ENV, "TAPERNORM_TEST_BACKEND": "default",
@@ -71,7 +86,7 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
          f"--junitxml={report}", *(SMOKE_TESTS if s.smoke else TESTS)]
   t0 = time.time()
   try:
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=s.test_timeout_s)
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=s.test_timeout_s)
   except subprocess.TimeoutExpired:
     return {"command": " ".join(cmd), "timed_out": True, "wall_s": time.time() - t0,
             "processes": read_device_records(devices_dir)}
@@ -106,7 +121,7 @@ def read_device_records(devices_dir: str) -> list[dict[str, Any]]:
 
 def placement_problems(platform: str, tests: dict[str, Any] | None) -> list[str]:
   """Why the tests' results do not speak for `platform` (where the benchmarks ran); empty when they do."""
-  if not tests:
+  if not tests or "skipped" in tests:
     return []
   records = tests.get("processes") or []
   if not records:
@@ -122,12 +137,15 @@ def run_peer(s: Settings, out_dir: str) -> dict[str, Any]:
   missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
   if missing:
     return {"skipped": f"{' and '.join(missing)} not importable (pip install -e '.[peer]' adds them)"}
+  root = checkout_dir(s)
+  if root is None:
+    return {"skipped": NO_CHECKOUT}
   peer_dir = os.path.join(out_dir, "peer")
   preset = ["--quick"] if s.smoke else ["--repeats=3", "--warmup=1", "--min_sample_s=0.25"]
   cmd = [sys.executable, "-m", "experiments.benchmark_peer", "--modes=forward", f"--out={peer_dir}", *preset]
   t0 = time.time()
   try:
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **SHARED_DEVICE_ENV}, capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=root, env={**os.environ, **SHARED_DEVICE_ENV}, capture_output=True, text=True,
                           timeout=s.peer_timeout_s)
   except subprocess.TimeoutExpired:
     return {"error": f"timed out after {s.peer_timeout_s} s: {' '.join(cmd)}"}
@@ -203,7 +221,9 @@ def markdown(results: dict[str, Any]) -> str:
   tests = results.get("tests")
   if tests:
     where = f"Tests ran on {tested_on(tests)}; benchmarks on {results['platform']}."
-    if tests.get("timed_out"):
+    if "skipped" in tests:
+      lines += [f"Tests: not run: {tests['skipped']}.", ""]
+    elif tests.get("timed_out"):
       lines += [f"Tests: **timed out** after {tests['wall_s']:.0f} s. {where}", ""]
     else:
       lines += [f"Tests: {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, {tests['skipped']} "
@@ -227,7 +247,7 @@ def markdown(results: dict[str, Any]) -> str:
 def ok(results: dict[str, Any]) -> bool:
   """Whether every part that ran succeeded (tests passed on the benchmarks' platform, benchmarks finished)."""
   tests = results.get("tests")
-  if tests and (tests.get("timed_out") or tests.get("returncode") != 0):
+  if tests and "skipped" not in tests and (tests.get("timed_out") or tests.get("returncode") != 0):
     return False
   if results.get("placement_problems"):
     return False

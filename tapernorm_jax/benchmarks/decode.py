@@ -206,6 +206,35 @@ def run(s: Settings) -> dict[str, Any]:
   return results
 
 
+def decode_table(results: dict) -> list[str]:
+  """The decode roofline table's lines: tokens/s per form and batch, the CPU projection's gain, the rooflines."""
+  dram = lambda B, step: B * results["bandwidth"]["median_gb_s"] * 1e9 / (step["weights"] + step["cache"])
+  rows = []
+  for row in results["decode"]:
+    f = row["forms"]
+    cell = lambda n: f"{f[n]['median']:,.1f} ({speedup(f, n, 'baseline')['median']:.3f}×)"
+    step = f["folded"]["bytes_per_step"]
+    kernel = speedup(f, "folded", WITHOUT_KERNEL) if WITHOUT_KERNEL in f else None
+    rows.append([row["B"], row["prompt"], row["new_tokens"], f"{f['baseline']['median']:,.1f}", cell("fixed"),
+                 cell("folded"), cell("identity"),
+                 f"{f[WITHOUT_KERNEL]['median']:,.1f} ({kernel['median']:.2f}× "
+                 f"{kernel['min']:.2f}–{kernel['max']:.2f})" if kernel else f"– ({row.get('projection', '')})",
+                 f"{(step['weights'] + step['cache']) / 1e6:.1f}",
+                 f"{row['read_gb_s']['median']:.1f}", f"{f['folded']['roofline_tokens_s']:,.1f}",
+                 f"{100 * f['folded']['roofline_fraction']:.0f}%",
+                 f"{100 * f['folded']['median'] / dram(row['B'], step):.0f}%"])
+  return ["KV-cache decode after a P-token prompt (prefill excluded), tokens/s (ratio to baseline; every form "
+            "with the CPU few-row projection that `inference/cpu_kernels/few_rows.py` picks for the batch, and "
+            "folded once more with the model's own einsum). "
+            "Roofline = B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a "
+            "sum over as many bytes as one step reads (sampled between the decode runs), and with the DRAM "
+            "bandwidth:", "",
+            markdown_table(["B", "P", "N", "baseline", "fixed", "folded", "identity",
+                            "folded, model's einsum (CPU projection's gain, range)", "MB read / step",
+                            "read GB/s", "roofline tok/s", "folded % of roofline", "folded % of DRAM roofline"],
+                           rows), ""]
+
+
 def markdown(results: dict) -> str:
   """The forward table laid out like the paper's (k tokens/s, ratio to baseline), and the decode roofline table."""
   s = results["settings"]
@@ -231,29 +260,5 @@ def markdown(results: dict) -> str:
               markdown_table(["B", "T", "baseline", "fixed", "folded", "identity", "folded / identity",
                               "paper folded (H100)"], rows), ""]
   if results.get("decode"):
-    dram = lambda B, step: B * results["bandwidth"]["median_gb_s"] * 1e9 / (step["weights"] + step["cache"])
-    rows = []
-    for row in results["decode"]:
-      f = row["forms"]
-      cell = lambda n: f"{f[n]['median']:,.1f} ({speedup(f, n, 'baseline')['median']:.3f}×)"
-      step = f["folded"]["bytes_per_step"]
-      kernel = speedup(f, "folded", WITHOUT_KERNEL) if WITHOUT_KERNEL in f else None
-      rows.append([row["B"], row["prompt"], row["new_tokens"], f"{f['baseline']['median']:,.1f}", cell("fixed"),
-                   cell("folded"), cell("identity"),
-                   f"{f[WITHOUT_KERNEL]['median']:,.1f} ({kernel['median']:.2f}× "
-                   f"{kernel['min']:.2f}–{kernel['max']:.2f})" if kernel else f"– ({row.get('projection', '')})",
-                   f"{(step['weights'] + step['cache']) / 1e6:.1f}",
-                   f"{row['read_gb_s']['median']:.1f}", f"{f['folded']['roofline_tokens_s']:,.1f}",
-                   f"{100 * f['folded']['roofline_fraction']:.0f}%",
-                   f"{100 * f['folded']['median'] / dram(row['B'], step):.0f}%"])
-    lines += ["KV-cache decode after a P-token prompt (prefill excluded), tokens/s (ratio to baseline; every form "
-              "with the CPU few-row projection that `inference/cpu_kernels/few_rows.py` picks for the batch, and "
-              "folded once more with the model's own einsum). "
-              "Roofline = B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a "
-              "sum over as many bytes as one step reads (sampled between the decode runs), and with the DRAM "
-              "bandwidth:", "",
-              markdown_table(["B", "P", "N", "baseline", "fixed", "folded", "identity",
-                              "folded, model's einsum (CPU projection's gain, range)", "MB read / step",
-                              "read GB/s", "roofline tok/s", "folded % of roofline", "folded % of DRAM roofline"],
-                             rows), ""]
+    lines += decode_table(results)
   return "\n".join(lines)

@@ -23,7 +23,8 @@ from typing import Any
 from absl import app, logging
 
 from tapernorm_jax.cli.failures import describe, exit_code, fail
-from tapernorm_jax.cli.flags import define_config_file, define_flags, from_flags, parse_flags, settings, verbose
+from tapernorm_jax.cli.flags import (CHECK_ONLY, define_config_file, define_flags, from_flags, parse_flags, settings,
+                                     verbose)
 
 __all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flags", "guard", "run", "settings", "train"]
 
@@ -38,6 +39,9 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
 
   @functools.wraps(main)
   def guarded(argv: list[str]) -> Any:
+    if CHECK_ONLY.value:
+      print("--check_only: the flags and config files are valid; nothing was run")
+      return None
     try:
       return main(argv)
     except Exception as e:  # noqa: BLE001 (classified below; bugs are re-raised)

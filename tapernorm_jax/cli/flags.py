@@ -22,6 +22,8 @@ from tapernorm_jax.cli.failures import fail, raised_in
 from tapernorm_jax.errors import UserError
 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On a mistake, show the full traceback instead of the one-line message.")
+CHECK_ONLY = flags.DEFINE_bool("check_only", False, "Check the flags and config files (every mistake in one line), "
+                               "then exit without running: a command to check before handing it to a scheduler.")
 
 
 def verbose(argv: list[str] | None = None) -> bool:

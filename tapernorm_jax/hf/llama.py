@@ -6,7 +6,7 @@ Every tensor goes through `TABLE`: a Hugging Face name (`{i}` the block index), 
 model (names from `param_paths.py`) and the fix from the model's layout to Hugging Face's. `nn.Linear`
 stores weights as (out, in), so every projection is transposed: q, k and v are the three slices
 of `qkv` (D, 3, H, K), each (D, H·K) with heads major, then (H·K, D); `o_proj` reads merged heads,
-(H, K, D) → (D, H·K). No head permutation: `model.rope` is the rotate-half form that Hugging
+(H, K, D) → (D, H·K). No head permutation: `model/transformer.py`'s `rope` is the rotate-half form that Hugging
 Face's `apply_rotary_pos_emb` computes (the first K/2 features of a head pair with the last K/2),
 so the model's head layout is already Hugging Face's. experiments/benchmark_peer.py checks the
 logits against transformers; tests/hf/test_llama.py against a numpy Llama read from the file.

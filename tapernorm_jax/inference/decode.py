@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax.model.transformer import LayerCache, ModelConfig, Projection, Transformer, einsum
+from tapernorm_jax.model.kv_cache import LayerCache
+from tapernorm_jax.model.transformer import ModelConfig, Projection, Transformer, einsum
 
 Array = jax.Array
 PyTree = Any
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
-  """A zeroed cache of `length` slots per row: per layer {"k": BH×K×S, "v": BH×S×K}, BH = B·H (model.LayerCache)."""
+  """A zeroed cache of `length` slots per row: per layer {"k": BH×K×S, "v": BH×S×K}, BH = B·H (model/kv_cache.py)."""
   BH, K, dtype = batch * cfg.H, cfg.D // cfg.H, dtype or cfg.compute_dtype
   return [{"k": jnp.zeros((BH, K, length), dtype), "v": jnp.zeros((BH, length, K), dtype)} for _ in range(cfg.L)]
 

@@ -214,6 +214,57 @@ def eval_metrics(losses: dict[str, float]) -> dict[str, float]:
   return {"val_loss" if name == "val" else f"eval/{name}": value for name, value in losses.items()}
 
 
+def evaluation_batches(trainer: Trainer, cfg: ml_collections.ConfigDict, prepared: data.Prepared
+                       ) -> dict[str, list[jax.Array]]:
+  """This process's rows of the fixed evaluation windows: `val` (the corpus's validation split) and each eval set."""
+  B, T, n_eval = cfg.train.batch_size, cfg.model.T, cfg.train.eval_batches
+  pi, pc = jax.process_index(), jax.process_count()
+  windows = {"val": data.eval_batches(prepared, B, T, n_eval),
+             **{name: data.eval_windows(tokens, B, T, n_eval, name=name)
+                for name, tokens in data.eval_sets(cfg.data, prepared).items()}}
+  return {name: [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)]) for b in batches]
+          for name, batches in windows.items()}
+
+
+def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, losses: dict[str, float]) -> dict[str, Any]:
+  """What results.json says of a run whatever the machine: its identity, progress and final losses at g = 0."""
+  B, T, done = cfg.train.batch_size, cfg.model.T, int(jax.device_get(state["step"]))
+  return {"schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": corpus,
+          "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T, "final_val_loss": losses["val"],
+          "eval_losses": losses, "val_gate": 0.0, "val_tokens": cfg.train.eval_batches * B * T,
+          "params": param_count(state["params"]), "method": methods.name(cfg), "init_from": cfg.get("init_from", ""),
+          "complete": done >= cfg.train.steps}
+
+
+def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_sets: dict[str, list[jax.Array]],
+                reporter: StepReporter, profiler: Profiler, stop_after: int | None) -> tuple[State, dict[str, Any]]:
+  """Steps `start`… to the end (or `stop_after`): evaluation and diagnostics every `train.diag_every`, checkpoints
+  every `checkpoint.every` and at the end; returns the state and the last evaluation ({"step", "losses"})."""
+  cfg, steps = trainer.cfg, trainer.cfg.train.steps
+  evaluated = {"step": -1, "losses": {}}
+  for k in range(start, steps):
+    t0 = time.time()
+    batch = global_batch(trainer, next(train_it))
+    reporter.data_wait_s += time.time() - t0
+    profiler.before_step(k)
+    step_fn = trainer.fixed_train_step if trainer.uses_fixed_step(k) else trainer.train_step
+    state, metrics = step_fn(state, batch)
+    done = k + 1
+    if done % cfg.train.diag_every == 0 or done == steps:
+      evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
+      metrics = {**metrics, **trainer.diagnostics(state, batch), **eval_metrics(evaluated["losses"])}
+    reporter.push(k, metrics)
+    profiler.after_step(k, state)
+    stopping = stop_after is not None and done >= stop_after
+    if done % cfg.checkpoint.every == 0 or done == steps or stopping:
+      reporter.drain()
+      reporter.ckpt.save(done, state, train_it.get_state())
+      reporter.writer.flush()
+    if stopping:
+      break
+  return state, evaluated
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_after: int | None = None,
         devices: list | None = None) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir`; returns the results also written to `results.json`."""
@@ -231,43 +282,16 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   train_it = data.train_iterator(prepared, batch_size=B, seq_len=T, seed=cfg.seed)
   if data_state is not None:
     train_it.set_state(data_state)
-  pi, pc = jax.process_index(), jax.process_count()
-  n_eval = cfg.train.eval_batches
-  windows = {"val": data.eval_batches(prepared, B, T, n_eval),
-             **{name: data.eval_windows(tokens, B, T, n_eval, name=name)
-                for name, tokens in data.eval_sets(cfg.data, prepared).items()}}
-  eval_sets = {name: [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)]) for b in batches]
-               for name, batches in windows.items()}
+  eval_sets = evaluation_batches(trainer, cfg, prepared)
   rundir.truncate_metrics(start)
   writer = MetricsWriter(rundir.path)
   log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
       f"{jax.default_backend()} devices, writing to {rundir.path}")
-  bar = tqdm(total=steps, initial=start, disable=pi != 0, mininterval=1.0, dynamic_ncols=True,
+  bar = tqdm(total=steps, initial=start, disable=jax.process_index() != 0, mininterval=1.0, dynamic_ncols=True,
              desc=f"{cfg.variant} [{prepared.name}]")
   reporter = StepReporter(writer, ckpt, bar, B * T, cfg.train.log_every)
   profiler = Profiler(rundir.file("profile"), cfg.train.profile_start, cfg.train.profile_steps)
-  evaluated = {"step": -1, "losses": {}}
-
-  for k in range(start, steps):
-    t0 = time.time()
-    batch = global_batch(trainer, next(train_it))
-    reporter.data_wait_s += time.time() - t0
-    profiler.before_step(k)
-    step_fn = trainer.fixed_train_step if trainer.uses_fixed_step(k) else trainer.train_step
-    state, metrics = step_fn(state, batch)
-    done = k + 1
-    if done % cfg.train.diag_every == 0 or done == steps:
-      evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
-      metrics = {**metrics, **trainer.diagnostics(state, batch), **eval_metrics(evaluated["losses"])}
-    reporter.push(k, metrics)
-    profiler.after_step(k, state)
-    stopping = stop_after is not None and done >= stop_after
-    if done % cfg.checkpoint.every == 0 or done == steps or stopping:
-      reporter.drain()
-      ckpt.save(done, state, train_it.get_state())
-      writer.flush()
-    if stopping:
-      break
+  state, evaluated = train_steps(trainer, state, start, train_it, eval_sets, reporter, profiler, stop_after)
   reporter.drain()
   bar.close()
   ckpt.close()
@@ -275,15 +299,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   done = int(jax.device_get(state["step"]))
   if evaluated["step"] != done:
     evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
-  results = {
-      "schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": prepared.name,
-      "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T,
-      "final_val_loss": evaluated["losses"]["val"], "eval_losses": evaluated["losses"], "val_gate": 0.0,
-      "val_tokens": n_eval * B * T, "params": param_count(state["params"]), "method": methods.name(cfg),
-      "init_from": cfg.get("init_from", ""),
-      "wall_time_s": time.time() - t_start, "resumed_from": start, "devices": mesh.size,
-      "backend": jax.default_backend(), "device_kind": mesh.devices.flat[0].device_kind, "complete": done >= steps,
-  }
+  results = {**results_of(cfg, prepared.name, state, evaluated["losses"]), "wall_time_s": time.time() - t_start,
+             "resumed_from": start, "devices": mesh.size, "backend": jax.default_backend(),
+             "device_kind": mesh.devices.flat[0].device_kind}
   if results["complete"]:
     rundir.write_results(results)
   return results

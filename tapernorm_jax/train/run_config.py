@@ -1,5 +1,5 @@
-"""The config every run starts from (the paper's setup, docs/method.md §8), its `size=…,aux=…,seed=…` arguments
-and dotted overrides.
+"""The config every run starts from (the paper's setup, docs/method.md §8), its `size=…,aux=…,seed=…` arguments,
+dotted overrides, and the checks a config passes before anything compiles.
 
 The library builds configs here; the user-facing files under configs/ (one per variant, `--config=...`)
 build on it, so an installed package needs no checkout. The sizes and variants are the method's
@@ -12,7 +12,9 @@ import ml_collections
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.data import corpora
-from tapernorm_jax.taper import methods
+from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.taper import methods, schedules
+from tapernorm_jax.train.checkpoint import ON_DAMAGED
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
@@ -28,20 +30,25 @@ def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
   return out
 
 
-def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collections.ConfigDict:
-  """The full config for `variant` with `size`, `aux` and `seed` taken from `arg`."""
+def variant_arguments(variant: str, arg: str | None) -> tuple[str, bool, int]:
+  """(size, aux, seed) from `size=9m,aux=0,seed=3` for `variant`; ValueError naming a bad one."""
   args = parse_arg(arg)
   size = args.get("size", "cpu")
   if size not in SIZES:
     raise ValueError(f"size={size!r} is not one of {sorted(SIZES)}")
   if args.get("aux", "1") not in ("0", "1", "on", "off"):
     raise ValueError(f"aux={args['aux']!r}: use aux=1 (on) or aux=0 (off)")
-  internal, final, aux_default = VARIANTS[variant]
-  aux = args["aux"] in ("1", "on") if "aux" in args else aux_default
+  aux = args["aux"] in ("1", "on") if "aux" in args else VARIANTS[variant][2]
   try:
-    seed = int(args.get("seed", "0"))
+    return size, aux, int(args.get("seed", "0"))
   except ValueError:
     raise ValueError(f"seed={args['seed']!r} is not an integer") from None
+
+
+def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collections.ConfigDict:
+  """The full config for `variant` with `size`, `aux` and `seed` taken from `arg`."""
+  size, aux, seed = variant_arguments(variant, arg)
+  internal, final, _ = VARIANTS[variant]
   steps = SIZES[size]["steps"]
   cpu = size == "cpu"
 
@@ -82,6 +89,45 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       every=100 if cpu else 5_000, keep=3,
       on_damaged="stop"))  # a latest checkpoint that cannot be read: stop (naming it), or fallback to an older one
   return c
+
+
+def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Raises ValueError naming the offending field for configs that cannot train; runs before compiling."""
+  model_cfg = ModelConfig.from_config(cfg.model)
+  phases = schedules.Phases.from_config(cfg) if cfg.train.steps > 0 else None
+  checks = [
+      (cfg.train.steps > 0, "train.steps", "must be positive"),
+      (cfg.train.batch_size > 0, "train.batch_size", "must be positive"),
+      (cfg.train.microbatches >= 1, "train.microbatches", "must be >= 1 (1: no gradient accumulation)"),
+      (cfg.train.batch_size % (num_devices * max(cfg.train.microbatches, 1)) == 0, "train.batch_size",
+       f"must be divisible by the data-parallel size ({num_devices} devices) × train.microbatches "
+       f"({cfg.train.microbatches}); change it, train.microbatches or mesh.data/mesh.fsdp"),
+      (0.0 <= cfg.opt.warmup_frac <= 1.0, "opt.warmup_frac", "must lie in [0, 1]"),
+      (cfg.opt.lr > 0, "opt.lr", "must be positive"),
+      (cfg.opt.weight_decay >= 0, "opt.weight_decay", "must be >= 0"),
+      (0.0 <= cfg.taper.gate_warmup_frac <= 1.0, "taper.gate_warmup_frac",
+       "must lie in [0, 1]: the gate warmup cannot be longer than the run"),
+      (cfg.train.profile_steps >= 0, "train.profile_steps", "must be >= 0 (0 turns profiling off)"),
+      (cfg.train.profile_start >= 0, "train.profile_start", "must be >= 0"),
+      (0.0 <= cfg.opt.b1 < 1.0, "opt.b1", "Adam's β1 must lie in [0, 1)"),
+      (0.0 <= cfg.opt.b2 < 1.0, "opt.b2", "Adam's β2 must lie in [0, 1)"),
+      (cfg.opt.clip > 0, "opt.clip", "the global-norm clip must be positive"),
+      *[(cfg.train[f] >= 1, f"train.{f}", "must be >= 1") for f in ("log_every", "diag_every", "eval_batches")],
+      (cfg.checkpoint.every >= 1, "checkpoint.every", "must be >= 1 (a checkpoint every this many steps)"),
+      (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (the number of checkpoints kept)"),
+      (0 <= cfg.seed < 2**32, "seed", "must be an integer in [0, 2**32)"),
+  ]
+  methods.check_fields(cfg, checks)
+  if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:
+    raise ValueError(f"taper.taper_end={cfg.taper.taper_end}: must be -1 (the last step) or in "
+                     f"(0, train.steps={cfg.train.steps}]")
+  if phases.taper_start > phases.taper_end:
+    raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac}: the taper would start at step "
+                     f"{phases.taper_start}, after taper.taper_end={phases.taper_end}")
+  if cfg.checkpoint.get("on_damaged", "stop") not in ON_DAMAGED:
+    raise ValueError(f"checkpoint.on_damaged={cfg.checkpoint.on_damaged!r}: choose one of {ON_DAMAGED} (fallback "
+                     "resumes from the newest checkpoint that restores and moves damaged ones aside)")
+  methods.validate(cfg, model_cfg, phases)
 
 
 def override(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> ml_collections.ConfigDict:

@@ -21,49 +21,10 @@ from jax.sharding import Mesh
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
-from tapernorm_jax.train.checkpoint import ON_DAMAGED
+from tapernorm_jax.train import run_config
 
 PyTree = Any
 State = dict[str, Any]  # {"params", "opt_state", "calib", "step"}
-
-
-def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
-  """Raises ValueError naming the offending field for configs that cannot train; runs before compiling."""
-  model_cfg = ModelConfig.from_config(cfg.model)
-  phases = schedules.Phases.from_config(cfg) if cfg.train.steps > 0 else None
-  checks = [
-      (cfg.train.steps > 0, "train.steps", "must be positive"),
-      (cfg.train.batch_size > 0, "train.batch_size", "must be positive"),
-      (cfg.train.microbatches >= 1, "train.microbatches", "must be >= 1 (1: no gradient accumulation)"),
-      (cfg.train.batch_size % (num_devices * max(cfg.train.microbatches, 1)) == 0, "train.batch_size",
-       f"must be divisible by the data-parallel size ({num_devices} devices) × train.microbatches "
-       f"({cfg.train.microbatches}); change it, train.microbatches or mesh.data/mesh.fsdp"),
-      (0.0 <= cfg.opt.warmup_frac <= 1.0, "opt.warmup_frac", "must lie in [0, 1]"),
-      (cfg.opt.lr > 0, "opt.lr", "must be positive"),
-      (cfg.opt.weight_decay >= 0, "opt.weight_decay", "must be >= 0"),
-      (0.0 <= cfg.taper.gate_warmup_frac <= 1.0, "taper.gate_warmup_frac",
-       "must lie in [0, 1]: the gate warmup cannot be longer than the run"),
-      (cfg.train.profile_steps >= 0, "train.profile_steps", "must be >= 0 (0 turns profiling off)"),
-      (cfg.train.profile_start >= 0, "train.profile_start", "must be >= 0"),
-      (0.0 <= cfg.opt.b1 < 1.0, "opt.b1", "Adam's β1 must lie in [0, 1)"),
-      (0.0 <= cfg.opt.b2 < 1.0, "opt.b2", "Adam's β2 must lie in [0, 1)"),
-      (cfg.opt.clip > 0, "opt.clip", "the global-norm clip must be positive"),
-      *[(cfg.train[f] >= 1, f"train.{f}", "must be >= 1") for f in ("log_every", "diag_every", "eval_batches")],
-      (cfg.checkpoint.every >= 1, "checkpoint.every", "must be >= 1 (a checkpoint every this many steps)"),
-      (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (the number of checkpoints kept)"),
-      (0 <= cfg.seed < 2**32, "seed", "must be an integer in [0, 2**32)"),
-  ]
-  methods.check_fields(cfg, checks)
-  if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:
-    raise ValueError(f"taper.taper_end={cfg.taper.taper_end}: must be -1 (the last step) or in "
-                     f"(0, train.steps={cfg.train.steps}]")
-  if phases.taper_start > phases.taper_end:
-    raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac}: the taper would start at step "
-                     f"{phases.taper_start}, after taper.taper_end={phases.taper_end}")
-  if cfg.checkpoint.get("on_damaged", "stop") not in ON_DAMAGED:
-    raise ValueError(f"checkpoint.on_damaged={cfg.checkpoint.on_damaged!r}: choose one of {ON_DAMAGED} (fallback "
-                     "resumes from the newest checkpoint that restores and moves damaged ones aside)")
-  methods.validate(cfg, model_cfg, phases)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
@@ -92,7 +53,7 @@ class Trainer:
 
   def __post_init__(self):
     cfg = self.cfg
-    validate(cfg, self.mesh.size)
+    run_config.validate(cfg, self.mesh.size)
     self.model_cfg = ModelConfig.from_config(cfg.model)
     self.fixed_cfg = self.model_cfg.fixed_form()
     self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg

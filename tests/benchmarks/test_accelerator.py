@@ -67,3 +67,18 @@ def test_tests_on_another_platform_than_the_benchmarks_fail_the_check(tmp_path):
   assert not accelerator.ok(results)
   assert "TESTS RAN ON ANOTHER PLATFORM THAN THE BENCHMARKS" in accelerator.markdown(results)
   assert accelerator.placement_problems("cpu", {**tests, "processes": []})  # no record: nothing is proven
+
+
+def test_without_a_checkout_the_check_runs_its_benchmarks_and_says_why_the_tests_did_not(tmp_path):
+  # As from a wheel in an empty directory: configs/ and experiments/ unimportable, no tests/ beside the package.
+  script = ("import sys; sys.modules['configs'] = sys.modules['experiments'] = None\n"
+            "from tapernorm_jax.benchmarks import accelerator\n"
+            f"accelerator.ROOT = {str(tmp_path)!r}\n"
+            "s = accelerator.Settings(smoke=True, train=False, inference=False)\n"
+            "results = accelerator.run(s, 'out')\n"
+            "print(accelerator.ok(results), results['tests'], results['peer'])\n"
+            "print(accelerator.markdown(results))\n")
+  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith("True {'skipped': 'no checkout"), done.stdout
+  assert f"Tests: not run: {accelerator.NO_CHECKOUT}." in done.stdout

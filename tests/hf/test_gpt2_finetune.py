@@ -15,7 +15,8 @@ from tapernorm_jax.model import ModelConfig, Transformer, sharding
 from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.schedules import Phases
 from tapernorm_jax.train import loop
-from tapernorm_jax.train.trainer import Trainer, validate
+from tapernorm_jax.train.run_config import validate
+from tapernorm_jax.train.trainer import Trainer
 from locations import FIXTURES, ROOT
 
 FIXTURE = FIXTURES / "tiny_gpt2"

@@ -1,0 +1,64 @@
+"""The packages import one way (docs/architecture.md): no cycles, the model imports no other package, the method
+only the model, the tokenizers and the hub client no jax."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+from locations import ROOT
+
+PACKAGE = ROOT / "tapernorm_jax"
+
+
+def package_of(module: str) -> str | None:
+  """`model` for tapernorm_jax.model.x; the module's own name for a top-level module; None outside the project."""
+  parts = module.split(".")
+  if parts[0] != "tapernorm_jax" or len(parts) == 1:
+    return None
+  return parts[1]
+
+
+def imports() -> dict[str, set[str]]:
+  """Package (or top-level module) → the project's packages and modules it imports, from the source."""
+  edges: dict[str, set[str]] = {}
+  for path in PACKAGE.rglob("*.py"):
+    relative = path.relative_to(PACKAGE).parts
+    source = relative[0].removesuffix(".py")
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tapernorm_jax"):
+        modules = ([node.module] if node.module != "tapernorm_jax"
+                   else [f"tapernorm_jax.{alias.name}" for alias in node.names])
+        edges.setdefault(source, set()).update(t for m in modules if (t := package_of(m)) not in (None, source))
+  return edges
+
+
+def test_packages_import_one_way():
+  edges = imports()
+  order: list[str] = []
+  visiting: list[str] = []
+
+  def visit(node: str) -> None:
+    assert node not in visiting, f"import cycle: {' → '.join(visiting[visiting.index(node):] + [node])}"
+    if node in order:
+      return
+    visiting.append(node)
+    for target in sorted(edges.get(node, ())):
+      visit(target)
+    visiting.pop()
+    order.append(node)
+
+  for node in sorted(edges):
+    visit(node)
+  plumbing = {"errors", "files", "config_fields", "damaged", "hardware", "markdown"}
+  assert edges["model"] <= plumbing, edges["model"]
+  assert edges["taper"] <= plumbing | {"model"}, edges["taper"]
+
+
+def test_tokenizers_and_the_hub_client_import_without_jax():
+  script = ("import sys\nimport tapernorm_jax.tokenizers.sentencepiece, tapernorm_jax.tokenizers.gpt2_bpe, "
+            "tapernorm_jax.hf.hub\nprint(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))")
+  done = subprocess.run([sys.executable, "-c", script], cwd=pathlib.Path(ROOT), capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "[]"
