@@ -19,7 +19,7 @@ from PIL import Image
 from tapernorm_jax import config_fields, files, hardware
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import sweep
+from tapernorm_jax.studies import manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 # Kanavalau, Amo Alonso and Lall, "Gated Normalization Removal and Scale Anchoring in Pre-Norm Transformers"
@@ -155,10 +155,10 @@ def steady_tokens_per_s(records: Sequence[Mapping[str, Any]]) -> float | None:
 def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   """One run directory as a Run: identity from results.json, config.json, cell.json or the manifest entry."""
   name = os.path.basename(os.path.normpath(run_dir))
-  status = sweep.cell_status(run_dir)
+  status = manifest.cell_status(run_dir)
   results = dict(status.results or {})
   config = config_fields.upgrade(_read_json(os.path.join(run_dir, "config.json")))
-  record = sweep.read_record(run_dir)
+  record = manifest.read_record(run_dir)
   ident = {**(expected or {}), **record}
   if config:
     ident.update(variant=config.get("variant", ident.get("variant")), size=config.get("size", ident.get("size")),
@@ -197,13 +197,13 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
 def is_run_dir(path: str) -> bool:
   """A directory that holds (or held) a run: results.json, config.json, metrics.jsonl or a sweep cell record."""
   return os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in
-                                     ("results.json", "config.json", "metrics.jsonl", sweep.CELL_RECORD))
+                                     ("results.json", "config.json", "metrics.jsonl", manifest.CELL_RECORD))
 
 
 def read_runs(workdir: str) -> list[Run]:
   """Every run under `workdir`, plus a `missing` row for each cell of the sweep manifest without a directory."""
-  manifest = sweep.read_manifest(workdir) or {"cells": []}
-  expected = {c["name"]: c for c in manifest["cells"]}
+  listed = manifest.read_manifest(workdir) or {"cells": []}
+  expected = {c["name"]: c for c in listed["cells"]}
   runs = [read_run(os.path.join(workdir, name), expected.get(name)) for name in sorted(os.listdir(workdir))
           if is_run_dir(os.path.join(workdir, name))]
   present = {r.cell for r in runs}
@@ -667,8 +667,8 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                     dynamics: str) -> str:
   """report.md: status, setup, Table 2, the dynamics table and the figures."""
   with_paper = paper_setting(runs)
-  manifest = sweep.read_manifest(workdir) or {}
-  title = manifest.get("name") or os.path.basename(os.path.abspath(workdir))
+  listed = manifest.read_manifest(workdir) or {}
+  title = listed.get("name") or os.path.basename(os.path.abspath(workdir))
   parts = [f"# Study report: {title}", "",
            (f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python -m experiments.report` from the run directories "
             f"in `{os.path.basename(os.path.abspath(workdir))}/`; one row per run in `results.csv`."), "",

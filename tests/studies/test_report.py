@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from tapernorm_jax.studies import report, sweep
+from tapernorm_jax.studies import grid, manifest, report
 
 STEPS = 40
 # (size, variant, aux) → final val loss per seed; None: the seed failed. Seed 2 of all_taper-1m is in the grid only.
@@ -24,7 +24,7 @@ PARAMS = {"1m": 1_035_000, "3m": 2_854_000}
 
 def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: float | None) -> str:
   """A run directory as the loop leaves it (config.json, metrics.jsonl, results.json) or as a failed cell."""
-  cell = sweep.Cell(variant, size, aux, seed)
+  cell = grid.Cell(variant, size, aux, seed)
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir)
   config = {"variant": variant, "size": size, "seed": seed, "model": {"L": 8, "D": 64, "T": 512, "V": 10_000},
@@ -41,7 +41,7 @@ def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: 
         record.update(logit_norm=10.0 * growth ** step, val_loss=4.0)
       f.write(json.dumps(record) + "\n")
   if loss is None:
-    with open(os.path.join(run_dir, sweep.CELL_RECORD), "w") as f:
+    with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
       json.dump({**cell.to_json(), "status": "failed", "error": "FloatingPointError: loss is nan at step 11"}, f)
     return run_dir
   with open(os.path.join(run_dir, "results.json"), "w") as f:
@@ -60,9 +60,9 @@ def study(tmp_path):
   for (size, variant, aux), losses in LOSSES.items():
     for seed, loss in enumerate(losses):
       write_run(workdir, size, variant, aux, seed, loss)
-      cells.append(sweep.Cell(variant, size, aux, seed))
-  cells.append(sweep.Cell("all_taper", "1m", 0, 2))  # in the grid, never run
-  sweep.write_manifest(workdir, {"name": "test"}, cells)
+      cells.append(grid.Cell(variant, size, aux, seed))
+  cells.append(grid.Cell("all_taper", "1m", 0, 2))  # in the grid, never run
+  manifest.write_manifest(workdir, {"name": "test"}, cells)
   return workdir
 
 
@@ -132,7 +132,7 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
 
 def test_mfu_uses_the_device_peak_when_known(study):
   run_dir = os.path.join(study, "baseline-3m-aux0-seed0")
-  with open(os.path.join(run_dir, sweep.CELL_RECORD), "w") as f:
+  with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
     json.dump({"status": "complete", "device_kind": "NVIDIA H100 80GB HBM3", "device_count": 1}, f)
   run = report.read_run(run_dir)
   fpt = 6 * PARAMS["3m"] + 12 * 8 * 64 * 512
