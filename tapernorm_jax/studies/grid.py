@@ -3,7 +3,7 @@ before anything runs; a bad name or value is a SweepError naming the field."""
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import ml_collections
 
@@ -50,6 +50,12 @@ class Cell:
     """A JSON-friendly description (the manifest and cell records hold it)."""
     return {"name": self.name, "variant": self.variant, "size": self.size, "aux": self.aux, "seed": self.seed,
             "overrides": dict(self.overrides)}
+
+  @classmethod
+  def from_json(cls, entry: Mapping[str, Any]) -> Self:
+    """The cell `to_json` described (JSON lists back to tuples)."""
+    return cls(entry["variant"], entry["size"], int(entry["aux"]), int(entry["seed"]),
+               frozen_overrides(entry.get("overrides") or {}))
 
 
 def frozen_overrides(flat: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

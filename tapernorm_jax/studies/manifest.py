@@ -41,6 +41,12 @@ def read_manifest(workdir: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
+def manifest_cells(workdir: str) -> dict[str, Cell]:
+  """The cells DIR/sweep.json names, by name ({} without a manifest)."""
+  manifest = read_manifest(workdir) or {"cells": []}
+  return {entry["name"]: Cell.from_json(entry) for entry in manifest["cells"]}
+
+
 def read_results(run_dir: str) -> dict[str, Any] | None:
   """`results.json` of a run directory, or None when absent; a schema this module cannot read is a ValueError."""
   path = os.path.join(run_dir, "results.json")

@@ -3,7 +3,7 @@ failing cell recorded and the others going on, complete cells skipped and incomp
 lines with an ETA.
 
     run(cells, workdir)         every cell of a sweep that is not complete, `parallel` at a time
-    run_cell(cell, workdir, …)  one cell, its cell.json record written before and after
+    run_cell(cell, workdir, …)  one cell, its cell.json record written before and after; `studies.cell` runs it
 """
 
 import os
@@ -156,16 +156,17 @@ class Progress:
 # ---------------------------------------------------------------------------------------------------- runner
 
 
-def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn,
-             routed: _Routed | None = None) -> CellStatus:
-  """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json, never raised."""
+def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, routed: _Routed | None = None, *,
+             reraise: bool = False) -> CellStatus:
+  """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json, and raised again only
+  with `reraise` (one cell on its own, whose caller reports the error)."""
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir, exist_ok=True)
   kind = getattr(devices[0], "device_kind", str(devices[0])) if devices else ""
   record = {**cell.to_json(), "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "devices": [str(d) for d in devices], "device_kind": kind, "device_count": len(devices)}
   write_record(run_dir, record)
-  t0 = time.time()
+  t0, error = time.time(), None
   with open(os.path.join(run_dir, CELL_LOG), "a", buffering=1) as log:
     if routed is not None:
       routed.targets.stream = log
@@ -173,6 +174,7 @@ def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn,
       results = run_fn(cell.config(), run_dir, devices=list(devices))
       record["status"] = "complete" if results.get("complete") else "incomplete"
     except Exception as e:  # noqa: BLE001 - one failing cell must not stop the sweep
+      error = e
       record.update(status="failed", error=f"{type(e).__name__}: {e}",
                     traceback=traceback.format_exc(limit=8)[-4000:])
       log.write(traceback.format_exc())
@@ -181,6 +183,8 @@ def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn,
         routed.targets.stream = None
   record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_time_s=time.time() - t0)
   write_record(run_dir, record)
+  if reraise and error is not None:
+    raise error
   return cell_status(run_dir)
 
 

@@ -1,7 +1,9 @@
-"""Sweeps: grid expansion and its errors, device packing, failure isolation, resume, command lines, end to end."""
+"""Sweeps: grid expansion and its errors, device packing, failure isolation, resume, command lines (run from an
+installed package in any directory), end to end."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -11,7 +13,7 @@ import jax
 import pytest
 
 from configs.sweeps import cpu_mini, table2
-from tapernorm_jax.studies import commands, grid, manifest, runner
+from tapernorm_jax.studies import commands, grid, manifest, report, runner
 from locations import ROOT
 
 TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
@@ -191,28 +193,72 @@ def test_tiny_sweep_end_to_end_resume_skip_a_failing_cell_and_the_report(tmp_pat
 def test_printed_commands_run_as_written(tmp_path, data_dir):
   cells = grid.expand(tiny_sweep(data_dir, [dict(variants=["all_taper:aux=0", "baseline"], sizes=["cpu"])]))
   workdir = str(tmp_path / "study")
+  manifest.write_manifest(workdir, {"name": "tiny"}, cells)  # the command lines read their cells from it
   os.makedirs(os.path.join(workdir, cells[1].name))
   fake_results(os.path.join(workdir, cells[1].name))  # complete: no command for it
   path, count = commands.write_commands(cells, workdir)
   with open(path) as f:
     lines = f.read().splitlines()
   assert count == 1 and len(lines) == 1
-  assert "--config=configs/all_taper.py:size=cpu,aux=0,seed=0" in lines[0]
-  assert "--config.train.steps=6" in lines[0] and f"--workdir={workdir}/all_taper-cpu-aux0-seed0" in lines[0]
+  assert lines[0].endswith(f" -m tapernorm_jax.studies.cell --study={workdir} --cell=all_taper-cpu-aux0-seed0")
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   subprocess.run(["bash", "-c", lines[0]], cwd="/", env=env, check=True, capture_output=True, timeout=600)
   assert manifest.cell_status(os.path.join(workdir, cells[0].name)).state == "complete"
   assert commands.write_commands(cells, workdir)[1] == 0
 
 
-def test_printed_commands_name_config_overrides_and_workdir(tmp_path):
+UNIMPORTABLE = "import sys; sys.modules['configs'] = None; sys.modules['experiments'] = None\n"  # imports of them fail
+
+
+@pytest.mark.slow
+def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp_path, data_dir):
+  cells = grid.expand(tiny_sweep(data_dir, [dict(variants=["all_taper"], sizes=["cpu"])]))
+  workdir = str(tmp_path / "study")
+  manifest.write_manifest(workdir, {"name": "tiny"}, cells)
+  path, _ = commands.write_commands(cells, workdir)
+  with open(path) as f:
+    python, flag, module, *args = shlex.split(f.read().splitlines()[0])
+  assert (flag, module) == ("-m", "tapernorm_jax.studies.cell")
+  script = UNIMPORTABLE + (f"import runpy; sys.argv = {[module, *args]!r}\n"
+                           f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+  elsewhere = tmp_path / "elsewhere"  # an empty directory: no configs/ or experiments/ beside it either
+  elsewhere.mkdir()
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  proc = subprocess.run([python, "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "all_taper-cpu-aux1-seed0: complete" in proc.stdout and not os.listdir(elsewhere)
+  run_dir = os.path.join(workdir, cells[0].name)
+  assert os.path.exists(os.path.join(run_dir, "results.json"))
+  assert manifest.read_record(run_dir)["status"] == "complete"
+  written = report.write_report(workdir)
+  assert (written["runs"], written["complete"]) == (1, 1)
+
+
+def test_printed_commands_name_the_study_and_the_cell(tmp_path):
   cells = grid.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
                        "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 10}}})
-  line = commands.command_line(cells[0], str(tmp_path), python="python3")
-  assert line == (f"cd {ROOT} && python3 -m experiments.tinystories "
-                  "--config=configs/final_taper.py:size=30m,aux=0,seed=3 "
-                  f"--workdir={tmp_path}/final_taper-30m-aux0-seed3 "
-                  "'--config.data.manual_dir=/data/tiny stories' --config.train.steps=10")
+  line = commands.command_line(cells[0], str(tmp_path / "my study"), python="python3")
+  assert line == (f"python3 -m tapernorm_jax.studies.cell '--study={tmp_path}/my study' "
+                  "--cell=final_taper-30m-aux0-seed3")
+  with pytest.raises(grid.SweepError, match="write the manifest first"):  # the command would find no cell to run
+    commands.write_commands(cells, str(tmp_path))
+  manifest.write_manifest(str(tmp_path), {}, cells)
+  assert manifest.manifest_cells(str(tmp_path)) == {cells[0].name: cells[0]}  # the overrides travel in sweep.json
+  assert commands.write_commands(cells, str(tmp_path))[1] == 1
+
+
+def test_cell_command_mistakes_are_one_line(tmp_path):
+  cells = grid.expand({"seeds": (0,), "grids": [dict(variants=["all_taper"], sizes=["cpu"])]})
+  study = str(tmp_path / "study")
+  manifest.write_manifest(study, {}, cells)
+  for flags, message in (
+      ([f"--study={tmp_path}", "--cell=all_taper-cpu-aux1-seed0"], f"error: --study={tmp_path}: no sweep.json in it"),
+      ([f"--study={study}", "--cell=all_tapr-cpu-aux1-seed0"],
+       f"error: --cell=all_tapr-cpu-aux1-seed0: {study}/sweep.json has no such cell; did you mean "
+       "--cell=all_taper-cpu-aux1-seed0?")):
+    proc = run_cli("tapernorm_jax.studies.cell", *flags, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(message)
 
 
 def test_cli_bad_sweep_is_one_short_error(tmp_path):
