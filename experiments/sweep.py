@@ -14,7 +14,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tapernorm_jax import cli, files
-from tapernorm_jax.studies import sweep
+from tapernorm_jax.studies import commands, grid, manifest, runner
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
@@ -34,14 +34,14 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   workdir = os.path.abspath(files.local_path(_WORKDIR.value, "--workdir"))  # cells run and are read here: local only
-  cells = sweep.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
-  sweep.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
+  cells = grid.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
+  manifest.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
   if _LAUNCH.value == "print":
-    path, count = sweep.write_commands(cells, workdir, _PYTHON.value)
+    path, count = commands.write_commands(cells, workdir, _PYTHON.value)
     print(f"{count} of {len(cells)} cells pending; their command lines are in {path}")
     return
-  statuses = sweep.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
-                       progress_every=_PROGRESS.value)
+  statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
+                        progress_every=_PROGRESS.value)
   failed = [name for name, s in statuses.items() if s.state == "failed"]
   print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
         + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from tapernorm_jax.studies import report, sweep
+from tapernorm_jax.studies import aggregate, curves, figures, grid, manifest, report, run_rows
 
 STEPS = 40
 # (size, variant, aux) → final val loss per seed; None: the seed failed. Seed 2 of all_taper-1m is in the grid only.
@@ -24,7 +24,7 @@ PARAMS = {"1m": 1_035_000, "3m": 2_854_000}
 
 def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: float | None) -> str:
   """A run directory as the loop leaves it (config.json, metrics.jsonl, results.json) or as a failed cell."""
-  cell = sweep.Cell(variant, size, aux, seed)
+  cell = grid.Cell(variant, size, aux, seed)
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir)
   config = {"variant": variant, "size": size, "seed": seed, "model": {"L": 8, "D": 64, "T": 512, "V": 10_000},
@@ -32,16 +32,16 @@ def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: 
             "opt": {"lr": 3e-4}}
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     json.dump(config, f)
-  growth = 1.08 if report.unanchored(variant, aux) else 1.0
+  growth = 1.08 if run_rows.unanchored(variant, aux) else 1.0
   with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
     for step in range(STEPS if loss is not None else 12):
       record = {"step": step, "loss": 5.0 - step / 10, "gate": max(0.0, 1 - step / STEPS), "grad_norm": 1.0,
-                "tokens_per_s": 1000.0 + step, **{f"grad_norm/{w}": 0.5 + seed for w, _ in report.WEIGHT_TYPES}}
+                "tokens_per_s": 1000.0 + step, **{f"grad_norm/{w}": 0.5 + seed for w, _ in figures.WEIGHT_TYPES}}
       if step % 5 == 4:
         record.update(logit_norm=10.0 * growth ** step, val_loss=4.0)
       f.write(json.dumps(record) + "\n")
   if loss is None:
-    with open(os.path.join(run_dir, sweep.CELL_RECORD), "w") as f:
+    with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
       json.dump({**cell.to_json(), "status": "failed", "error": "FloatingPointError: loss is nan at step 11"}, f)
     return run_dir
   with open(os.path.join(run_dir, "results.json"), "w") as f:
@@ -60,19 +60,19 @@ def study(tmp_path):
   for (size, variant, aux), losses in LOSSES.items():
     for seed, loss in enumerate(losses):
       write_run(workdir, size, variant, aux, seed, loss)
-      cells.append(sweep.Cell(variant, size, aux, seed))
-  cells.append(sweep.Cell("all_taper", "1m", 0, 2))  # in the grid, never run
-  sweep.write_manifest(workdir, {"name": "test"}, cells)
+      cells.append(grid.Cell(variant, size, aux, seed))
+  cells.append(grid.Cell("all_taper", "1m", 0, 2))  # in the grid, never run
+  manifest.write_manifest(workdir, {"name": "test"}, cells)
   return workdir
 
 
 def test_aggregates_are_exact_and_count_missing_and_failed_seeds(study):
-  runs = report.read_runs(study)
+  runs = run_rows.read_runs(study)
   assert len(runs) == 15
   states = {r.cell: r.status for r in runs}
   assert states["internal_taper-1m-aux1-seed2"] == "failed"
   assert states["all_taper-1m-aux0-seed2"] == "missing"
-  groups = {(g.size, g.variant, g.aux): g for g in report.aggregate(runs)}
+  groups = {(g.size, g.variant, g.aux): g for g in aggregate.aggregate(runs)}
   base = groups[("1m", "baseline", 0)]
   assert (base.n, base.expected) == (3, 3)
   assert base.mean == pytest.approx(2.2) and base.std == pytest.approx(0.2) and base.gap_pct is None
@@ -83,32 +83,32 @@ def test_aggregates_are_exact_and_count_missing_and_failed_seeds(study):
   unanchored = groups[("1m", "all_taper", 0)]
   assert (unanchored.n, unanchored.expected) == (2, 3) and unanchored.gap_pct == pytest.approx(100 * 0.4 / 2.2)
   assert groups[("3m", "internal_taper", 1)].gap_pct == pytest.approx(100 * 0.1 / 1.6)
-  assert [(g.size, g.variant) for g in report.aggregate(runs)][:3] == [
+  assert [(g.size, g.variant) for g in aggregate.aggregate(runs)][:3] == [
       ("1m", "baseline"), ("1m", "internal_taper"), ("1m", "all_taper")]
 
 
 def test_table2_markdown_names_seeds_and_the_paper_only_in_its_setting(study):
-  runs = report.read_runs(study)
-  table = report.table2_markdown(report.aggregate(runs), with_paper=True)
+  runs = run_rows.read_runs(study)
+  table = report.table2_markdown(aggregate.aggregate(runs), with_paper=True)
   lines = table.splitlines()
   assert lines[0] == "| size | params | baseline | internal_taper (+aux) | all_taper (aux=0) |"
   assert "2.2000 ± 0.2000 · n = 3<br>paper: 2.1538 ± 0.0025" in lines[2]
   assert "2.3000 ± 0.1414 (+4.55%) · n = 2 of 3<br>paper: 2.1852 ± 0.0040 (+1.46%)" in lines[2]
   assert lines[3].endswith("| — |")  # no unanchored run at 3m
-  assert not report.paper_setting(runs)  # 40 steps is not the paper's run length
-  text = report.report_markdown(study, runs, report.aggregate(runs), [], "")
+  assert not aggregate.paper_setting(runs)  # 40 steps is not the paper's run length
+  text = report.report_markdown(study, runs, aggregate.aggregate(runs), [], "")
   assert "`internal_taper-1m-aux1-seed2` (FloatingPointError: loss is nan at step 11)" in text
   assert "Missing (in the sweep's grid, no run directory): `all_taper-1m-aux0` seed 2." in text
 
 
 def test_the_paper_column_appears_only_in_the_paper_setting():
-  def run(steps: int, corpus: str = "tinystories") -> report.Run:
-    return report.Run("baseline-1m-aux0-seed0", "baseline", 0, "1m", 0, "complete", steps=steps, corpus=corpus,
+  def run(steps: int, corpus: str = "tinystories") -> run_rows.Run:
+    return run_rows.Run("baseline-1m-aux0-seed0", "baseline", 0, "1m", 0, "complete", steps=steps, corpus=corpus,
                       final_val_loss=2.15, params=PARAMS["1m"])
-  assert report.paper_setting([run(500_000)])
-  assert not report.paper_setting([run(500_000, "synthetic-stories(seed=0,train=20000,valid=1000)")])
-  assert not report.paper_setting([run(500_000), run(1000)])
-  text = report.report_markdown("/tmp/x", [run(500_000)], report.aggregate([run(500_000)]), [], "")
+  assert aggregate.paper_setting([run(500_000)])
+  assert not aggregate.paper_setting([run(500_000, "synthetic-stories(seed=0,train=20000,valid=1000)")])
+  assert not aggregate.paper_setting([run(500_000), run(1000)])
+  text = report.report_markdown("/tmp/x", [run(500_000)], aggregate.aggregate([run(500_000)]), [], "")
   assert "| 1m | 1.03M | 2.1500 · n = 1<br>paper: 2.1538 ± 0.0025 |" in text and "arXiv 2602.10408" in text
 
 
@@ -116,7 +116,7 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
   written = report.write_report(study, str(tmp_path / "out"))
   with open(written["csv"]) as f:
     rows = list(csv.DictReader(f))
-  assert tuple(rows[0]) == report.CSV_COLUMNS
+  assert tuple(rows[0]) == run_rows.CSV_COLUMNS
   assert len(rows) == 15
   row = next(r for r in rows if r["cell"] == "baseline-1m-aux0-seed1")
   assert (row["variant"], row["size"], row["seed"], row["aux"], row["status"]) == ("baseline", "1m", "1", "0",
@@ -126,42 +126,42 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
   assert float(row["tokens_per_s"]) == pytest.approx(np.median(1000.0 + np.arange(STEPS)))
   assert row["mfu"] == ""  # no known peak for a CPU
   assert next(r for r in rows if r["cell"] == "all_taper-1m-aux0-seed2")["status"] == "missing"
-  assert sorted(os.listdir(tmp_path / "out" / "figures")) == sorted(report.FIGURES)
+  assert sorted(os.listdir(tmp_path / "out" / "figures")) == sorted(figures.FIGURES)
   assert os.path.getsize(written["report"]) > 0
 
 
 def test_mfu_uses_the_device_peak_when_known(study):
   run_dir = os.path.join(study, "baseline-3m-aux0-seed0")
-  with open(os.path.join(run_dir, sweep.CELL_RECORD), "w") as f:
+  with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
     json.dump({"status": "complete", "device_kind": "NVIDIA H100 80GB HBM3", "device_count": 1}, f)
-  run = report.read_run(run_dir)
+  run = run_rows.read_run(run_dir)
   fpt = 6 * PARAMS["3m"] + 12 * 8 * 64 * 512
   assert run.mfu == pytest.approx(run.tokens_per_s * fpt / 989e12)
 
 
 def test_figures_plot_one_line_per_seed_mean_and_marker(study):
-  runs = report.read_runs(study)
-  groups = report.aggregate(runs)
-  figures = report.make_figures(runs, groups)
-  assert set(figures) == set(report.FIGURES)
-  ax = figures["fig2_val_loss_vs_params.png"].axes[0]
+  runs = run_rows.read_runs(study)
+  groups = aggregate.aggregate(runs)
+  drawn = figures.make_figures(runs, groups)
+  assert set(drawn) == set(figures.FIGURES)
+  ax = drawn["fig2_val_loss_vs_params.png"].axes[0]
   assert len(ax.containers) == 3  # baseline, internal_taper (+aux), all_taper (aux=0): one errorbar line each
   assert ax.get_xscale() == "log" and ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
-  fig3 = figures["fig3_logit_norm.png"]
+  fig3 = drawn["fig3_logit_norm.png"]
   assert [len(ax.lines) for ax in fig3.axes] == [(3 + 1) + (2 + 1) + (2 + 1) + 1, (3 + 1) + (3 + 1) + 1]
   assert all(ax.get_yscale() == "log" for ax in fig3.axes)
   assert fig3.axes[0].lines[-1].get_xdata()[0] == 10  # taper start = round(0.25 · 40)
-  fig4 = figures["fig4_grad_norm.png"]  # at 1m, the size with an unanchored variant
+  fig4 = drawn["fig4_grad_norm.png"]  # at 1m, the size with an unanchored variant
   assert len(fig4.axes) == 4 and [len(ax.lines) for ax in fig4.axes] == [3 + 1] * 4
   assert "1m" in fig4.texts[0].get_text()
-  loss_fig = figures["train_loss_gate.png"]
+  loss_fig = drawn["train_loss_gate.png"]
   assert len(loss_fig.axes) == 4  # two sizes, each with a twin gate axis
   assert sorted(len(ax.lines) for ax in loss_fig.axes) == [1, 1, 2, 2]
 
 
 def test_logit_growth_shows_in_the_dynamics_table(study):
-  runs = report.read_runs(study)
-  text = report.dynamics_markdown(report.Curves(runs))
+  runs = run_rows.read_runs(study)
+  text = report.dynamics_markdown(curves.Curves(runs))
   steps = np.arange(4, STEPS, 5)
   growth = 1.08 ** 39 / np.interp(10, steps, 1.08 ** steps)  # end / taper start (step 10, between two records)
   row = next(line for line in text.splitlines() if "all_taper (aux=0)" in line)
@@ -178,7 +178,7 @@ def test_long_metrics_files_are_thinned_keeping_diagnostics_and_the_last_step(tm
   with open(tmp_path / "metrics.jsonl", "w") as f:
     for step in range(1000):
       f.write(json.dumps({"step": step, "loss": 1.0, **({"logit_norm": 5.0} if step % 100 == 37 else {})}) + "\n")
-  records = report.read_metrics(str(tmp_path), max_points=10)
+  records = run_rows.read_metrics(str(tmp_path), max_points=10)
   steps = [r["step"] for r in records]
   assert steps[-1] == 999 and {s for s in steps if s % 100 == 37} == set(range(37, 1000, 100))
   assert 15 <= len(records) <= 25

@@ -1,7 +1,9 @@
-"""Sweeps: grid expansion and its errors, device packing, failure isolation, resume, command lines, end to end."""
+"""Sweeps: grid expansion and its errors, device packing, failure isolation, resume, command lines (run from an
+installed package in any directory), end to end."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -11,7 +13,7 @@ import jax
 import pytest
 
 from configs.sweeps import cpu_mini, table2
-from tapernorm_jax.studies import sweep
+from tapernorm_jax.studies import commands, grid, manifest, report, runner
 from locations import ROOT
 
 TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
@@ -31,13 +33,13 @@ def quiet(_: str) -> None:
 
 
 def test_the_shipped_sweeps_expand_to_their_grids():
-  cells = sweep.expand(table2.get_config())
+  cells = grid.expand(table2.get_config())
   assert len(cells) == 4 * 3 * 6 + 2 * 6
   names = {c.name for c in cells}
   assert {"baseline-1m-aux0-seed0", "internal_taper-30m-aux1-seed5", "all_taper-9m-aux1-seed3",
           "final_taper-30m-aux0-seed0", "all_taper-30m-aux0-seed5"} <= names
   assert "final_taper-1m-aux0-seed0" not in names
-  mini = sweep.expand(cpu_mini.get_config())
+  mini = grid.expand(cpu_mini.get_config())
   assert {(c.variant, c.aux) for c in mini} == {("baseline", 0), ("internal_taper", 1), ("all_taper", 1),
                                                  ("all_taper", 0), ("final_taper", 0)}
   assert len({c.seed for c in mini}) >= 3 and {c.size for c in mini} == {"cpu"}
@@ -60,20 +62,20 @@ def test_the_shipped_sweeps_expand_to_their_grids():
 ])
 def test_bad_sweeps_name_the_field_and_value(change, message):
   bad = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu"])], **change}
-  with pytest.raises(sweep.SweepError) as e:
-    sweep.expand(bad)
+  with pytest.raises(grid.SweepError) as e:
+    grid.expand(bad)
   assert message in str(e.value)
 
 
 def test_device_groups_pack_cells_onto_devices():
   devices = jax.devices()
   assert len(devices) == 8
-  assert sweep.device_groups(devices, 0) == [devices]  # CPU default: one cell at a time, all devices
-  assert sweep.device_groups(devices, 8) == [[d] for d in devices]
-  assert sweep.device_groups(devices, 3) == [devices[0:2], devices[2:4], devices[4:6]]
-  assert sweep.device_groups(devices[:1], 2) == [devices[:1], devices[:1]]  # CPU cells may share a device
-  with pytest.raises(sweep.SweepError, match="--parallel=-1"):
-    sweep.device_groups(devices, -1)
+  assert runner.device_groups(devices, 0) == [devices]  # CPU default: one cell at a time, all devices
+  assert runner.device_groups(devices, 8) == [[d] for d in devices]
+  assert runner.device_groups(devices, 3) == [devices[0:2], devices[2:4], devices[4:6]]
+  assert runner.device_groups(devices[:1], 2) == [devices[:1], devices[:1]]  # CPU cells may share a device
+  with pytest.raises(grid.SweepError, match="--parallel=-1"):
+    runner.device_groups(devices, -1)
 
 
 def fake_results(run_dir: str) -> dict:
@@ -86,18 +88,18 @@ def fake_results(run_dir: str) -> dict:
 
 def test_cell_status_reads_known_results_schemas_only(tmp_path):
   fake_results(str(tmp_path))
-  assert sweep.cell_status(str(tmp_path)).state == "complete"  # no schema field: schema 0
+  assert manifest.cell_status(str(tmp_path)).state == "complete"  # no schema field: schema 0
   for schema, state in ((1, "complete"), (99, "failed")):
     results = {**json.loads((tmp_path / "results.json").read_text()), "schema": schema}
     (tmp_path / "results.json").write_text(json.dumps(results))
-    status = sweep.cell_status(str(tmp_path))
+    status = manifest.cell_status(str(tmp_path))
     assert status.state == state
   assert "schema=99" in status.error
-  assert sweep.cell_status(str(tmp_path / "nothing")).state == "pending"
+  assert manifest.cell_status(str(tmp_path / "nothing")).state == "pending"
 
 
 def test_parallel_runner_isolates_failures_and_skips_complete_cells(tmp_path):
-  cells = sweep.expand({"seeds": (0, 1, 2), "grids": [dict(variants=["baseline", "all_taper"], sizes=["cpu"])]})
+  cells = grid.expand({"seeds": (0, 1, 2), "grids": [dict(variants=["baseline", "all_taper"], sizes=["cpu"])]})
   lock, running, seen = threading.Lock(), set(), []
 
   def run_fn(cfg, run_dir, *, devices):
@@ -114,29 +116,29 @@ def test_parallel_runner_isolates_failures_and_skips_complete_cells(tmp_path):
     return fake_results(run_dir)
 
   lines = []
-  statuses = sweep.run(cells, str(tmp_path), parallel=4, devices=jax.devices()[:4], run_fn=run_fn, echo=lines.append)
+  statuses = runner.run(cells, str(tmp_path), parallel=4, devices=jax.devices()[:4], run_fn=run_fn, echo=lines.append)
   assert sorted(seen) == sorted(c.name for c in cells)
   assert statuses["all_taper-cpu-aux1-seed1"].state == "failed"
   assert "FloatingPointError: loss is nan at step 3" in statuses["all_taper-cpu-aux1-seed1"].error
   assert sum(s.state == "complete" for s in statuses.values()) == 5
-  record = sweep.read_record(str(tmp_path / "baseline-cpu-aux0-seed0"))
+  record = manifest.read_record(str(tmp_path / "baseline-cpu-aux0-seed0"))
   assert record["status"] == "complete" and len(record["devices"]) == 1
-  assert "a line from the cell" in (tmp_path / "baseline-cpu-aux0-seed0" / sweep.CELL_LOG).read_text()
+  assert "a line from the cell" in (tmp_path / "baseline-cpu-aux0-seed0" / runner.CELL_LOG).read_text()
   assert "5/6 complete, 0 running, 1 failed" in lines[-1]
   seen.clear()
-  sweep.run(cells, str(tmp_path), parallel=2, devices=jax.devices()[:2], run_fn=run_fn, echo=quiet)
+  runner.run(cells, str(tmp_path), parallel=2, devices=jax.devices()[:2], run_fn=run_fn, echo=quiet)
   assert seen == ["all_taper-cpu-aux1-seed1"]  # complete cells are skipped, the failed one retried
   seen.clear()
-  sweep.run(cells, str(tmp_path), devices=jax.devices()[:2], run_fn=run_fn, retry_failed=False, echo=quiet)
+  runner.run(cells, str(tmp_path), devices=jax.devices()[:2], run_fn=run_fn, retry_failed=False, echo=quiet)
   assert seen == []
 
 
 def test_progress_line_counts_and_estimates(tmp_path):
-  cells = sweep.expand({"seeds": (0, 1), "grids": [dict(variants=["baseline"], sizes=["cpu"])]})
-  progress = sweep.Progress(cells, str(tmp_path))
+  cells = grid.expand({"seeds": (0, 1), "grids": [dict(variants=["baseline"], sizes=["cpu"])]})
+  progress = runner.Progress(cells, str(tmp_path))
   assert progress.line().startswith("sweep: 0/2 complete, 0 running, 0 failed, 2 to run")
   assert "ETA —" in progress.line()
-  assert sweep.duration(3725) == "1h02m" and sweep.duration(65) == "1m05s" and sweep.duration(4) == "4s"
+  assert runner.duration(3725) == "1h02m" and runner.duration(65) == "1m05s" and runner.duration(4) == "4s"
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +169,8 @@ def test_tiny_sweep_end_to_end_resume_skip_a_failing_cell_and_the_report(tmp_pat
   workdir = str(tmp_path / "study")
   first = run_cli("experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}", "--parallel=2", check=False)
   assert first.returncode == 1 and "2 of 3 cells complete, 1 failed" in first.stdout
-  statuses = {c.name: sweep.cell_status(os.path.join(workdir, c.name))
-              for c in sweep.expand(tiny_sweep(data_dir, grids))}
+  statuses = {c.name: manifest.cell_status(os.path.join(workdir, c.name))
+              for c in grid.expand(tiny_sweep(data_dir, grids))}
   assert {n: s.state for n, s in statuses.items()} == {
       "baseline-cpu-aux0-seed0": "complete", "all_taper-cpu-aux0-seed0": "complete",
       "internal_taper-cpu-aux1-seed0": "failed"}
@@ -189,30 +191,74 @@ def test_tiny_sweep_end_to_end_resume_skip_a_failing_cell_and_the_report(tmp_pat
 
 @pytest.mark.slow
 def test_printed_commands_run_as_written(tmp_path, data_dir):
-  cells = sweep.expand(tiny_sweep(data_dir, [dict(variants=["all_taper:aux=0", "baseline"], sizes=["cpu"])]))
+  cells = grid.expand(tiny_sweep(data_dir, [dict(variants=["all_taper:aux=0", "baseline"], sizes=["cpu"])]))
   workdir = str(tmp_path / "study")
+  manifest.write_manifest(workdir, {"name": "tiny"}, cells)  # the command lines read their cells from it
   os.makedirs(os.path.join(workdir, cells[1].name))
   fake_results(os.path.join(workdir, cells[1].name))  # complete: no command for it
-  path, count = sweep.write_commands(cells, workdir)
+  path, count = commands.write_commands(cells, workdir)
   with open(path) as f:
     lines = f.read().splitlines()
   assert count == 1 and len(lines) == 1
-  assert "--config=configs/all_taper.py:size=cpu,aux=0,seed=0" in lines[0]
-  assert "--config.train.steps=6" in lines[0] and f"--workdir={workdir}/all_taper-cpu-aux0-seed0" in lines[0]
+  assert lines[0].endswith(f" -m tapernorm_jax.studies.cell --study={workdir} --cell=all_taper-cpu-aux0-seed0")
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   subprocess.run(["bash", "-c", lines[0]], cwd="/", env=env, check=True, capture_output=True, timeout=600)
-  assert sweep.cell_status(os.path.join(workdir, cells[0].name)).state == "complete"
-  assert sweep.write_commands(cells, workdir)[1] == 0
+  assert manifest.cell_status(os.path.join(workdir, cells[0].name)).state == "complete"
+  assert commands.write_commands(cells, workdir)[1] == 0
 
 
-def test_printed_commands_name_config_overrides_and_workdir(tmp_path):
-  cells = sweep.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
-                        "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 10}}})
-  line = sweep.command_line(cells[0], str(tmp_path), python="python3")
-  assert line == (f"cd {ROOT} && python3 -m experiments.tinystories "
-                  "--config=configs/final_taper.py:size=30m,aux=0,seed=3 "
-                  f"--workdir={tmp_path}/final_taper-30m-aux0-seed3 "
-                  "'--config.data.manual_dir=/data/tiny stories' --config.train.steps=10")
+UNIMPORTABLE = "import sys; sys.modules['configs'] = None; sys.modules['experiments'] = None\n"  # imports of them fail
+
+
+@pytest.mark.slow
+def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp_path, data_dir):
+  cells = grid.expand(tiny_sweep(data_dir, [dict(variants=["all_taper"], sizes=["cpu"])]))
+  workdir = str(tmp_path / "study")
+  manifest.write_manifest(workdir, {"name": "tiny"}, cells)
+  path, _ = commands.write_commands(cells, workdir)
+  with open(path) as f:
+    python, flag, module, *args = shlex.split(f.read().splitlines()[0])
+  assert (flag, module) == ("-m", "tapernorm_jax.studies.cell")
+  script = UNIMPORTABLE + (f"import runpy; sys.argv = {[module, *args]!r}\n"
+                           f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+  elsewhere = tmp_path / "elsewhere"  # an empty directory: no configs/ or experiments/ beside it either
+  elsewhere.mkdir()
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  proc = subprocess.run([python, "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "all_taper-cpu-aux1-seed0: complete" in proc.stdout and not os.listdir(elsewhere)
+  run_dir = os.path.join(workdir, cells[0].name)
+  assert os.path.exists(os.path.join(run_dir, "results.json"))
+  assert manifest.read_record(run_dir)["status"] == "complete"
+  written = report.write_report(workdir)
+  assert (written["runs"], written["complete"]) == (1, 1)
+
+
+def test_printed_commands_name_the_study_and_the_cell(tmp_path):
+  cells = grid.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
+                       "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 10}}})
+  line = commands.command_line(cells[0], str(tmp_path / "my study"), python="python3")
+  assert line == (f"python3 -m tapernorm_jax.studies.cell '--study={tmp_path}/my study' "
+                  "--cell=final_taper-30m-aux0-seed3")
+  with pytest.raises(grid.SweepError, match="write the manifest first"):  # the command would find no cell to run
+    commands.write_commands(cells, str(tmp_path))
+  manifest.write_manifest(str(tmp_path), {}, cells)
+  assert manifest.manifest_cells(str(tmp_path)) == {cells[0].name: cells[0]}  # the overrides travel in sweep.json
+  assert commands.write_commands(cells, str(tmp_path))[1] == 1
+
+
+def test_cell_command_mistakes_are_one_line(tmp_path):
+  cells = grid.expand({"seeds": (0,), "grids": [dict(variants=["all_taper"], sizes=["cpu"])]})
+  study = str(tmp_path / "study")
+  manifest.write_manifest(study, {}, cells)
+  for flags, message in (
+      ([f"--study={tmp_path}", "--cell=all_taper-cpu-aux1-seed0"], f"error: --study={tmp_path}: no sweep.json in it"),
+      ([f"--study={study}", "--cell=all_tapr-cpu-aux1-seed0"],
+       f"error: --cell=all_tapr-cpu-aux1-seed0: {study}/sweep.json has no such cell; did you mean "
+       "--cell=all_taper-cpu-aux1-seed0?")):
+    proc = run_cli("tapernorm_jax.studies.cell", *flags, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(message)
 
 
 def test_cli_bad_sweep_is_one_short_error(tmp_path):

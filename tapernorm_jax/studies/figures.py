@@ -1,0 +1,232 @@
+"""The study's figures: Figure 2 (validation loss against parameters), Figure 3 (logit norm, anchored vs
+unanchored), Figure 4 (gradient norm by weight type), and the training loss of baseline vs internal_taper with
+the gate; drawn without pyplot, saved as palette PNGs."""
+
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+import numpy as np
+from PIL import Image
+
+from tapernorm_jax import files
+from tapernorm_jax.studies.aggregate import Group
+from tapernorm_jax.studies.curves import Curves, mean_curve, series, taper_start
+from tapernorm_jax.studies.run_rows import Key, Run, label, params_text, size_order, unanchored, variant_order
+
+WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
+COLORS = {("baseline", 0): "#222222", ("internal_taper", 1): "#1f77b4", ("all_taper", 1): "#2ca02c",
+          ("final_taper", 1): "#9467bd", ("internal_taper", 0): "#17becf", ("all_taper", 0): "#d62728",
+          ("final_taper", 0): "#ff7f0e", ("baseline", 1): "#7f7f7f"}
+DPI = 110
+FIGURES = {  # file name → (title in report.md, caption)
+    "fig2_val_loss_vs_params.png": "Figure 2 — validation loss against parameter count",
+    "fig3_logit_norm.png": "Figure 3 — mean logit L2 norm, anchored vs unanchored",
+    "fig4_grad_norm.png": "Figure 4 — gradient norm by weight type",
+    "train_loss_gate.png": "Training loss, baseline vs internal_taper (+aux), with the gate",
+}
+
+
+def new_figure(width: float, height: float) -> Figure:
+  """A Figure drawn by the Agg backend (no pyplot, no global backend switch)."""
+  fig = Figure(figsize=(width, height), dpi=DPI)
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def size_panels(count: int, panel_width: float) -> tuple[Figure, Any]:
+  """A figure with one panel per model size in a row (between 7.5 and 20 inches wide), and its axes."""
+  fig = new_figure(min(max(panel_width * count, 7.5), 20), 4.8)
+  return fig, fig.subplots(1, count, squeeze=False)[0]
+
+
+def _log_y(ax: Any) -> None:
+  """Log y axis with plain-number tick labels, and labelled minor ticks where the data span few decades."""
+  ax.set_yscale("log")
+  lo, hi = ax.get_ylim()
+  decades = math.log10(hi / lo) if lo > 0 else 99
+  subs = range(2, 10) if decades <= 1.2 else (2, 5) if decades <= 3 else ()
+  ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+  ax.yaxis.set_minor_formatter(FuncFormatter(
+      lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v) + 1e-9)) in subs else ""))
+
+
+def _style(key: Key) -> dict[str, Any]:
+  """Colour per variant; unanchored variants dashed."""
+  return {"color": COLORS.get(key, "#8c564b"), "linestyle": "--" if unanchored(*key) else "-"}
+
+
+def _mark_taper(ax: Any, runs: Sequence[Run]) -> None:
+  """A dotted vertical line at the taper start (one per panel)."""
+  start = next((taper_start(r.config) for r in runs if taper_start(r.config) is not None), None)
+  if start is not None:
+    ax.axvline(start, color="#888888", linestyle=":", linewidth=1.2, label=f"taper start (step {start})")
+
+
+def _window(curves: Curves, size: str) -> int:
+  """Moving-average window for per-step curves: about 2% of the logged points."""
+  lengths = [len(curves.records[r.cell]) for r in curves.runs if r.size == size]
+  return max(1, (max(lengths) if lengths else 0) // 50)
+
+
+def figure_scaling(groups: Sequence[Group]) -> Figure | None:
+  """Figure 2: final val loss (g = 0) against parameter count, log x, a line per variant with std error bars.
+
+  Each size sits at its baseline's parameter count (variants differ by a few γ̃ vectors), the variants
+  spread slightly sideways so that their error bars stay apart.
+  """
+  done = [g for g in groups if g.n and g.params]
+  keys = sorted({(g.variant, g.aux) for g in done}, key=variant_order)
+  if not keys:
+    return None
+  sizes = sorted({g.size for g in done}, key=size_order)
+  at = {s: float(next((g.params for g in done if g.size == s and (g.variant, g.aux) == ("baseline", 0)),
+                      np.median([g.params for g in done if g.size == s]))) for s in sizes}
+  fig = new_figure(7.0, 4.6)
+  ax = fig.add_subplot()
+  for i, key in enumerate(keys):
+    shift = 1.0 + 0.025 * (i - (len(keys) - 1) / 2)
+    pts = [(at[g.size] * shift, g.mean, g.std or 0.0) for g in sorted(done, key=lambda g: size_order(g.size))
+           if (g.variant, g.aux) == key]
+    x, y, err = (np.asarray(v, float) for v in zip(*pts))
+    ax.errorbar(x, y, yerr=err, marker="o", markersize=4, capsize=3, linewidth=1.5, label=label(*key), **_style(key))
+  ax.set_xscale("log")
+  ax.set_xticks([at[s] for s in sizes], [f"{s}\n{params_text(int(at[s]))}" for s in sizes])
+  ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+  lo, hi = min(at.values()), max(at.values())
+  ax.set_xlim(lo / 1.4, hi * 1.4)
+  ax.set_xlabel("parameters (log scale)")
+  ax.set_ylabel("validation loss at g = 0 (nats/token)")
+  ax.set_title("Validation loss vs model size (mean ± std over seeds)")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def figure_logit_norm(curves: Curves) -> Figure | None:
+  """Figure 3: mean logit L2 norm against step (log y), a panel per size; seeds thin, mean thick; taper start."""
+  sizes = [s for s in curves.sizes() if any(curves.curves(rs, "logit_norm") for rs in curves.by_key(s).values())]
+  if not sizes:
+    return None
+  fig, axes = size_panels(len(sizes), 5.2)
+  for ax, size in zip(axes, sizes):
+    groups = curves.by_key(size)
+    for key, runs in groups.items():
+      seeds = curves.curves(runs, "logit_norm")
+      if not seeds:
+        continue
+      for steps, values in seeds:
+        ax.plot(steps, values, linewidth=0.7, alpha=0.35, **_style(key))
+      steps, mean = mean_curve(seeds)
+      tag = "unanchored" if unanchored(*key) else "anchored"
+      ax.plot(steps, mean, linewidth=2.2, label=f"{label(*key)} — {tag}", **_style(key))
+    _mark_taper(ax, [r for rs in groups.values() for r in rs])
+    _log_y(ax)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean logit L2 norm (log scale)")
+    params = next((r.params for rs in groups.values() for r in rs if r.params), None)
+    ax.set_title(f"{size} ({params_text(params)} params)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("Logit norm: anchored (solid) vs unanchored (dashed); thin lines are seeds, thick the mean")
+  fig.tight_layout()
+  return fig
+
+
+def figure_grad_norm(curves: Curves, size: str | None = None) -> Figure | None:
+  """Figure 4: gradient norm by weight type against step (log y), mean over seeds per variant, one size."""
+  if size is None:
+    with_unanchored = [s for s in curves.sizes() if any(unanchored(*k) for k in curves.by_key(s))]
+    size = (with_unanchored or curves.sizes() or [None])[-1]
+  if size is None:
+    return None
+  groups = curves.by_key(size)
+  window = _window(curves, size)
+  fig = new_figure(11, 7.4)
+  axes = fig.subplots(2, 2, sharex=True).ravel()
+  plotted = False
+  for ax, (wkey, title) in zip(axes, WEIGHT_TYPES):
+    for key, runs in groups.items():
+      seeds = curves.curves(runs, f"grad_norm/{wkey}", window)
+      if not seeds:
+        continue
+      steps, mean = mean_curve(seeds)
+      lo = np.min([np.interp(steps, s, v) for s, v in seeds], axis=0)
+      hi = np.max([np.interp(steps, s, v) for s, v in seeds], axis=0)
+      ax.fill_between(steps, lo, hi, alpha=0.15, color=_style(key)["color"], linewidth=0)
+      ax.plot(steps, mean, linewidth=1.6, label=label(*key), **_style(key))
+      plotted = True
+    _mark_taper(ax, [r for rs in groups.values() for r in rs])
+    _log_y(ax)
+    ax.set_title(f"{title} weights")
+    ax.set_ylabel("gradient L2 norm (log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+  if not plotted:
+    return None
+  for ax in axes[2:]:
+    ax.set_xlabel("training step")
+  axes[0].legend(fontsize=7)
+  params = next((r.params for rs in groups.values() for r in rs if r.params), None)
+  fig.suptitle(f"Gradient norm by weight type, {size} ({params_text(params)} params); unanchored dashed\n"
+               f"mean over seeds (band: min–max over seeds), moving average over {window} steps")
+  fig.tight_layout()
+  return fig
+
+
+def figure_train_loss(curves: Curves) -> Figure | None:
+  """Training loss of baseline vs internal_taper (+aux), mean over seeds, a panel per size; gate on a twin axis."""
+  pair = (("baseline", 0), ("internal_taper", 1))
+  sizes = [s for s in curves.sizes() if all(k in curves.by_key(s) for k in pair)]
+  if not sizes:
+    return None
+  fig, axes = size_panels(len(sizes), 5.4)
+  for ax, size in zip(axes, sizes):
+    groups = curves.by_key(size)
+    window = _window(curves, size)
+    tail_lo, tail_hi = np.inf, -np.inf
+    for key in pair:
+      steps, mean = mean_curve(curves.curves(groups[key], "loss", window))
+      ax.plot(steps, mean, linewidth=1.6, label=f"{label(*key)} (mean of {len(groups[key])})", **_style(key))
+      late = mean[len(mean) // 10:]
+      tail_lo, tail_hi = min(tail_lo, late.min()), max(tail_hi, late.max())
+    if np.isfinite(tail_lo):
+      pad = 0.05 * (tail_hi - tail_lo + 1e-9)
+      ax.set_ylim(tail_lo - pad, tail_hi + pad)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"training loss (nats/token, moving average over {window})")
+    ax.grid(True, alpha=0.3)
+    gate_ax = ax.twinx()
+    gate_steps, gate = series(curves.records[groups[pair[1]][0].cell], "gate")
+    gate_ax.plot(gate_steps, gate, color="#888888", linestyle=":", linewidth=1.4, label="gate g (internal_taper)")
+    gate_ax.set_ylim(-0.02, 1.05)
+    gate_ax.set_ylabel("gate g")
+    handles = ax.get_legend_handles_labels()
+    gate_handles = gate_ax.get_legend_handles_labels()
+    ax.legend(handles[0] + gate_handles[0], handles[1] + gate_handles[1], fontsize=7, loc="upper right")
+    params = next((r.params for rs in groups.values() for r in rs if r.params), None)
+    ax.set_title(f"{size} ({params_text(params)} params)")
+  fig.suptitle("Training loss, baseline vs internal_taper (+aux); y axis from 10% of training on")
+  fig.tight_layout()
+  return fig
+
+
+def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | None = None) -> dict[str, Figure]:
+  """Every figure the runs have data for, by file name."""
+  curves = curves or Curves(runs)
+  figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups), "fig3_logit_norm.png": figure_logit_norm(curves),
+             "fig4_grad_norm.png": figure_grad_norm(curves), "train_loss_gate.png": figure_train_loss(curves)}
+  return {name: fig for name, fig in figures.items() if fig is not None}
+
+
+def save_png(fig: Figure, path: str) -> None:
+  """Saves `fig` as a 256-colour palette PNG (about a third of the RGBA file; line plots look the same)."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=DPI)
+  image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+  with files.atomic_path(path) as tmp:
+    image.save(tmp, format="PNG", optimize=True)

@@ -1,0 +1,176 @@
+"""The grid of a sweep file: variants × sizes × seeds with their config overrides, expanded into cells, each checked
+before anything runs; a bad name or value is a SweepError naming the field."""
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
+
+import ml_collections
+
+from tapernorm_jax.errors import UserError
+from tapernorm_jax.taper.variants import SIZES, VARIANTS
+from tapernorm_jax.train import run_config
+
+SWEEP_FIELDS = ("grids", "name", "overrides", "seeds")
+GRID_FIELDS = ("variants", "sizes", "seeds", "overrides")
+
+
+class SweepError(UserError, ValueError):
+  """A bad sweep file, flag or grid; the message names the field and its value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of the grid: a variant with its aux setting, a size, a seed and the config overrides."""
+
+  variant: str
+  size: str
+  aux: int
+  seed: int
+  overrides: tuple[tuple[str, Any], ...] = ()  # (dotted config key, value), sorted by key
+
+  @property
+  def name(self) -> str:
+    """`<variant>-<size>-aux<0|1>-seed<N>`, the same name `experiments.tinystories` gives its default workdir."""
+    return f"{self.variant}-{self.size}-aux{self.aux}-seed{self.seed}"
+
+  @property
+  def config_arg(self) -> str:
+    """The argument after `:` in `--config=configs/<variant>.py:<arg>` (and of `run_config.get_config`)."""
+    return f"size={self.size},aux={self.aux},seed={self.seed}"
+
+  def config(self) -> ml_collections.ConfigDict:
+    """The full run config: the variant's config with the overrides applied."""
+    cfg = run_config.get_config(self.variant, self.config_arg)
+    for key, value in self.overrides:
+      set_field(cfg, key, value)
+    return cfg
+
+  def to_json(self) -> dict[str, Any]:
+    """A JSON-friendly description (the manifest and cell records hold it)."""
+    return {"name": self.name, "variant": self.variant, "size": self.size, "aux": self.aux, "seed": self.seed,
+            "overrides": dict(self.overrides)}
+
+  @classmethod
+  def from_json(cls, entry: Mapping[str, Any]) -> Self:
+    """The cell `to_json` described (JSON lists back to tuples)."""
+    return cls(entry["variant"], entry["size"], int(entry["aux"]), int(entry["seed"]),
+               frozen_overrides(entry.get("overrides") or {}))
+
+
+def frozen_overrides(flat: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+  """{"train.steps": 5, "x.y": [1, 2]} → (("train.steps", 5), ("x.y", (1, 2))): hashable, sorted by key."""
+  return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in flat.items()))
+
+
+def parse_variant(spec: Any, where: str) -> tuple[str, int]:
+  """`all_taper:aux=1` → ("all_taper", 1); a bare variant takes its default aux setting."""
+  if not isinstance(spec, str):
+    raise SweepError(f"{where}={spec!r}: a variant is a string like 'all_taper' or 'all_taper:aux=0'")
+  variant, _, rest = spec.partition(":")
+  if variant not in VARIANTS:
+    raise SweepError(f"{where}={spec!r}: unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+  if not rest:
+    return variant, int(VARIANTS[variant][2])
+  if rest not in ("aux=0", "aux=1"):
+    raise SweepError(f"{where}={spec!r}: after ':' write aux=0 or aux=1")
+  return variant, int(rest[-1])
+
+
+def is_mapping(value: Any) -> bool:
+  """A dict or a ConfigDict (which is not a collections.abc.Mapping)."""
+  return isinstance(value, (Mapping, ml_collections.ConfigDict))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"train": {"steps": 5}} → {"train.steps": 5}."""
+  flat: dict[str, Any] = {}
+  for key, value in tree.items():
+    if is_mapping(value):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def set_field(cfg: ml_collections.ConfigDict, key: str, value: Any) -> None:
+  """Sets `cfg.<key>` (dotted) as `--config.<key>=` would; an unknown field or a wrong type is a SweepError."""
+  *sections, field = key.split(".")
+  node = cfg
+  for i, section in enumerate(sections):
+    if not isinstance(node, ml_collections.ConfigDict) or section not in node:
+      raise SweepError(f"overrides.{key}={value!r}: {'.'.join(sections[:i + 1])} is not a config section")
+    node = node[section]
+  if not isinstance(node, ml_collections.ConfigDict) or field not in node:
+    raise SweepError(f"overrides.{key}={value!r}: no such config field")
+  try:
+    node[field] = value
+  except (TypeError, ValueError) as e:
+    raise SweepError(f"overrides.{key}={value!r}: {e}") from None
+
+
+def _as_list(value: Any, where: str) -> list:
+  """A list or tuple field of the sweep file, or a SweepError."""
+  if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+    raise SweepError(f"{where}={value!r}: expected a non-empty list")
+  return list(value)
+
+
+def _check_fields(tree: Any, known: Sequence[str], where: str) -> None:
+  """Every key of the sweep file (`where` = "") or of one of its grids is a field it may have."""
+  if not is_mapping(tree):
+    if not where:
+      raise SweepError(f"the sweep file's get_config() returned {type(tree).__name__}, not a ConfigDict or dict")
+    raise SweepError(f"{where}={tree!r}: expected a dict with variants, sizes, seeds (optional), overrides")
+  for key in tree:
+    if key not in known:
+      if not where:
+        raise SweepError(f"{key}: not a sweep field (the fields are {', '.join(known)})")
+      raise SweepError(f"{where}.{key}: not a grid field ({', '.join(known)})")
+
+
+def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -> list[Cell]:
+  """The cells of one grid (sizes × variants × seeds), its fields checked; `sweep` gives the shared seeds and
+  overrides."""
+  _check_fields(grid, GRID_FIELDS, where)
+  variants = [parse_variant(v, f"{where}.variants[{i}]")
+              for i, v in enumerate(_as_list(grid.get("variants"), f"{where}.variants"))]
+  sizes = _as_list(grid.get("sizes"), f"{where}.sizes")
+  for i, size in enumerate(sizes):
+    if size not in SIZES:
+      raise SweepError(f"{where}.sizes[{i}]={size!r}: unknown size; known: {', '.join(SIZES)}")
+  seeds = _as_list(grid.get("seeds", sweep.get("seeds")), f"{where}.seeds (or the sweep's seeds)")
+  for i, seed in enumerate(seeds):
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+      raise SweepError(f"{where}.seeds[{i}]={seed!r}: seeds are non-negative integers")
+  overrides = frozen_overrides({**flatten(sweep.get("overrides") or {}), **flatten(grid.get("overrides") or {})})
+  return [Cell(variant, size, aux, seed, overrides) for size in sizes for variant, aux in variants for seed in seeds]
+
+
+def _check_overrides(cells: Sequence[Cell]) -> None:
+  """Builds one config per distinct (variant, size, aux, overrides): bad overrides fail before anything runs."""
+  checked: set[tuple] = set()
+  for cell in cells:
+    key = (cell.variant, cell.size, cell.aux, cell.overrides)
+    if key in checked:
+      continue
+    checked.add(key)
+    for name, value in cell.overrides:
+      if "." not in name:
+        raise SweepError(f"overrides.{name}={value!r}: set variants, sizes and seeds in the grid, not as overrides")
+    if int(cell.config().taper.aux_weight > 0) != cell.aux:
+      raise SweepError(f"overrides.taper.aux_weight={dict(cell.overrides)['taper.aux_weight']!r} contradicts "
+                       f"{cell.variant}:aux={cell.aux}; choose the aux setting in the variant list")
+
+
+def expand(sweep: Mapping[str, Any]) -> list[Cell]:
+  """The cells of a sweep file's config, in grid order; checks every name, value and override first."""
+  _check_fields(sweep, SWEEP_FIELDS, "")
+  cells: dict[str, Cell] = {}
+  for g, grid in enumerate(_as_list(sweep.get("grids"), "grids")):
+    for cell in _grid_cells(grid, f"grids[{g}]", sweep):
+      if cell.name in cells and cells[cell.name] != cell:
+        raise SweepError(f"grids[{g}]: cell {cell.name} appears twice with different overrides")
+      cells[cell.name] = cell
+  _check_overrides(list(cells.values()))
+  return list(cells.values())

@@ -1,0 +1,107 @@
+"""What a study directory records: DIR/sweep.json (the expanded grid), DIR/<cell>/cell.json (what the runner last did
+with a cell) and, read from those and the run's own files, where each cell stands."""
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.studies.grid import Cell
+
+MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing
+CELL_RECORD = "cell.json"  # DIR/<cell>/cell.json: what the runner last did with the cell (status, error, devices)
+RESULTS_SCHEMAS = (0, 1)  # results.json schemas this module reads; a missing `schema` field is schema 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CellStatus:
+  """Where a cell stands: `complete`, `failed`, `incomplete` (started, not finished) or `pending`."""
+
+  state: str
+  step: int = 0  # the last step with metrics (incomplete cells)
+  error: str = ""  # failed cells: `Type: message`
+  results: Mapping[str, Any] | None = None  # complete cells
+
+
+def write_manifest(workdir: str, sweep: Mapping[str, Any], cells: Sequence[Cell], source: str = "") -> None:
+  """Writes DIR/sweep.json: the sweep's name and source file and every cell of the grid."""
+  os.makedirs(workdir, exist_ok=True)
+  write_json_atomically(os.path.join(workdir, MANIFEST), {
+      "name": sweep.get("name", ""), "source": source, "cells": [c.to_json() for c in cells]})
+
+
+def read_manifest(workdir: str) -> dict[str, Any] | None:
+  """DIR/sweep.json, or None when the directory was not made by a sweep."""
+  path = os.path.join(workdir, MANIFEST)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def manifest_cells(workdir: str) -> dict[str, Cell]:
+  """The cells DIR/sweep.json names, by name ({} without a manifest)."""
+  manifest = read_manifest(workdir) or {"cells": []}
+  return {entry["name"]: Cell.from_json(entry) for entry in manifest["cells"]}
+
+
+def read_results(run_dir: str) -> dict[str, Any] | None:
+  """`results.json` of a run directory, or None when absent; a schema this module cannot read is a ValueError."""
+  path = os.path.join(run_dir, "results.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    results = json.load(f)
+  schema = results.get("schema", 0)
+  if schema not in RESULTS_SCHEMAS:
+    raise ValueError(f"{path}: schema={schema!r}, this code reads schemas {RESULTS_SCHEMAS}")
+  return results
+
+
+def read_record(run_dir: str) -> dict[str, Any]:
+  """DIR/<cell>/cell.json, or {} when the runner never touched the cell."""
+  path = os.path.join(run_dir, CELL_RECORD)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_record(run_dir: str, record: Mapping[str, Any]) -> None:
+  """Writes DIR/<cell>/cell.json."""
+  write_json_atomically(os.path.join(run_dir, CELL_RECORD), dict(record))
+
+
+def last_step(run_dir: str) -> int:
+  """The step of the last record in `metrics.jsonl` + 1 (0 when none), read from the file's tail."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path, "rb") as f:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(0, f.tell() - 65536))
+    lines = [line for line in f.read().splitlines() if line.strip()]
+  for line in reversed(lines):
+    try:
+      return int(json.loads(line)["step"]) + 1
+    except (ValueError, KeyError):  # a partial first line of the tail
+      continue
+  return 0
+
+
+def cell_status(run_dir: str) -> CellStatus:
+  """Complete (results.json says so), failed (the runner recorded an error), incomplete or pending."""
+  try:
+    results = read_results(run_dir)
+  except (ValueError, OSError) as e:
+    return CellStatus("failed", error=f"unreadable results: {e}")
+  if results is not None and results.get("complete"):
+    return CellStatus("complete", step=int(results.get("steps", 0)), results=results)
+  record = read_record(run_dir)
+  if record.get("status") == "failed":
+    return CellStatus("failed", step=last_step(run_dir), error=record.get("error", "?"))
+  step = last_step(run_dir)
+  started = step > 0 or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+  return CellStatus("incomplete" if started else "pending", step=step)

@@ -1,0 +1,193 @@
+"""Run directories → one row per run: what each cell is (from results.json, config.json, cell.json or the sweep's
+manifest), where it stands, and its results, throughput and MFU; how runs are ordered and labelled."""
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tapernorm_jax import config_fields, hardware
+from tapernorm_jax.studies import manifest
+from tapernorm_jax.taper.variants import SIZES, VARIANTS
+
+CSV_COLUMNS = ("cell", "variant", "aux", "size", "seed", "params", "steps", "tokens", "final_val_loss",
+               "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus", "device")
+VARIANT_ORDER = (("baseline", 0), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
+                 ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0), ("baseline", 1))
+Key = tuple[str, int]  # (variant, aux)
+
+
+def label(variant: str, aux: int) -> str:
+  """`internal_taper (+aux)`, `all_taper (aux=0)`, `final_taper`: the aux setting where it matters."""
+  if aux:
+    return f"{variant} (+aux)"
+  return f"{variant} (aux=0)" if VARIANTS.get(variant, ("", "", True))[2] else variant
+
+
+def unanchored(variant: str, aux: int) -> bool:
+  """The final norm is tapered and no scale loss replaces it (the paper's unanchored ablations)."""
+  return VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
+
+
+def size_order(size: str) -> int:
+  """SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
+  return list(SIZES).index(size) if size in SIZES else len(SIZES)
+
+
+def variant_order(key: Key) -> int:
+  """Baseline first, anchored variants, then unanchored ones."""
+  return VARIANT_ORDER.index(key) if key in VARIANT_ORDER else len(VARIANT_ORDER)
+
+
+def params_text(params: int | None) -> str:
+  """`226.8K`, `30.29M`."""
+  if params is None:
+    return "?"
+  return f"{params / 1e6:.2f}M" if params >= 1e6 else f"{params / 1e3:.1f}K"
+
+
+# ------------------------------------------------------------------------------------------------ run rows
+
+
+@dataclasses.dataclass
+class Run:
+  """One cell of a study: what it is, where it stands and, when complete, its results."""
+
+  cell: str
+  variant: str
+  aux: int
+  size: str
+  seed: int
+  status: str  # complete | failed | incomplete | pending (never started) | missing (in the grid, no directory)
+  path: str = ""
+  error: str = ""
+  params: int | None = None
+  steps: int | None = None
+  tokens: int | None = None
+  final_val_loss: float | None = None
+  wall_time_s: float | None = None
+  tokens_per_s: float | None = None
+  mfu: float | None = None
+  corpus: str = ""
+  device: str = ""
+  config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def key(self) -> Key:
+    """(variant, aux)."""
+    return self.variant, self.aux
+
+  def csv_row(self) -> dict[str, Any]:
+    """The results.csv columns."""
+    return {c: ("" if getattr(self, c) is None else getattr(self, c)) for c in CSV_COLUMNS}
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  """A JSON file, or {} when absent."""
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
+  """`metrics.jsonl`, thinned to about `max_points` step records (every diagnostics record and the last kept).
+
+  Streams the file, parsing only the lines it keeps, so million-step runs read in seconds.
+  """
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    head = f.read(65536)
+    lines_estimate = os.path.getsize(path) / max(len(head) / max(head.count("\n"), 1), 1)
+    every = max(1, int(lines_estimate // max_points))
+    f.seek(0)
+    records, last, kept_last = [], "", True
+    for i, line in enumerate(f):
+      if not line.strip():
+        continue
+      last, kept_last = line, i % every == 0 or '"logit_norm"' in line
+      if kept_last:
+        records.append(json.loads(line))
+  if not kept_last:
+    records.append(json.loads(last))
+  return records
+
+
+def flops_per_token(config: Mapping[str, Any], params: int) -> float | None:
+  """Training FLOPs per token, 6·N + 12·L·D·T (PaLM's estimate with attention), from a run's config.json."""
+  model = config.get("model", {})
+  if not all(k in model for k in ("L", "D", "T")):
+    return None
+  return hardware.train_flops_per_token(params, model["L"], model["D"], model["T"])
+
+
+def steady_tokens_per_s(records: Sequence[Mapping[str, Any]]) -> float | None:
+  """The median of the logged training throughput (robust to the first, compiling interval)."""
+  values = [r["tokens_per_s"] for r in records if isinstance(r.get("tokens_per_s"), (int, float))]
+  return float(np.median(values)) if values else None
+
+
+def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
+  """One run directory as a Run: identity from results.json, config.json, cell.json or the manifest entry."""
+  name = os.path.basename(os.path.normpath(run_dir))
+  status = manifest.cell_status(run_dir)
+  results = dict(status.results or {})
+  config = config_fields.upgrade(_read_json(os.path.join(run_dir, "config.json")))
+  record = manifest.read_record(run_dir)
+  ident = {**(expected or {}), **record}
+  if config:
+    ident.update(variant=config.get("variant", ident.get("variant")), size=config.get("size", ident.get("size")),
+                 seed=config.get("seed", ident.get("seed")),
+                 aux=int(config.get("taper", {}).get("aux_weight", 0) > 0))
+  if results:
+    ident.update(variant=config_fields.current_value("variant", results["variant"]), size=results["size"],
+                 seed=results["seed"],
+                 aux=int(results.get("aux_weight", 0) > 0))
+  if not all(k in ident for k in ("variant", "size", "seed", "aux")):
+    raise ValueError(f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
+                     "move it out of the study directory")
+  run = Run(cell=name, variant=ident["variant"], aux=int(ident["aux"]), size=ident["size"], seed=int(ident["seed"]),
+            status=status.state, path=run_dir, error=status.error, config=config)
+  if status.state == "incomplete":
+    where = f"at step {status.step} of {config.get('train', {}).get('steps', '?')}"
+    run.error = f"running, or interrupted {where}" if record.get("status") == "running" else f"stopped {where}"
+  if results:
+    run.params, run.steps, run.tokens = results.get("params"), results.get("steps"), results.get("tokens")
+    loss = results.get("final_val_loss")
+    run.final_val_loss = float(loss) if loss is not None else None
+    if run.final_val_loss is not None and not math.isfinite(run.final_val_loss):
+      run.status, run.error = "failed", f"final validation loss is {run.final_val_loss}"
+    run.wall_time_s, run.corpus = results.get("wall_time_s"), results.get("corpus", "")
+    run.tokens_per_s = steady_tokens_per_s(read_metrics(run_dir)) or (
+        run.tokens / run.wall_time_s if run.tokens and run.wall_time_s else None)
+    kind = results.get("device_kind") or record.get("device_kind", "")
+    count = int(results.get("devices") or record.get("device_count") or 1)
+    run.device = f"{kind} × {count}" if kind else f"{results.get('backend', '?')} × {count}"
+    fpt = flops_per_token(config, run.params) if run.params else None
+    if kind and fpt and run.tokens_per_s:
+      run.mfu = hardware.mfu(run.tokens_per_s, fpt, kind, count)
+  return run
+
+
+def is_run_dir(path: str) -> bool:
+  """A directory that holds (or held) a run: results.json, config.json, metrics.jsonl or a sweep cell record."""
+  return os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in
+                                     ("results.json", "config.json", "metrics.jsonl", manifest.CELL_RECORD))
+
+
+def read_runs(workdir: str) -> list[Run]:
+  """Every run under `workdir`, plus a `missing` row for each cell of the sweep manifest without a directory."""
+  listed = manifest.read_manifest(workdir) or {"cells": []}
+  expected = {c["name"]: c for c in listed["cells"]}
+  runs = [read_run(os.path.join(workdir, name), expected.get(name)) for name in sorted(os.listdir(workdir))
+          if is_run_dir(os.path.join(workdir, name))]
+  present = {r.cell for r in runs}
+  runs += [Run(cell=name, variant=c["variant"], aux=int(c["aux"]), size=c["size"], seed=int(c["seed"]),
+               status="missing") for name, c in expected.items() if name not in present]
+  return sorted(runs, key=lambda r: (size_order(r.size), r.size, variant_order(r.key), r.variant, r.aux, r.seed))
