@@ -10,6 +10,7 @@ import venv
 
 import jax
 import nbformat
+import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
@@ -40,6 +41,7 @@ def kernel_manager() -> KernelManager:
   return manager
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("TAPERNORM_NOTEBOOK_SIZE", "ci")
   monkeypatch.setenv("TAPERNORM_NOTEBOOK_WORKDIR", str(tmp_path))

@@ -77,7 +77,7 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
   process recorded. Skipped, with the reason, without a checkout."""
   root = checkout_dir(s)
   if root is None:
-    return {"skipped": NO_CHECKOUT}
+    return {"not_run": NO_CHECKOUT}
   report, devices_dir = os.path.join(out_dir, "tests.xml"), os.path.join(out_dir, "test_devices")
   shutil.rmtree(devices_dir, ignore_errors=True)
   env = {**os.environ, **SHARED_DEVICE_ENV, "TAPERNORM_TEST_BACKEND": "default",
@@ -121,7 +121,7 @@ def read_device_records(devices_dir: str) -> list[dict[str, Any]]:
 
 def placement_problems(platform: str, tests: dict[str, Any] | None) -> list[str]:
   """Why the tests' results do not speak for `platform` (where the benchmarks ran); empty when they do."""
-  if not tests or "skipped" in tests:
+  if not tests or "not_run" in tests:
     return []
   records = tests.get("processes") or []
   if not records:
@@ -221,8 +221,8 @@ def markdown(results: dict[str, Any]) -> str:
   tests = results.get("tests")
   if tests:
     where = f"Tests ran on {tested_on(tests)}; benchmarks on {results['platform']}."
-    if "skipped" in tests:
-      lines += [f"Tests: not run: {tests['skipped']}.", ""]
+    if "not_run" in tests:
+      lines += [f"Tests: not run: {tests['not_run']}.", ""]
     elif tests.get("timed_out"):
       lines += [f"Tests: **timed out** after {tests['wall_s']:.0f} s. {where}", ""]
     else:
@@ -247,7 +247,7 @@ def markdown(results: dict[str, Any]) -> str:
 def ok(results: dict[str, Any]) -> bool:
   """Whether every part that ran succeeded (tests passed on the benchmarks' platform, benchmarks finished)."""
   tests = results.get("tests")
-  if tests and "skipped" not in tests and (tests.get("timed_out") or tests.get("returncode") != 0):
+  if tests and "not_run" not in tests and (tests.get("timed_out") or tests.get("returncode") != 0):
     return False
   if results.get("placement_problems"):
     return False

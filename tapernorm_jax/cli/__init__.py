@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from absl import app, logging
+from absl import app, flags, logging
 
 from tapernorm_jax.cli.failures import describe, exit_code, fail
 from tapernorm_jax.cli.flags import (CHECK_ONLY, define_config_file, define_flags, from_flags, parse_flags, settings,
@@ -39,7 +39,7 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
 
   @functools.wraps(main)
   def guarded(argv: list[str]) -> Any:
-    if CHECK_ONLY.value:
+    if flags.FLAGS.is_parsed() and CHECK_ONLY.value:
       print("--check_only: the flags and config files are valid; nothing was run")
       return None
     try:

@@ -95,7 +95,7 @@ def test_decode_with_the_kernel_matches_the_model_s_einsum(family):
   assert matvec.TARGET not in str(plain_step)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_row_by_row_decode_matches_the_model_s_einsum(family):
   cfg = CONFIGS[family]
   variables = perturbed_variables(cfg)

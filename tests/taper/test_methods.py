@@ -29,7 +29,8 @@ def batches(n: int, seed: int = 0) -> list[jax.Array]:
   return [jax.random.randint(k, (B, T + 1), 0, V) for k in jax.random.split(jax.random.key(seed), n)]
 
 
-@pytest.mark.parametrize("variant", [pytest.param("baseline", marks=pytest.mark.slow), "all_taper"])
+@pytest.mark.slow  # about 45 s on 2 cores each: CI runs them after the default suite
+@pytest.mark.parametrize("variant", ["baseline", "all_taper"])
 def test_k_accumulated_microbatches_give_the_update_of_one_k_times_larger_batch(variant):
   overrides = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": T, "model.V": V, "train.steps": 10,
                "train.batch_size": B, "taper.gate_warmup_frac": 0.2, "opt.lr": 1e-2}
@@ -105,7 +106,8 @@ def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_avera
   assert trainer.train_step._cache_size() == 1  # five gate switches, one compilation
 
 
-@pytest.mark.parametrize("method", [pytest.param("taper", marks=pytest.mark.slow), "fakeln"])  # taper: test_fold
+@pytest.mark.slow  # about 25 s on 2 cores each: CI runs them after the default suite (taper: also test_fold)
+@pytest.mark.parametrize("method", ["taper", "fakeln"])
 def test_both_methods_fold_to_their_unfolded_gate_zero_forward(method):
   cfg = gpt2_cfg(method)
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))

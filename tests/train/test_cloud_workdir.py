@@ -99,6 +99,7 @@ def config(data_dir: str, **changes):
   return base.override(base.get_config("all_taper"), {**TINY, "data.data_dir": data_dir, **changes})
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_a_gs_workdir_trains_resumes_bit_exactly_and_exports(gcs, compile_cache, tmp_path):
   data_dir = str(tmp_path / "data")
   local_dir = str(tmp_path / "local")

@@ -81,6 +81,7 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
     assert json.load(f)["model"]["D"] == 32
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_resume_in_the_same_process_is_bit_identical(uninterrupted, data_dir, tmp_path):
   workdir = str(tmp_path)
   loop.run(config(data_dir), workdir, stop_after=12)  # stopped inside the taper, then resumed from the checkpoint
@@ -102,6 +103,7 @@ def test_resume_in_a_fresh_process_is_bit_identical(uninterrupted, data_dir, tmp
   assert results["resumed_from"] == stop and results["final_val_loss"] == uninterrupted[1]["final_val_loss"]
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_checkpoint_moves_between_8_devices_and_1(data_dir, tmp_path):
   cfg = config(data_dir)
   meshes = {"8": sharding.make_mesh(data=2, fsdp=4), "1": sharding.make_mesh(devices=jax.devices()[:1])}
@@ -143,6 +145,7 @@ def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(dat
   assert results["resumed_from"] == complete[-1] and results["steps"] == complete[-1] + 2
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(data_dir, tmp_path):
   with pytest.raises(FloatingPointError, match=r"at step \d+; stopping\. Last good checkpoint: step \d+"):
     loop.run(config(data_dir, **{"opt.lr": 1e30, "opt.clip": 1e30, "checkpoint.every": 1}), str(tmp_path))

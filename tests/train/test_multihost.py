@@ -145,6 +145,7 @@ def check_writers(processes: list[dict], workdir: str, first_step: int = 0) -> N
   assert "run directory:" in processes[0]["stdout"] and "run directory:" not in processes[1]["stdout"]
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_two_processes_load_their_rows_and_train_as_one(shared, tmp_path):
   single, pair = str(tmp_path / "single"), str(tmp_path / "pair")
   [[reference], processes] = finish(start(1, shared, single, MESHES["dp"], str(tmp_path / "record1")),

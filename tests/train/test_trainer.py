@@ -107,6 +107,7 @@ def test_weight_decay_skips_norm_gains_and_scalars():
   assert float(jnp.abs(updates["gamma"]).max()) == 0 and float(jnp.abs(updates["gamma_tilde"]).max()) == 0
 
 
+@pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_sharded_fsdp_step_matches_a_single_device_step():
   cfg = tiny()
   one = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
