@@ -20,10 +20,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, logging
 
 from tapernorm_jax.cli.failures import describe, exit_code, fail
-from tapernorm_jax.cli.flags import (CHECK_ONLY, define_config_file, define_flags, from_flags, parse_flags, settings,
+from tapernorm_jax.cli.flags import (check_only, define_config_file, define_flags, from_flags, parse_flags, settings,
                                      verbose)
 
 __all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flags", "guard", "run", "settings", "train"]
@@ -39,7 +39,7 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
 
   @functools.wraps(main)
   def guarded(argv: list[str]) -> Any:
-    if flags.FLAGS.is_parsed() and CHECK_ONLY.value:
+    if check_only():
       print("--check_only: the flags and config files are valid; nothing was run")
       return None
     try:

@@ -26,6 +26,11 @@ CHECK_ONLY = flags.DEFINE_bool("check_only", False, "Check the flags and config 
                                "then exit without running: a command to check before handing it to a scheduler.")
 
 
+def check_only() -> bool:
+  """--check_only (False before the flags are parsed)."""
+  return flags.FLAGS.is_parsed() and CHECK_ONLY.value
+
+
 def verbose(argv: list[str] | None = None) -> bool:
   """--verbose, also before (or when) the flags could be parsed."""
   if flags.FLAGS.is_parsed():
