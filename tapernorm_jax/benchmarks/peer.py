@@ -33,7 +33,6 @@ from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summar
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.inference import decode
 from tapernorm_jax.inference import forms as forms_lib
-from tapernorm_jax.inference.cpu_kernels import few_rows
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, init, param_count
 
@@ -120,19 +119,15 @@ def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARI
   return out
 
 
-def decode_calls(forms: dict[str, tuple[PyTree, ModelConfig]], prompt_BxP: np.ndarray, new_tokens: int) -> Calls:
-  """This project's jitted greedy prefill-and-decode (`decode.generate`) per form, with the projection and variables
-  `few_rows.prepare` picks for this batch (prepared here, outside the timed calls)."""
-  B = prompt_BxP.shape[0]
+def decode_calls(runs: dict[str, tuple[PyTree, Any, ModelConfig]], prompt_BxP: np.ndarray, new_tokens: int) -> Calls:
+  """This project's jitted greedy prefill-and-decode (`decode.generate`) per form, each with the variables and
+  projection of `decode_bench.with_projections` for this batch (prepared outside the timed calls)."""
   prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
-  lengths_B = jnp.full((B,), prompt_BxP.shape[1], jnp.int32)
+  lengths_B = jnp.full((prompt_BxP.shape[0],), prompt_BxP.shape[1], jnp.int32)
   key = jax.random.key(0)
-  calls = {}
-  for name, (v, cfg) in forms.items():
-    v, projection = few_rows.prepare(v, cfg, B)
-    calls[name] = lambda v=v, cfg=cfg, projection=projection: decode.generate(
-        v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens, projection=projection)
-  return calls
+  return {name: (lambda v=v, cfg=cfg, projection=projection: decode.generate(
+              v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens, projection=projection))
+          for name, (v, projection, cfg) in runs.items()}
 
 
 def measure(calls: Calls, work: float, s: Settings) -> dict[str, dict]:
@@ -168,12 +163,13 @@ def bench_forward(peer: Peer, forms: dict, s: Settings) -> list[dict]:
 
 def bench_decode(peer: Peer, forms: dict, s: Settings) -> list[dict]:
   """Tokens/s of greedy generation (prefill included) per batch size; greedy agreement with this project's."""
-  rows = []
+  rows, copies = [], {}
   V = next(iter(forms.values()))[1].V
   P, N = s.prompt, s.new_tokens
   for B in s.decode_batches:
     prompt_BxP = np.random.default_rng(B).integers(0, V, (B, P), dtype=np.int32)
-    calls = {**peer.decode_calls(prompt_BxP, N), **decode_calls(forms, prompt_BxP, N)}
+    runs = decode_bench.with_projections(forms, B, copies)
+    calls = {**peer.decode_calls(prompt_BxP, N), **decode_calls(runs, prompt_BxP, N)}
     row = {"B": B, "prompt": P, "new_tokens": N, "contenders": measure(calls, B * N, s)}
     ours_BxN = np.asarray(calls["baseline"]())
     row["greedy_agreement"] = {name: agreement(ours_BxN, fn()) for name, fn in calls.items()

@@ -38,14 +38,21 @@ INPUT_AXES = {param_paths.QKV: 1, param_paths.ATTN_OUT: 2, param_paths.WI_GATE: 
               param_paths.WI: 1, param_paths.WO: 1, param_paths.HEAD: 1}
 
 
-def prepare(variables: PyTree, cfg: ModelConfig, rows: int) -> tuple[PyTree, Projection]:
-  """The variables and projection for decode steps of `rows` rows on this host: the kernel's (with its weight copies),
-  else one product per row on CPU; elsewhere, or past ROWWISE_MAX rows, `variables` and the model's own einsum."""
+def projection_for(cfg: ModelConfig, rows: int) -> Projection:
+  """The projection for decode steps of `rows` rows on this host: the kernel's where it is available (float32), else
+  one product per row on CPU; elsewhere, or past ROWWISE_MAX rows, the model's own einsum."""
   if jax.default_backend() != "cpu" or rows > ROWWISE_MAX:
-    return variables, einsum
+    return einsum
   if matvec.available() and jnp.dtype(cfg.compute_dtype) == jnp.float32 and rows <= matvec.MAX_ROWS:
-    return with_matvec_weights(variables, cfg), kernel_projection
-  return variables, rowwise_projection
+    return kernel_projection
+  return rowwise_projection
+
+
+def prepare(variables: PyTree, cfg: ModelConfig, rows: int) -> tuple[PyTree, Projection]:
+  """`projection_for(cfg, rows)` with the variables it reads: `variables` plus the kernel's weight copies where the
+  kernel runs, `variables` unchanged otherwise."""
+  projection = projection_for(cfg, rows)
+  return (with_matvec_weights(variables, cfg) if projection is kernel_projection else variables), projection
 
 
 def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
