@@ -4,6 +4,7 @@ of renamed fields and values, which still load with a deprecation message."""
 
 import copy
 import difflib
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -87,13 +88,25 @@ def problem(cfg: ml_collections.ConfigDict, dotted: str, name: str = "config") -
   return None
 
 
+def lookup(cfg: ml_collections.ConfigDict, parts: Sequence[str]) -> Any:
+  """What the path `parts` (["train", "steps"], or the sections above a field) names in `cfg`."""
+  node = cfg
+  for part in parts:
+    node = node[part]
+  return node
+
+
+def check(cfg: ml_collections.ConfigDict, checks: Sequence[tuple[bool, str, str]]) -> None:
+  """Raises ValueError `field=value: problem` for the first (ok, dotted field, problem) that is not ok."""
+  for ok, dotted, problem_text in checks:
+    if not ok:
+      raise ValueError(f"{dotted}={lookup(cfg, dotted.split('.'))!r}: {problem_text}")
+
+
 def reference(cfg: ml_collections.ConfigDict, dotted: str) -> ml_collections.FieldReference | None:
   """The FieldReference that field `dotted` holds (shared with every field that refers to it), or None."""
   *sections, leaf = dotted.split(".")
-  node = cfg
-  for name in sections:
-    node = node[name]
-  value = dict(node.items(preserve_field_references=True)).get(leaf)
+  value = dict(lookup(cfg, sections).items(preserve_field_references=True)).get(leaf)
   return value if isinstance(value, ml_collections.FieldReference) else None
 
 

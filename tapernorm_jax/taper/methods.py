@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import traverse_util
 
+from tapernorm_jax import config_fields
 from tapernorm_jax.model import ModelConfig, param_paths
 from tapernorm_jax.taper import calibration, losses, schedules
 
@@ -50,16 +51,6 @@ def name(cfg: ml_collections.ConfigDict) -> str:
   return method
 
 
-def check_fields(cfg: ml_collections.ConfigDict, checks: list[tuple[bool, str, str]]) -> None:
-  """Raises ValueError `field=value: problem` for the first (ok, dotted field, problem) that is not ok."""
-  for ok, field, problem in checks:
-    if not ok:
-      value = cfg
-      for part in field.split("."):
-        value = value[part]
-      raise ValueError(f"{field}={value!r}: {problem}")
-
-
 @dataclasses.dataclass
 class TaperNorm:
   """One global gate: 1 while the EMAs run, calibration of every tapered norm at the taper start, a half-cosine to 0."""
@@ -76,7 +67,7 @@ class TaperNorm:
   @staticmethod
   def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
     """Raises ValueError naming the first bad `taper.*` field; warns when nothing anchors the pre-logit scale."""
-    check_fields(cfg, [
+    config_fields.check(cfg, [
         (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
         (cfg.taper.aux_weight >= 0, "taper.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
         (cfg.taper.delta >= 0, "taper.delta", "must be >= 0")])
@@ -94,7 +85,7 @@ class TaperNorm:
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """c* = num/(den + δ), γ̃ ← γ and s_tgt at the taper start; unchanged at every other step."""
-    calibrated = calibration.calibrate(params, calib, self.norms, self.cfg.taper.mu, self.cfg.taper.delta)
+    calibrated = calibration.calibrate(params, calib, self.norms, self.mu, self.cfg.taper.delta)
     return tree_select(step == self.phases.taper_start, calibrated, (params, calib))
 
   def stats_active(self, step: jax.Array) -> jax.Array:
@@ -128,7 +119,7 @@ class FakeLN:
   def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
     """Raises ValueError naming the first bad `fakeln.*` field, or a schedule that does not end before the run."""
     del phases
-    check_fields(cfg, [
+    config_fields.check(cfg, [
         (cfg.fakeln.start >= 1, "fakeln.start",
          "must be >= 1 (σ_avg needs at least one step of statistics before the first removal)"),
         *[(cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0") for f in ("gap_mlp", "gap_attn", "gap_final")],

@@ -117,7 +117,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (the number of checkpoints kept)"),
       (0 <= cfg.seed < 2**32, "seed", "must be an integer in [0, 2**32)"),
   ]
-  methods.check_fields(cfg, checks)
+  config_fields.check(cfg, checks)
   if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:
     raise ValueError(f"taper.taper_end={cfg.taper.taper_end}: must be -1 (the last step) or in "
                      f"(0, train.steps={cfg.train.steps}]")
@@ -145,9 +145,6 @@ def override(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> ml_coll
     raise ValueError(f"{given}: these fields are one shared value (setting one sets the other); give only one")
   for dotted, value in changes.items():
     *sections, field = dotted.split(".")
-    node = cfg
-    for name in sections:
-      node = node[name]
-    node[field] = value
+    config_fields.lookup(cfg, sections)[field] = value
   return cfg
 
