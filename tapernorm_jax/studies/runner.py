@@ -18,6 +18,7 @@ from typing import Any, Self, TextIO
 import jax
 import ml_collections
 
+from tapernorm_jax import hardware
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, last_step, write_record
 
@@ -95,8 +96,8 @@ class _Routed:
 def cell_cost(cfg: ml_collections.ConfigDict) -> float:
   """Approximate training FLOPs of a cell (6·N + 12·L·D·T per token), to weigh cells in the ETA."""
   m = cfg.model
-  params = m.V * m.D + 12 * m.L * m.D * m.D
-  return float(cfg.train.steps * cfg.train.batch_size * m.T * (6 * params + 12 * m.L * m.D * m.T))
+  params = m.V * m.D + 12 * m.L * m.D * m.D  # embeddings and the blocks' matrices, without building the model
+  return cfg.train.steps * cfg.train.batch_size * m.T * hardware.train_flops_per_token(params, m.L, m.D, m.T)
 
 
 def duration(seconds: float) -> str:
