@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tapernorm_jax.benchmarks import accelerator
-from locations import ROOT
+from locations import ROOT, run_without_checkout
 
 
 
@@ -74,14 +74,12 @@ def test_tests_on_another_platform_than_the_benchmarks_fail_the_check(tmp_path):
 
 def test_without_a_checkout_the_check_runs_its_benchmarks_and_says_why_the_tests_did_not(tmp_path):
   # As from a wheel in an empty directory: configs/ and experiments/ unimportable, no tests/ beside the package.
-  script = ("import sys; sys.modules['configs'] = sys.modules['experiments'] = None\n"
-            "from tapernorm_jax.benchmarks import accelerator\n"
+  script = ("from tapernorm_jax.benchmarks import accelerator\n"
             f"accelerator.ROOT = {str(tmp_path)!r}\n"
             "s = accelerator.Settings(smoke=True, train=False, inference=False)\n"
             "results = accelerator.run(s, 'out')\n"
             "print(accelerator.ok(results), results['tests'], results['peer'])\n"
             "print(accelerator.markdown(results))\n")
-  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-3000:]
+  done = run_without_checkout(script, tmp_path)
   assert "\nTrue {'not_run': 'no checkout" in done.stdout, done.stdout
   assert f"Tests: not run: {accelerator.NO_CHECKOUT}." in done.stdout

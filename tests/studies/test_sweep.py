@@ -14,7 +14,7 @@ import pytest
 
 from configs.sweeps import cpu_mini, table2
 from tapernorm_jax.studies import commands, grid, manifest, report, runner
-from locations import ROOT
+from locations import ROOT, run_without_checkout
 
 TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
         "train": {"steps": 6, "batch_size": 4, "log_every": 3, "diag_every": 3, "eval_batches": 1},
@@ -207,9 +207,6 @@ def test_printed_commands_run_as_written(tmp_path, data_dir):
   assert commands.write_commands(cells, workdir)[1] == 0
 
 
-UNIMPORTABLE = "import sys; sys.modules['configs'] = None; sys.modules['experiments'] = None\n"  # imports of them fail
-
-
 @pytest.mark.slow
 def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp_path, data_dir):
   cells = grid.expand(tiny_sweep(data_dir, [dict(variants=["all_taper"], sizes=["cpu"])]))
@@ -219,13 +216,12 @@ def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp
   with open(path) as f:
     python, flag, module, *args = shlex.split(f.read().splitlines()[0])
   assert (flag, module) == ("-m", "tapernorm_jax.studies.cell")
-  script = UNIMPORTABLE + (f"import runpy; sys.argv = {[module, *args]!r}\n"
-                           f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+  script = (f"import runpy; sys.argv = {[module, *args]!r}\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
   elsewhere = tmp_path / "elsewhere"  # an empty directory: no configs/ or experiments/ beside it either
   elsewhere.mkdir()
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  proc = subprocess.run([python, "-c", script], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_without_checkout(script, elsewhere, python=python, timeout=600, env=env)
   assert "all_taper-cpu-aux1-seed0: complete" in proc.stdout and not os.listdir(elsewhere)
   run_dir = os.path.join(workdir, cells[0].name)
   assert os.path.exists(os.path.join(run_dir, "results.json"))
