@@ -1,1 +1,1 @@
-"""Hugging Face checkpoints: hub access, GPT-2 import and export, Llama export."""
+"""Hugging Face checkpoints: hub access, GPT-2 import and export, Llama export, and pretrained starts."""

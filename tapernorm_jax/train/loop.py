@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from tapernorm_jax import data, files
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
 from tapernorm_jax.taper import methods
 from tapernorm_jax.train.checkpoint import Checkpointer
@@ -110,11 +111,9 @@ def restore_or_init(trainer: Trainer, ckpt: Checkpointer, cfg: ml_collections.Co
     log(f"resuming from the checkpoint at step {restored.step} in {ckpt.directory}")
     return restored.state, restored.step, restored.data_state
   if cfg.get("init_from"):
-    from tapernorm_jax.hf import gpt2  # the hub client and safetensors: only for pretrained starts
-    variables, pretrained_cfg = gpt2.load_gpt2(cfg.init_from)
-    check_pretrained(trainer.model_cfg, pretrained_cfg, cfg.init_from)
+    params = pretrained.load(cfg.init_from, trainer.model_cfg)
     log(f"starting from the pretrained model {cfg.init_from}")
-    return trainer.state_from_params(variables["params"]), 0, None
+    return trainer.state_from_params(params), 0, None
   return trainer.init_state(cfg.seed), 0, None
 
 
@@ -186,16 +185,6 @@ class Profiler:
         self.mirror.close()
       self.active = False
       log(f"profile of steps {self.start}–{self.stop - 1} written to {self.directory}")
-
-
-def check_pretrained(model_cfg: Any, pretrained_cfg: Any, source: str) -> None:
-  """Raises ValueError naming every model field where the run's config differs from the pretrained model's."""
-  fields = ("family", "V", "D", "H", "L", "T", "mlp_dim", "eps", "tie_embeddings")
-  differing = [f"model.{f}: {getattr(model_cfg, f)!r} here, {getattr(pretrained_cfg, f)!r} in {source}"
-               for f in fields if getattr(model_cfg, f) != getattr(pretrained_cfg, f)]
-  if differing:
-    raise ValueError(f"init_from={source!r} does not fit the model config: " + "; ".join(differing)
-                     + ". Set those fields (--config.model.X=) or use the preset that matches the checkpoint.")
 
 
 def global_batch(trainer: Trainer, local_BxT1: np.ndarray) -> jax.Array:

@@ -18,6 +18,7 @@ import optax
 from flax import traverse_util
 from jax.sharding import Mesh
 
+from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
@@ -91,20 +92,7 @@ class Trainer:
     """A fresh, sharded state whose parameters come from a model with plain norms (a pretrained checkpoint): each
     tapered norm starts with γ̃ = γ, calibration state and optimiser at their initial values."""
     fresh = jax.device_get(self.init_state(0))
-    flat_fresh, flat_given = traverse_util.flatten_dict(fresh["params"]), traverse_util.flatten_dict(params)
-    merged, problems = {}, []
-    for path, init_value in flat_fresh.items():
-      source = path[:-1] + (param_paths.GAMMA,) if path[-1] == param_paths.GAMMA_TILDE else path
-      if source not in flat_given:
-        problems.append(f"{'/'.join(path)} is missing")
-      elif jnp.shape(flat_given[source]) != init_value.shape:
-        problems.append(f"{'/'.join(source)} has shape {jnp.shape(flat_given[source])}, expected {init_value.shape}")
-      else:
-        merged[path] = jnp.asarray(flat_given[source], init_value.dtype)
-    problems += [f"{'/'.join(p)} is not in the model" for p in flat_given if p not in flat_fresh]
-    if problems:
-      raise ValueError("the pretrained parameters do not fit the model: " + "; ".join(problems[:6]))
-    params = traverse_util.unflatten_dict(merged)
+    params = pretrained.merge(fresh["params"], params)
     state = {**fresh, "params": params, "opt_state": self.tx.init(params)}
     return jax.device_put(state, self.state_shardings)
 

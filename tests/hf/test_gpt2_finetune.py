@@ -11,10 +11,10 @@ import pytest
 
 from configs import base, gpt2
 from tapernorm_jax.hf import gpt2 as hf_gpt2
+from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, sharding
 from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.schedules import Phases
-from tapernorm_jax.train import loop
 from tapernorm_jax.train.run_config import validate
 from tapernorm_jax.train.trainer import Trainer
 from locations import FIXTURES, ROOT
@@ -46,7 +46,7 @@ def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():
   cfg = base.override(gpt2.get_config("model=demo,variant=all_taper"), {
       "model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2})
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
-  loop.check_pretrained(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
+  pretrained.check_fits(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
   state = trainer.state_from_params(variables["params"])
   norm = state["params"]["block_1"]["mlp_norm"]
   np.testing.assert_array_equal(norm["gamma_tilde"], norm["gamma"])
@@ -60,7 +60,7 @@ def test_a_pretrained_model_that_does_not_fit_the_config_is_named():
   _, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
   model_cfg = ModelConfig.from_config(gpt2.get_config("model=demo").model)
   with pytest.raises(ValueError, match=r"model\.V: 2000 here, 128 in tiny; model\.L: 4 here, 3 in tiny; model\.T"):
-    loop.check_pretrained(model_cfg, pretrained_cfg, "tiny")
+    pretrained.check_fits(model_cfg, pretrained_cfg, "tiny")
 
 
 @pytest.mark.slow  # three training subprocesses, ~1 minute
