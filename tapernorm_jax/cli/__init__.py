@@ -1,18 +1,7 @@
 """What every entry point shares: `run(main)` in place of absl's `app.run(main)`, and flags from a settings dataclass
-(`flags.py`); how a mistake is reported is `failures.py`.
-
-`run` reports a user's mistake as one line on stderr, `error: <what, the value, what is allowed, the fix>`,
-and exits without a traceback:
-
-    exit 2   a mistake: an unknown or unparsable flag, a missing config file, an unknown config field (with
-             the nearest valid name), two flags that set one shared config value, or an error raised by main
-             for its input (ValueError from this project's code, FileNotFoundError and the other OSErrors about
-             paths, tapernorm_jax.errors.UserError: a damaged checkpoint, an unreachable hub, a tokenizer that
-             does not match its cache)
-    exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), or
-             the device ran out of memory (XLA's RESOURCE_EXHAUSTED)
-
-Anything else is a bug and keeps its traceback; `--verbose` shows the traceback for mistakes too.
+(`flags.py`). `run` reports a user's mistake as one line on stderr and exits 2, or 1 for a stopped run, without a
+traceback (what counts as which: `failures.py`); anything else is a bug and keeps its traceback, and `--verbose`
+shows it for mistakes too. `--check_only` checks the flags and config files, then exits.
 """
 
 import functools

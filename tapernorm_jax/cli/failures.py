@@ -1,9 +1,11 @@
 """How an error becomes what a user sees: one line on stderr, `error: <what, the value, what is allowed, the fix>`,
 and an exit code; anything else is a bug and keeps its traceback.
 
-    exit 2   a mistake: an error raised for the input (ValueError from this project's code, FileNotFoundError and
-             the other OSErrors about paths, tapernorm_jax.errors.UserError: a damaged checkpoint, an unreachable
-             hub, a tokenizer that does not match its cache)
+    exit 2   a mistake: every flag and config-file mistake `flags.py` finds (an unknown or unparsable flag, a
+             missing config file, an unknown config field with the nearest valid name, two flags that set one
+             shared value), and an error raised for the input (ValueError from this project's code,
+             FileNotFoundError and the other OSErrors about paths, tapernorm_jax.errors.UserError: a damaged
+             checkpoint, an unreachable hub, a tokenizer that does not match its cache)
     exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), or
              the device ran out of memory (XLA's RESOURCE_EXHAUSTED)
 """
