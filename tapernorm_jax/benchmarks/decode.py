@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from tapernorm_jax import hardware
 from tapernorm_jax.inference import decode
 from tapernorm_jax.inference import forms as forms_lib
-from tapernorm_jax.inference.cpu_kernels import few_rows, matvec
+from tapernorm_jax.cpu_kernels import few_rows, matvec
 from tapernorm_jax.model.transformer import einsum
 from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train import run_config
@@ -56,9 +56,10 @@ class Settings:
   seed: int = 0
 
   def __post_init__(self):
-    unknown = set(self.modes) - set(MODES)
+    known = self.known_modes()
+    unknown = set(self.modes) - set(known)
     if unknown:
-      raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {MODES}")
+      raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {known}")
     if self.size not in SIZES:
       raise ValueError(f"size={self.size!r}: choose one of {sorted(SIZES)}")
     if self.variant not in VARIANTS:
@@ -68,6 +69,12 @@ class Settings:
     if self.dtype not in ("", "float32", "bfloat16", "float16", "float64"):
       raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16, float16 or float64 (or leave it empty)")
     self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+
+
+  @staticmethod
+  def known_modes() -> tuple[str, ...]:
+    """The modes this benchmark can time."""
+    return MODES
 
 
 FLAG_HELP = {  # one line per Settings field, for the entry points' flags
@@ -243,7 +250,7 @@ def decode_table(results: dict) -> list[str]:
                  f"{100 * f['folded']['roofline_fraction']:.0f}%",
                  f"{100 * f['folded']['median'] / dram(row['B'], step):.0f}%"])
   return ["KV-cache decode after a P-token prompt (prefill excluded), tokens/s (ratio to baseline; every form "
-            "with the CPU few-row projection that `inference/cpu_kernels/few_rows.py` picks for the batch, and "
+            "with the CPU few-row projection that `cpu_kernels/few_rows.py` picks for the batch, and "
             "folded once more with the model's own einsum). "
             "Roofline = B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a "
             "sum over as many bytes as one step reads (sampled between the decode runs), and with the DRAM "

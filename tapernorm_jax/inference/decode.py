@@ -11,7 +11,7 @@ query at position p see slots ≤ p.
     tokens_BxN = generate(variables, cfg, prompt_BxP, lengths_B, key, max_new_tokens=N)
 
 Every function takes the model's `projection` (default: its own einsum); on CPU, decoding a few rows
-passes the one `tapernorm_jax/inference/cpu_kernels/few_rows.py` prepares with its variables.
+passes the one `tapernorm_jax/cpu_kernels/few_rows.py` prepares with its variables.
 
 Requests outside the model's domain are a ValueError naming the argument, raised while tracing
 (the shapes and sampling settings are static): `temperature` < 0, `top_k` outside [0, V],

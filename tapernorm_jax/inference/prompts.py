@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from tapernorm_jax.inference import decode
-from tapernorm_jax.inference.cpu_kernels import few_rows
+from tapernorm_jax.cpu_kernels import few_rows
 from tapernorm_jax.inference.loading import Loaded
 from tapernorm_jax.model import ModelConfig
 

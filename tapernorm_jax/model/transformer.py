@@ -60,12 +60,24 @@ class Projection(Protocol):
   `param_paths` name), `spec` is the einsum that contracts x's trailing axes with w's leading ones,
   and `part` is None or, for the fused QKV weight, the slice of its second axis that `w` is. The
   model's own is `einsum`; decoding may pass another that computes the same product faster on one
-  backend (`tapernorm_jax/inference/cpu_kernels/`), reading any extra variables it needs from
+  backend (`tapernorm_jax/cpu_kernels/`), reading any extra variables it needs from
   `module`.
   """
 
   def __call__(self, module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
                part: slice | None = None) -> Array: ...
+
+
+class Attend(Protocol):
+  """The seam for a backend's own causal attention (`Transformer(cfg, attend=...)`; None: `attention_impl`'s).
+
+  Called as `attend(q, k, v)` on B×T×H×K queries, keys and values (queries not yet scaled) wherever the
+  model attends causally within a chunk; it must compute what `attention.causal_attention` does, gradients
+  included. The model never picks one itself: a trainer passes the one `tapernorm_jax/cpu_kernels/` selects.
+  """
+
+  def __call__(self, q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array) -> Array:
+    ...
 
 
 def einsum(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array, part: slice | None = None) -> Array:
@@ -85,10 +97,12 @@ def rope(x_BxTxHxK: Array, positions_BxT: Array, base: float) -> Array:
 
 
 class Attention(nn.Module):
-  """Causal multi-head self-attention through `model.attention_impl` (attention.py), optionally over a KV cache."""
+  """Causal multi-head self-attention through `model.attention_impl` (attention.py) or `attend`, optionally over a
+  KV cache."""
 
   cfg: ModelConfig
   projection: Projection = einsum
+  attend: Attend | None = None
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
@@ -129,7 +143,8 @@ class Attention(nn.Module):
     if last_only:  # the last position sees every key: no mask
       out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation="xla")
     elif cache is None or from_start:
-      out_BxTxHxK = attention.causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, cfg.attention_impl)
+      out_BxTxHxK = (self.attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK) if self.attend else
+                     attention.causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, cfg.attention_impl))
     else:
       out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
     out_BxTxD = self.project_out(out_BxTxHxK)
@@ -168,6 +183,7 @@ class Block(nn.Module):
 
   cfg: ModelConfig
   projection: Projection = einsum
+  attend: Attend | None = None
 
   @nn.compact
   def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
@@ -182,7 +198,7 @@ class Block(nn.Module):
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
     x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
-    attn = Attention(cfg, self.projection, name=param_paths.ATTN)(x_BxTxD, positions_BxT, cache, index_B,
+    attn = Attention(cfg, self.projection, self.attend, name=param_paths.ATTN)(x_BxTxD, positions_BxT, cache, index_B,
                                                                   from_start=from_start, last_only=last_only)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
@@ -196,6 +212,7 @@ class Transformer(nn.Module):
 
   cfg: Any
   projection: Projection = einsum  # the seam for backend-specific products (see Projection)
+  attend: Attend | None = None  # the seam for a backend's own causal attention (see Attend)
 
   def __post_init__(self):
     object.__setattr__(self, "cfg", ModelConfig.from_config(self.cfg))
@@ -210,7 +227,7 @@ class Transformer(nn.Module):
     if cfg.family == "gpt2":
       self.pos_embed = self.param(param_paths.POS_EMBED, nn.with_logical_partitioning(
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
-    self.blocks = [block(cfg, self.projection, name=param_paths.block(i)) for i in range(cfg.L)]
+    self.blocks = [block(cfg, self.projection, self.attend, name=param_paths.block(i)) for i in range(cfg.L)]
     self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:

@@ -18,6 +18,7 @@ import optax
 from flax import traverse_util
 from jax.sharding import Mesh
 
+from tapernorm_jax import cpu_kernels
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
@@ -57,6 +58,7 @@ class Trainer:
     run_config.validate(cfg, self.mesh.size)
     self.model_cfg = ModelConfig.from_config(cfg.model)
     self.fixed_cfg = self.model_cfg.fixed_form()
+    self.attend = cpu_kernels.attention_for(self.model_cfg)  # a backend's own attention, or None (the model's)
     self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg
     self.calibrated_norms = param_paths.norms_in(self.model_cfg)
     self.phases = schedules.Phases.from_config(cfg)
@@ -102,6 +104,10 @@ class Trainer:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
                         self.state_shardings)
 
+  def model(self, model_cfg: ModelConfig) -> Transformer:
+    """The model the steps apply: `model_cfg` with this backend's attention (`cpu_kernels.attention_for`)."""
+    return Transformer(model_cfg, attend=self.attend)
+
   def uses_fixed_step(self, step: int) -> bool:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
     return self.has_fixed_step and step >= self.method.off_step
@@ -110,7 +116,7 @@ class Trainer:
             model_cfg: ModelConfig, record: bool) -> tuple[jax.Array, tuple]:
     """CE + λ·L_aux on a batch of windows; returns (loss, (ce, aux, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
-    (logits_BxTxV, h_BxTxD), mutated = Transformer(model_cfg).apply(
+    (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg).apply(
         {"params": params, CALIB: calib}, inputs_BxT, gate, return_hidden=True, mutable=[CALIB_STATS] if record else [])
     ce = losses.cross_entropy(logits_BxTxV, targets_BxT)
     aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step)
@@ -170,7 +176,7 @@ class Trainer:
     batch_BxT1 = self.microbatches(batch_BxT1)[0]  # one microbatch: what fits in memory
     gate = self.method.gates(step)
     variables = {"params": state["params"], CALIB: calib}
-    model = Transformer(cfg)
+    model = self.model(cfg)
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     h_BxTxD = model.apply(variables, inputs_BxT, gate, method=Transformer.hidden)
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from tapernorm_jax.inference.cpu_kernels import matvec
+from tapernorm_jax.cpu_kernels import matvec
 from tapernorm_jax.model import ModelConfig, param_paths
 from tapernorm_jax.model.transformer import Projection, einsum
 

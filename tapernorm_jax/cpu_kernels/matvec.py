@@ -11,64 +11,17 @@ the CPU. Where that fails (no compiler, `TAPERNORM_MATVEC=0`), `available()` is 
 why, and decoding goes one row at a time instead.
 """
 
-import ctypes
 import functools
-import hashlib
-import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 
-from tapernorm_jax import files
+from tapernorm_jax.cpu_kernels import build
 
-log = logging.getLogger(__name__)
-SOURCE = Path(__file__).parent / "matvec_rows.cc"
+SOURCE = build.HERE / "matvec_rows.cc"
 TARGET = "tapernorm_matvec_rows"
 MAX_ROWS = 8
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
-
-
-def cache_dir() -> Path:
-  """Where compiled kernels are kept."""
-  return Path(files.cache_dir())
-
-
-def _cpu_id() -> str:
-  """The CPU model and flags (a -march=native build runs only where they match)."""
-  try:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-  except OSError:
-    return platform.processor()
-  return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
-
-
-def _build() -> Path:
-  """Compiles the kernel into the cache (once per source, jaxlib and CPU); returns the library's path."""
-  compiler = shutil.which(os.environ.get("CXX", "c++"))
-  if compiler is None:
-    raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)")
-  key = hashlib.sha256("\n".join([SOURCE.read_text(), jaxlib.__version__, _cpu_id(), compiler, *FLAGS])
-                       .encode()).hexdigest()[:16]
-  library = cache_dir() / f"matvec_rows-{key}.so"
-  if library.exists():
-    return library
-  library.parent.mkdir(parents=True, exist_ok=True)
-  log.info("compiling %s into %s (once for this jaxlib and CPU)", SOURCE.name, library.parent)
-  with tempfile.TemporaryDirectory(dir=library.parent) as tmp:  # built aside, renamed into place: no torn file
-    built = Path(tmp) / library.name
-    result = subprocess.run([compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(built)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-      raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {result.stderr.strip()[-500:]}")
-    os.replace(built, library)
-  return library
 
 
 @functools.cache
@@ -76,12 +29,7 @@ def _load() -> str:
   """Builds, loads and registers the kernel; '' when it is ready, else why not."""
   if os.environ.get("TAPERNORM_MATVEC", "1") == "0":
     return "disabled by TAPERNORM_MATVEC=0"
-  try:
-    library = ctypes.cdll.LoadLibrary(str(_build()))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.MatvecRows), platform="cpu")
-  except (OSError, RuntimeError, AttributeError) as e:
-    return str(e)
-  return ""
+  return build.register(SOURCE, {TARGET: "MatvecRows"})
 
 
 def available() -> bool:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tapernorm_jax.inference import decode
-from tapernorm_jax.inference.cpu_kernels import few_rows, matvec
+from tapernorm_jax.cpu_kernels import few_rows, matvec
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.model.transformer import einsum
 from model_helpers import perturbed_variables

@@ -1,0 +1,20 @@
+"""Opt-in CPU kernels, selected here and applied through the model's seams; nothing in the model imports them.
+
+    few_rows.prepare(variables, cfg, rows)   decoding a few rows: variables and a projection (`projection=`)
+    attention_for(cfg)                       training: a causal attention for `Transformer(cfg, attend=...)`
+"""
+
+import jax
+import jax.numpy as jnp
+
+from tapernorm_jax.cpu_kernels import attention
+from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.model.transformer import Attend
+
+
+def attention_for(cfg: ModelConfig) -> Attend | None:
+  """The fused CPU attention (`attention.py`) where `model.attention_impl` is auto, the backend is CPU, activations
+  are float32 and the kernels build; otherwise None, and the model attends through `attention_impl`."""
+  usable = (cfg.attention_impl in (None, "auto") and jax.default_backend() == "cpu"
+            and jnp.dtype(cfg.compute_dtype) == jnp.float32)
+  return attention.causal_attention if usable and attention.available() else None

@@ -1,1 +1,0 @@
-"""Opt-in CPU kernels for decoding: nothing in the model imports them; decoding applies them through one seam."""
