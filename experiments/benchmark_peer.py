@@ -4,6 +4,7 @@
     python -m experiments.benchmark_peer            # the paper's grid at 30M: forward and decode
     python -m experiments.benchmark_peer --quick    # a 1M-model smoke run
     python -m experiments.benchmark_peer --modes=forward --batches=1 --lengths=128,256 --nocompile
+    python -m experiments.benchmark_peer --modes=train  # one optimiser step: 1M 16×512, 9M 4×512, 30M 1×512
 
 The baseline form of decode.py's calibrated-looking internal_taper weights is written as a
 Hugging Face `LlamaForCausalLM` checkpoint (tapernorm_jax/hf/llama.py, numpy only), loaded with
@@ -13,8 +14,10 @@ in float32, or nothing is timed. Then, per cell and interleaved in this one proc
 `torch.compile` (reported `n/a` with the reason where it fails), and this project's jitted
 baseline and folded forms; for decode, `generate` (compiled: with a static cache) against
 `decode.generate`. PyTorch runs on the GPU when jax does and CUDA is there, else on the CPU with
-every core. What is timed and how: tapernorm_jax/benchmarks/peer.py. Writes results.json and
-table.md under --out.
+every core. `train` times one optimiser step of this project's baseline and TaperNorm mid-taper
+against LlamaForCausalLM + torch.optim.AdamW (eager, and the loss under torch.compile) on the
+baseline's initial weights, after their first losses agree. What is timed and how:
+tapernorm_jax/benchmarks/peer.py and peer_train.py. Writes results.json and table.md under --out.
 """
 
 import dataclasses
@@ -43,7 +46,9 @@ from tapernorm_jax.files import write_report  # noqa: E402
 
 _SETTINGS = cli.define_flags(bench.Settings, {
     **decode_bench.FLAG_HELP, "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
-    "threads": "PyTorch's intra-op threads (0: every core)."})
+    "threads": "PyTorch's intra-op threads (0: every core).",
+    "modes": "forward, decode and/or train.",
+    "train_cells": "Cells of the train mode, SIZE:BATCHxT (default: 1m:16x512,9m:4x512,30m:1x512)."})
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")
 _OUT = flags.DEFINE_string("out", "runs/benchmark_peer", "Output directory for results.json and table.md.")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,16 +60,41 @@ def reason(error: BaseException) -> str:
   return f"{type(error).__name__}: {lines[0][:200] if lines else ''}".rstrip(": ")
 
 
+def first_call(fn: Any) -> Any:
+  """`fn` if one call of it (compiling) succeeds, else the reason it failed."""
+  try:
+    fn()
+  except Exception as e:  # noqa: BLE001 (torch.compile fails in many ways; the table reports the reason)
+    print(f"torch.compile failed: {reason(e)}", flush=True)
+    return reason(e)
+  return fn
+
+
+def torch_device() -> str:
+  """cuda when jax runs on a GPU and PyTorch sees CUDA, else cpu."""
+  return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def load_llama(directory: str, device: str) -> Any:
+  """LlamaForCausalLM with SDPA attention from a checkpoint directory, float32, on `device`."""
+  transformers.utils.logging.set_verbosity_error()
+  transformers.utils.logging.disable_progress_bar()
+  model = transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32)
+  return model.to(device)
+
+
+def synchronize(device: str) -> None:
+  """Returns once `device` is done (CPU calls are synchronous anyway)."""
+  if device == "cuda":
+    torch.cuda.synchronize()
+
+
 class HuggingFacePeer:
   """LlamaForCausalLM from a checkpoint directory: eager, and under torch.compile where that works."""
 
   def __init__(self, directory: str, s: bench.Settings):
-    self.device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
-    torch.set_num_threads(s.threads or os.cpu_count())
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    model = transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32)
-    self.model = model.to(self.device).eval()
+    self.device = torch_device()
+    self.model = load_llama(directory, self.device).eval()
     self.compile = s.compile
     self.compiled = None
     if s.compile:  # one graph per shape, like a jitted function; every cell's shape must fit the cache of graphs
@@ -91,22 +121,14 @@ class HuggingFacePeer:
     def call() -> Any:
       with torch.inference_mode():
         out = fn()
-      if self.device == "cuda":
-        torch.cuda.synchronize()
+      synchronize(self.device)
       return out
 
     return call
 
   def first_call(self, fn: Any) -> Any:
-    """`fn` if one call of it (compiling) succeeds, else the reason it failed."""
-    if not self.compile:
-      return "skipped: --nocompile"
-    try:
-      fn()
-    except Exception as e:  # noqa: BLE001 (torch.compile fails in many ways; the table reports the reason)
-      print(f"torch.compile failed: {reason(e)}", flush=True)
-      return reason(e)
-    return fn
+    """`fn` if compiling is on and one call of it (compiling) succeeds, else the reason it cannot run."""
+    return first_call(fn) if self.compile else "skipped: --nocompile"
 
   def forward_calls(self, tokens_BxT: np.ndarray) -> bench.Calls:
     """Last-token logits: eager, and the torch.compile'd module (static shapes: one graph per cell)."""
@@ -131,11 +153,66 @@ class HuggingFacePeer:
     compiled = self.synced(lambda: generate(cache_implementation="static", compile_config=compile_config))
     return {"hf_eager": self.synced(generate), "hf_compiled": self.first_call(compiled)}
 
-  def describe(self) -> dict[str, Any]:
-    """Versions, device and threads."""
-    device = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "device": device,
-            "threads": torch.get_num_threads(), "attention": "sdpa"}
+
+class HuggingFaceTrainer:
+  """LlamaForCausalLM on a Trainer's initial weights with torch.optim.AdamW and global-norm clipping as the Trainer's
+  optimiser is configured (weight decay on matrices only): an eager step, and one whose loss is torch.compile'd."""
+
+  def __init__(self, trainer: Any, s: bench.Settings):
+    self.device = torch_device()
+    state = jax.device_get(trainer.init_state(s.seed))
+    with tempfile.TemporaryDirectory(prefix="tapernorm-hf-llama-") as directory:
+      llama.save_llama({"params": state["params"], "calib": state["calib"]}, trainer.model_cfg, directory)
+      self.model = load_llama(directory, self.device).train()
+    opt = trainer.cfg.opt
+    params = list(self.model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.b1, opt.b2), eps=opt.eps)
+    self.clip, self.compile = opt.clip, s.compile
+
+  def loss(self, ids_BxT: torch.Tensor, targets_BxT: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy."""
+    logits_BxTxV = self.model(ids_BxT, use_cache=False).logits
+    return torch.nn.functional.cross_entropy(logits_BxTxV.flatten(0, 1).float(), targets_BxT.flatten())
+
+  def batch(self, batch_BxT1: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of B × (T + 1) windows on the model's device."""
+    ids = torch.from_numpy(np.asarray(batch_BxT1, np.int64)).to(self.device)
+    return ids[:, :-1], ids[:, 1:]
+
+  def first_loss(self, batch_BxT1: np.ndarray) -> float:
+    """The loss at the current (initial) weights, without a step."""
+    with torch.no_grad():
+      return float(self.loss(*self.batch(batch_BxT1)))
+
+  def train_calls(self, batch_BxT1: np.ndarray) -> bench.Calls:
+    """One optimiser step each: eager, and with the loss (forward and backward graph) under torch.compile."""
+    inputs = self.batch(batch_BxT1)
+
+    def step(loss_fn: Any) -> Any:
+      def call() -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(*inputs)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        synchronize(self.device)
+        return loss.detach()
+
+      return call
+
+    calls: bench.Calls = {"hf_eager": step(self.loss), "hf_compiled": "skipped: --nocompile"}
+    if self.compile:
+      calls["hf_compiled"] = first_call(step(torch.compile(self.loss, dynamic=False)))
+    return calls
+
+
+def describe(device: str) -> dict[str, Any]:
+  """Versions, device and threads of the peer."""
+  name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+  return {"torch": torch.__version__, "transformers": transformers.__version__, "device": name,
+          "threads": torch.get_num_threads(), "attention": "sdpa"}
 
 
 def main(argv: list[str]) -> None:
@@ -143,19 +220,23 @@ def main(argv: list[str]) -> None:
   s = cli.settings(argv, bench.Settings, _SETTINGS)
   if _QUICK.value:
     s = dataclasses.replace(s, **bench.QUICK)
-  forms = bench.weights(s)
-  variables, cfg = forms["baseline"]
-  with tempfile.TemporaryDirectory(prefix="tapernorm-hf-llama-") as directory:
-    llama.save_llama(variables, cfg, directory)
-    peer = HuggingFacePeer(directory, s)
-  tokens_BxT = np.random.default_rng(s.seed).integers(0, cfg.V, (2, min(128, cfg.T)), dtype=np.int32)
-  checked = bench.parity(bench.last_logits(variables, cfg, tokens_BxT), peer.logits(tokens_BxT))
-  print(f"{s.size} {s.variant} baseline form as LlamaForCausalLM: last-token logits match ours to "
-        f"{checked['max_abs_diff']:.2e} (largest logit {checked['max_abs_logit']:.2f}, tolerance "
-        f"{checked['tolerance']:g}); timing in {s.dtype} on torch {peer.describe()['device']} "
-        f"({torch.get_num_threads()} thread(s)) and jax {jax.default_backend()}", flush=True)
-  peer.to(s.dtype)
-  results = bench.run(s, peer, forms, checked)
+  torch.set_num_threads(s.threads or os.cpu_count())
+  device = torch_device()
+  peer, forms, checked = None, None, None
+  if {"forward", "decode"} & set(s.modes):
+    forms = bench.weights(s)
+    variables, cfg = forms["baseline"]
+    with tempfile.TemporaryDirectory(prefix="tapernorm-hf-llama-") as directory:
+      llama.save_llama(variables, cfg, directory)
+      peer = HuggingFacePeer(directory, s)
+    tokens_BxT = np.random.default_rng(s.seed).integers(0, cfg.V, (2, min(128, cfg.T)), dtype=np.int32)
+    checked = bench.parity(bench.last_logits(variables, cfg, tokens_BxT), peer.logits(tokens_BxT))
+    print(f"{s.size} {s.variant} baseline form as LlamaForCausalLM: last-token logits match ours to "
+          f"{checked['max_abs_diff']:.2e} (largest logit {checked['max_abs_logit']:.2f}, tolerance "
+          f"{checked['tolerance']:g}); timing in {s.dtype} on torch {device} ({torch.get_num_threads()} thread(s)) "
+          f"and jax {jax.default_backend()}", flush=True)
+    peer.to(s.dtype)
+  results = bench.run(s, describe(device), peer, forms, checked, lambda trainer: HuggingFaceTrainer(trainer, s))
   table = bench.markdown(results)
   path = write_report(_OUT.value, results, table)
   print("\n" + table)

@@ -1,10 +1,13 @@
 """What numbers were measured on: backend, device, CPU model and caches, versions; and known peak FLOP/s."""
 
+import functools
 import os
 import platform
+import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 # Dense peak FLOP/s per device in bfloat16, from the vendors' data sheets, for MFU. Keys are
 # substrings of `jax.Device.device_kind`; the first match wins, so longer names come first.
@@ -27,14 +30,46 @@ def peak_flops(device_kind: str) -> float | None:
   return next((flops for name, flops in PEAK_BF16_FLOPS if name.lower() in device_kind.lower()), None)
 
 
+def peak() -> dict[str, Any] | None:
+  """The peak FLOP/s of this job's devices that MFU is measured against, and where it comes from: the data sheet's
+  bf16 peak per accelerator × their count; on CPUs, the best rate of a large jitted float32 GEMM measured here
+  (`measured_gemm_flops`) × the processes (fake CPU devices share one host's cores); None where neither is known."""
+  device = jax.devices()[0]
+  per_device = peak_flops(device.device_kind)
+  if per_device:
+    return {"flops": per_device * jax.device_count(), "source": f"{jax.device_count()} × the {device.device_kind}'s "
+            f"dense bf16 peak (data sheet, {per_device / 1e12:,.0f} TFLOP/s each)"}
+  if device.platform == "cpu":
+    host = measured_gemm_flops()
+    return {"flops": host * jax.process_count(), "source": f"this CPU's measured float32 GEMM rate (a jitted 2048³ "
+            f"matmul, best of 5: {host / 1e9:,.0f} GFLOP/s per host)"}
+  return None
+
+
+@functools.lru_cache(maxsize=1)
+def measured_gemm_flops(n: int = 2048, repeats: int = 5) -> float:
+  """The best FLOP/s of a jitted float32 n × n × n matmul on the default device (once per process, ~1 s on CPUs)."""
+  a = jnp.ones((n, n), jnp.float32)
+  matmul = jax.jit(lambda a: a @ a)
+  matmul(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    matmul(a).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2.0 * n**3 / best
+
+
 def train_flops_per_token(params: int, L: int, D: int, T: int) -> float:
   """Training FLOPs per token, 6·N + 12·L·D·T (PaLM's estimate, attention included)."""
   return 6.0 * params + 12.0 * L * D * T
 
 
-def mfu(tokens_per_s: float, flops_per_token: float, device_kind: str, device_count: int = 1) -> float | None:
-  """Model FLOPs utilisation against the bf16 peak of `device_count` devices; None where the peak is not known."""
-  peak = peak_flops(device_kind)
+def mfu(tokens_per_s: float, flops_per_token: float, device_kind: str, device_count: int = 1,
+        peak_per_device: float | None = None) -> float | None:
+  """Model FLOPs utilisation against the peak of `device_count` devices (`peak_per_device`, else the data sheet's
+  bf16 peak of `device_kind`); None where neither is known."""
+  peak = peak_per_device or peak_flops(device_kind)
   return tokens_per_s * flops_per_token / (peak * device_count) if peak else None
 
 

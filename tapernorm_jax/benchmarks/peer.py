@@ -28,6 +28,7 @@ import numpy as np
 
 from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
+from tapernorm_jax.benchmarks import peer_train
 from tapernorm_jax.benchmarks.decode import model_config
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
@@ -38,7 +39,7 @@ from tapernorm_jax.model import ModelConfig, init, param_count
 
 PyTree = Any
 Calls = dict[str, Callable[[], Any] | str]  # a call, or the reason it cannot run ("n/a" in the table)
-MODES = decode_bench.MODES
+MODES = (*decode_bench.MODES, "train")  # train: benchmarks/peer_train.py
 FORMS = ("baseline", "folded")  # this project's contenders; `baseline` is what the peer loads
 PEERS = ("hf_eager", "hf_compiled")
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
@@ -65,20 +66,30 @@ class Peer(Protocol):
 
 @dataclasses.dataclass
 class Settings(decode_bench.Settings):
-  """benchmarks/decode.py's settings (defaults: the paper's grid at 30M), plus the peer's own."""
+  """benchmarks/decode.py's settings (defaults: the paper's grid at 30M), plus the peer's own and the train mode's."""
 
   compile: bool = True
   threads: int = 0  # PyTorch's intra-op threads; 0 = every core (os.cpu_count())
+  train_cells: tuple[str, ...] = peer_train.CELLS
 
   def __post_init__(self):
     super().__post_init__()
     check_at_least(self, 0, "threads")
+    for cell in self.train_cells:
+      peer_train.parse_cell(cell)
     if self.dtype == "float64":
       raise ValueError("dtype='float64': choose float32, bfloat16 or float16 (or leave it empty)")
 
 
+  @staticmethod
+  def known_modes() -> tuple[str, ...]:
+    """forward, decode and train."""
+    return MODES
+
+
 QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
-             warmup=1, min_sample_s=0.05)  # a smoke run of a few minutes (mostly torch.compile)
+             warmup=1, min_sample_s=0.05,
+             train_cells=("1m:2x64",))  # a smoke run of a few minutes (mostly torch.compile)
 
 
 def weights(s: Settings) -> dict[str, tuple[PyTree, ModelConfig]]:
@@ -188,24 +199,30 @@ def log_row(title: str, row: dict) -> None:
   print(f"{title}: {cells}" + (f"; {ratios}" if ratios else ""), flush=True)
 
 
-def run(s: Settings, peer: Peer, forms: dict[str, tuple[PyTree, ModelConfig]], checked: dict[str, float]) -> dict:
-  """Times the selected modes on forms already checked against the peer (`checked`: `parity`'s numbers)."""
-  forms = {name: in_dtype(v, cfg, s.dtype) for name, (v, cfg) in forms.items()}
-  cfg = forms["baseline"][1]
+def run(s: Settings, description: dict[str, Any], peer: Peer | None = None,
+        forms: dict[str, tuple[PyTree, ModelConfig]] | None = None, checked: dict[str, float] | None = None,
+        make_train_peer: Callable[[Any], peer_train.TrainPeer] | None = None) -> dict:
+  """Times the selected modes: forward and decode on `forms` already checked against `peer` (`checked`: `parity`'s
+  numbers), train on a peer built per cell by `make_train_peer` (`peer_train.bench_cell`)."""
   results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
-                             "peer": peer.describe(), "settings": dataclasses.asdict(s),
-                             "model": dataclasses.asdict(cfg), "params": param_count(forms["baseline"][0]["params"]),
-                             "parity": checked, "load_average": os.getloadavg()[0]}
+                             "peer": description, "settings": dataclasses.asdict(s),
+                             "load_average": os.getloadavg()[0]}
   cores = os.cpu_count() or 1
   if results["load_average"] > cores:
     print(f"warning: the machine is busy (load average {results['load_average']:.1f} on {cores} cores): "
           "multi-threaded timings, PyTorch's above all, are unreliable; rerun on an idle machine, or pass "
           "--threads=1", flush=True)
   t0 = time.time()
-  if "forward" in s.modes:
-    results["forward"] = bench_forward(peer, forms, s)
-  if "decode" in s.modes:
-    results["decode"] = bench_decode(peer, forms, s)
+  if forms:
+    forms = {name: in_dtype(v, cfg, s.dtype) for name, (v, cfg) in forms.items()}
+    results.update(model=dataclasses.asdict(forms["baseline"][1]), params=param_count(forms["baseline"][0]["params"]),
+                   parity=checked)
+    if "forward" in s.modes:
+      results["forward"] = bench_forward(peer, forms, s)
+    if "decode" in s.modes:
+      results["decode"] = bench_decode(peer, forms, s)
+  if "train" in s.modes:
+    results["train"] = [peer_train.bench_cell(cell, make_train_peer, s) for cell in s.train_cells]
   results["wall_s"] = time.time() - t0
   return results
 
@@ -238,14 +255,16 @@ def markdown(results: dict) -> str:
   """The forward (thousands of tokens/s) and decode (tokens/s) tables, ± half the min–max spread, with folded's ratio
   to each peer contender."""
   s, p, hw = results["settings"], results["peer"], results["hardware"]
-  lines = [f"Measured {results['date']} on {hardware.one_line(hw)}, {s['size']} {s['variant']} model "
-           f"({results['params']:,} parameters), {s['dtype']}, median of {s['repeats']} interleaved runs "
-           f"(± half the min–max spread; ratios: median and min–max over those rounds of each round's ratio, which "
-           f"cancels load drifts slower than a round), load average {results['load_average']:.1f} at the start. "
-           f"Peer: torch {p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
-           f"transformers {p['transformers']}, LlamaForCausalLM with SDPA attention on the baseline form's weights "
-           f"(last-token logits within {results['parity']['max_abs_diff']:.1e} of ours in float32). Ours: jax "
-           f"{hw['jax']}, jitted.", ""]
+  lines = [f"Measured {results['date']} on {hardware.one_line(hw)}, load average {results['load_average']:.1f} at "
+           f"the start. Peer: torch {p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
+           f"transformers {p['transformers']}, LlamaForCausalLM with SDPA attention. Ours: jax {hw['jax']}, jitted.",
+           ""]
+  if "parity" in results:
+    lines += [f"Inference: {s['size']} {s['variant']} model ({results['params']:,} parameters), {s['dtype']}, "
+              f"median of {s['repeats']} interleaved runs (± half the min–max spread; ratios: median and min–max over "
+              "those rounds of each round's ratio, which cancels load drifts slower than a round); the peer loads the "
+              f"baseline form's weights (last-token logits within {results['parity']['max_abs_diff']:.1e} of ours "
+              "in float32).", ""]
   if results.get("forward"):
     rows = [[r["B"], r["T"], *(cell(r["contenders"].get(n, {})) for n in LABELS),
              ratio(r["contenders"], "hf_eager"), ratio(r["contenders"], "hf_compiled")] for r in results["forward"]]
@@ -263,4 +282,6 @@ def markdown(results: dict) -> str:
               markdown_table(["B", "P", "N", *LABELS.values(), "folded / HF eager", "folded / HF compiled",
                               "greedy = ours"], rows), ""]
     lines += [f"* {line}" for line in reasons(results["decode"])] + [""] * bool(reasons(results["decode"]))
+  if results.get("train"):
+    lines += [peer_train.markdown(results["train"], s["repeats"], s["min_sample_s"]), ""]
   return "\n".join(lines)

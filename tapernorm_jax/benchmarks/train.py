@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tapernorm_jax import data, hardware
-from tapernorm_jax.benchmarks.timing import check_at_least, seconds_per_batch
+from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, seconds_per_batch
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import param_count, sharding
 from tapernorm_jax.taper.variants import SIZES
@@ -53,9 +53,9 @@ def run_steps(step_fn, state, batch, steps: int) -> tuple[list[float], dict, dic
 
 
 def bench_size(size: str, s: Settings, mesh) -> list[dict]:
-  """All cases at one size, states placed mid-taper, timed in interleaved rounds; MFU where the device's peak is
-  known (hardware.PEAK_BF16_FLOPS)."""
-  device, cases = jax.devices()[0], []
+  """All cases at one size, states placed mid-taper, timed in interleaved rounds; each case's speed relative to
+  the baseline is the median (and min–max) over rounds of that round's ratio, and MFU is against `hardware.peak`."""
+  cases, peak = [], hardware.peak()
   for label, variant, which in CASES:
     cfg = run_config.get_config(variant, f"size={size}")
     cfg.model.T = s.seq
@@ -69,22 +69,24 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
     step_fn = getattr(trainer, which)
     _, state, _ = run_steps(step_fn, state, batch, 1)  # compile and warm up
     flops = hardware.train_flops_per_token(param_count(state["params"]), cfg.model.L, cfg.model.D, s.seq)
-    cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": [], "flops": flops})
+    cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": [], "rounds": [],
+                  "flops": flops})
   for _ in range(s.repeats):  # interleaved, so machine noise hits every case alike
     for case in cases:
       seconds, case["state"], case["metrics"] = run_steps(case["fn"], case["state"], case["batch"], s.steps)
       case["times"] += seconds
+      case["rounds"].append(statistics.mean(seconds))
   rows = []
   for case in cases:
     med = statistics.median(case["times"])
+    tokens_per_s = s.batch * s.seq / med
     rows.append({"size": size, "case": case["label"], "gate": float(case["metrics"]["gate"]), "step_s": med,
                  "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))),
-                 "tokens_per_s": s.batch * s.seq / med, "compilations": case["fn"]._cache_size(),
-                 "flops_per_token": case["flops"]})
-    rows[-1]["vs_baseline"] = rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"]
-    rows[-1]["mfu"] = hardware.mfu(rows[-1]["tokens_per_s"], case["flops"], device.device_kind, jax.device_count())
+                 "tokens_per_s": tokens_per_s, "compilations": case["fn"]._cache_size(),
+                 "flops_per_token": case["flops"], "vs_baseline": paired_ratio(case["rounds"], cases[0]["rounds"]),
+                 "mfu": tokens_per_s * case["flops"] / peak["flops"] if peak else None})
     print(f"{size:>4} {case['label']:<28} gate={rows[-1]['gate']:.3f} {med * 1e3:9.1f} ms/step "
-          f"{rows[-1]['tokens_per_s']:10.0f} tok/s ({rows[-1]['vs_baseline']:.3f}× baseline)", flush=True)
+          f"{tokens_per_s:10.0f} tok/s ({rows[-1]['vs_baseline']['median']:.3f}× baseline)", flush=True)
   return rows
 
 
@@ -101,21 +103,25 @@ def run(s: Settings) -> dict[str, Any]:
   """Every size and case, and the loader alone."""
   mesh = sharding.make_mesh()
   rows = [row for size in s.sizes for row in bench_size(size, s, mesh)]
+  peak = hardware.peak()
   return {"hardware": hardware.describe(), "settings": dataclasses.asdict(s), "rows": rows,
-          "loader_s_per_batch": loader_seconds_per_batch(s.seq, s.batch)}
+          "loader_s_per_batch": loader_seconds_per_batch(s.seq, s.batch), "peak": peak}
 
 
 def markdown(results: dict[str, Any]) -> str:
-  """The table of step times and the loader's share of a step."""
+  """The table of step times, ratios to the baseline (round by round), MFU, and the loader's share of a step."""
   s, rows, loader_s = results["settings"], results["rows"], results["loader_s_per_batch"]
-  table = markdown_table(["size", "step", "gate", "ms/step", "tokens/s", "vs baseline", "MFU (bf16 peak)"], [
+  ratio = lambda r: f"{r['median']:.3f}× ({r['min']:.3f}–{r['max']:.3f})"
+  table = markdown_table(["size", "step", "gate", "ms/step", "tokens/s", "vs baseline", "MFU"], [
       [r["size"], r["case"], f"{r['gate']:.2f}", f"{r['step_s'] * 1e3:.1f} ± {r['spread_s'] * 1e3:.1f}",
-       f"{r['tokens_per_s']:.0f}", f"{r['vs_baseline']:.3f}×",
+       f"{r['tokens_per_s']:.0f}", ratio(r["vs_baseline"]),
        "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"] for r in rows])
   slowest_share = max(loader_s / (loader_s + r["step_s"]) for r in rows)
+  peak = results.get("peak")
   return "\n".join([
       f"Train-step throughput, {hardware.one_line(results['hardware'])}, batch {s['batch']} × {s['seq']} tokens, "
-      f"median (± interquartile range) of {s['repeats']} interleaved rounds × {s['steps']} steps", "", table, "",
+      f"median (± interquartile range) of {s['repeats']} interleaved rounds × {s['steps']} steps; vs baseline: "
+      "median (min–max) over the rounds of each round's ratio of speeds", "", table, "",
       f"Data loader alone: {loader_s * 1e3:.2f} ms/batch ({s['batch'] * s['seq'] / loader_s:,.0f} tokens/s); at "
       f"most {100 * slowest_share:.2f}% of a step waiting for data (in-thread loading). MFU: 6·N + 12·L·D·T "
-      "FLOPs per token against the device's dense bf16 peak (n/a where the peak is not known, e.g. CPUs)."])
+      f"FLOPs per token against {peak['source'] if peak else 'no known peak (n/a)'}."])

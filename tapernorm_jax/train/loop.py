@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import data, files
+from tapernorm_jax import data, files, hardware
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
@@ -127,6 +127,7 @@ class StepReporter:
     self.pending: list[tuple[int, dict]] = []
     self.last_read = time.time()
     self.data_wait_s = 0.0
+    self.rates: list[float] = []  # tokens/s of each step read
 
   def push(self, step: int, metrics: dict) -> None:
     """Queues step `step`'s (device) metrics and reads every queued step but the newest."""
@@ -145,6 +146,7 @@ class StepReporter:
     elapsed = max(now - self.last_read, 1e-9)
     rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0)}
     self.last_read, self.data_wait_s = now, 0.0
+    self.rates.append(rate["tokens_per_s"])
     loss = float(m["loss"])
     if not math.isfinite(loss):
       self.ckpt.wait()
@@ -225,6 +227,18 @@ def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, losses
           "complete": done >= cfg.train.steps}
 
 
+def throughput(cfg: ml_collections.ConfigDict, params: int, rates: list[float]) -> dict[str, Any]:
+  """Steady tokens/s (the median over the run's logged steps), FLOPs per token (6·N + 12·L·D·T), the devices' peak
+  FLOP/s (`hardware.peak`: a data sheet's, or on CPUs a measured GEMM rate) and the model FLOPs utilisation."""
+  steady = rates[1:] or rates  # the first step read includes compiling
+  tokens_per_s = float(np.median(steady)) if steady else None
+  flops = hardware.train_flops_per_token(params, cfg.model.L, cfg.model.D, cfg.model.T)
+  peak = hardware.peak()
+  return {"tokens_per_s": tokens_per_s, "flops_per_token": flops, "peak_flops": peak and peak["flops"],
+          "peak_source": peak and peak["source"],
+          "mfu": tokens_per_s * flops / peak["flops"] if peak and tokens_per_s else None}
+
+
 def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_sets: dict[str, list[jax.Array]],
                 reporter: StepReporter, profiler: Profiler, stop_after: int | None) -> tuple[State, dict[str, Any]]:
   """Steps `start`… to the end (or `stop_after`): evaluation and diagnostics every `train.diag_every`, checkpoints
@@ -290,7 +304,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
     evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
   results = {**results_of(cfg, prepared.name, state, evaluated["losses"]), "wall_time_s": time.time() - t_start,
              "resumed_from": start, "devices": mesh.size, "backend": jax.default_backend(),
-             "device_kind": mesh.devices.flat[0].device_kind}
+             "device_kind": mesh.devices.flat[0].device_kind,
+             **throughput(cfg, param_count(state["params"]), reporter.rates)}
   if results["complete"]:
     rundir.write_results(results)
   return results
