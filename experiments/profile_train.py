@@ -1,0 +1,33 @@
+"""Where a train step's time goes: `python -m experiments.profile_train [--cells=1m:16x512,9m:4x512,30m:1x512]`.
+
+Traces a few optimiser steps per cell with jax.profiler and groups XLA's per-op times by part of the
+step (attention, projections, MLP, logits, loss, optimiser, layout copies, time with no op running);
+prints a markdown table and writes results.json and table.md under --out.
+"""
+
+from absl import flags
+
+from tapernorm_jax import cli, hardware
+from tapernorm_jax.benchmarks import peer_train, step_profile
+from tapernorm_jax.files import write_report
+
+_CELLS = flags.DEFINE_list("cells", list(peer_train.CELLS), "Cells SIZE:BATCHxT to profile.")
+_VARIANT = flags.DEFINE_string("variant", "baseline", "Variant (TaperNorm variants are profiled mid-taper).")
+_STEPS = flags.DEFINE_integer("steps", 3, "Traced steps per cell (after one untraced warm-up step).")
+_OUT = flags.DEFINE_string("out", "runs/profile_train", "Output directory.")
+
+
+def main(argv: list[str]) -> None:
+  """Profiles every cell, prints and saves the table."""
+  for cell in _CELLS.value:
+    peer_train.parse_cell(cell)
+  if _STEPS.value < 1:
+    raise ValueError(f"--steps={_STEPS.value}: must be >= 1")
+  profiles = {cell: step_profile.profile_cell(cell, _VARIANT.value, _STEPS.value) for cell in _CELLS.value}
+  table = step_profile.markdown(profiles)
+  print("\n" + table)
+  write_report(_OUT.value, {"hardware": hardware.describe(), "variant": _VARIANT.value, "profiles": profiles}, table)
+
+
+if __name__ == "__main__":
+  cli.run(main)

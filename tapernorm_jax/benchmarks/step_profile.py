@@ -1,0 +1,116 @@
+"""Where a train step's time goes: a `jax.profiler` trace of a few steps, XLA's per-op times grouped by part.
+
+Each op the trace records (an XLA:CPU thunk, or a GPU/TPU kernel with the same HLO name) is matched to
+its HLO instruction in the compiled step, whose metadata names the JAX operation that made it
+(`.../block_3/mlp/btd,df->btf/dot_general`, `transpose(jvp(...))` for the backward). `part` sorts
+those names into the parts of a step; `profile` returns milliseconds per step for each, the step's
+wall time, and how much of it no op was running (host work, dispatch and waiting).
+"""
+
+import collections
+import gzip
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from tapernorm_jax.benchmarks import peer_train
+from tapernorm_jax.markdown import markdown_table
+
+PARTS = ("attention (scores, softmax, values)", "attention projections (qkv, out)", "MLP products",
+         "MLP activations", "norms", "logits (head / tied embedding)", "loss (softmax cross-entropy)",
+         "embedding lookup", "optimiser, clipping, metrics", "layout copies", "other")
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]*)"')
+
+
+def part(name: str, op: str) -> str:
+  """The part of a train step an HLO instruction `name` made by JAX operation `op` belongs to."""
+  if name.startswith(("copy", "transpose")):
+    return "layout copies"
+  rules = (("Transformer.logits", "logits (head / tied embedding)"), ("norm", "norms"),
+           ("/attn/bld,dthk", "attention projections (qkv, out)"), ("/attn/bthk,hkd", "attention projections (qkv, out)"),
+           ("/attn/", "attention (scores, softmax, values)"), ("/mlp/", None), ("embed", "embedding lookup"))
+  for key, label in rules:
+    if key in op:
+      return label or ("MLP products" if "dot_general" in op else "MLP activations")
+  if "jvp" not in op:
+    return "optimiser, clipping, metrics"
+  if "Transformer" not in op:
+    return "loss (softmax cross-entropy)"
+  return "other"
+
+
+def _events(directory: Path) -> list[dict]:
+  """The complete ('X') events of the newest Perfetto trace under `directory`."""
+  path = sorted(directory.rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)[-1]
+  trace = json.load(gzip.open(path))
+  return [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X"]
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+  """Microseconds covered by the union of (start, end) intervals."""
+  total, end = 0.0, float("-inf")
+  for a, b in sorted(intervals):
+    if b > end:
+      total += b - max(a, end)
+      end = b
+  return total
+
+
+def profile(step_fn: Any, state: Any, batch: Any, steps: int = 3) -> dict[str, Any]:
+  """Traces `steps` calls of the jitted `step_fn(state, batch) -> (state, metrics)` (warmed up first): ms per step
+  per part, forward and backward, the wall time per step and the share of it when no op ran."""
+  hlo = step_fn.lower(state, batch).compile().as_text()
+  ops = {m.group(1): m.group(2) for line in hlo.splitlines() if (m := _INSTRUCTION.match(line))}
+  state, _ = step_fn(state, batch)
+  jax.block_until_ready(state)
+  with tempfile.TemporaryDirectory(prefix="tapernorm-profile-") as directory:
+    jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+      state, _ = step_fn(state, batch)
+      jax.block_until_ready(state)
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    jax.profiler.stop_trace()
+    events = _events(Path(directory))
+  parts: dict[str, float] = collections.Counter()
+  intervals = []
+  for e in events:
+    if e["name"] in ops:
+      direction = "backward" if "transpose(" in ops[e["name"]] else "forward"
+      parts[(part(e["name"], ops[e["name"]]), direction)] += e.get("dur", 0) / 1e3 / steps
+      intervals.append((e["ts"], e["ts"] + e.get("dur", 0)))
+  idle_ms = max(wall_ms - _busy_us(intervals) / 1e3 / steps, 0.0)
+  return {"wall_ms": wall_ms, "idle_ms": idle_ms, "ops_ms": sum(parts.values()),
+          "parts": {f"{name} | {direction}": ms for (name, direction), ms in sorted(parts.items())}}
+
+
+def markdown(profiles: dict[str, dict[str, Any]]) -> str:
+  """One column per cell: ms per step of each part (forward + backward, and its share of all op time)."""
+  cells = list(profiles)
+  total = lambda p, name: sum(ms for key, ms in p["parts"].items() if key.split(" | ")[0] == name)
+  rows = []
+  for name in PARTS:
+    values = [total(profiles[c], name) for c in cells]
+    if any(v > 0.05 for v in values):
+      rows.append([name, *(f"{v:,.0f} ({100 * v / profiles[c]['ops_ms']:.0f}%)" for v, c in zip(values, cells))])
+  rows.append(["**all ops** (two threads: may exceed the wall time)", *(f"{profiles[c]['ops_ms']:,.0f}" for c in cells)])
+  rows.append(["**step wall time**", *(f"{profiles[c]['wall_ms']:,.0f}" for c in cells)])
+  rows.append(["no op running (host, dispatch, waits)", *(f"{profiles[c]['idle_ms']:,.0f}" for c in cells)])
+  return markdown_table(["part (ms per step)", *cells], rows)
+
+
+def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0) -> dict[str, Any]:
+  """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm."""
+  size, B, T = peer_train.parse_cell(cell)
+  trainer = peer_train.trainer(variant, size, B, T, {})
+  state = peer_train.mid_taper(trainer, trainer.init_state(seed)) if variant != "baseline" else trainer.init_state(seed)
+  batch_BxT1 = np.random.default_rng(seed).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32)
+  result = profile(trainer.train_step, state, jax.device_put(batch_BxT1, trainer.batch_sharding), steps)
+  return {"cell": cell, "variant": variant, "attention": "fused CPU kernel" if trainer.attend else
+          trainer.model_cfg.attention_impl, **result}
