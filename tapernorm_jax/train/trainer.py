@@ -58,7 +58,8 @@ class Trainer:
     run_config.validate(cfg, self.mesh.size)
     self.model_cfg = ModelConfig.from_config(cfg.model)
     self.fixed_cfg = self.model_cfg.fixed_form()
-    self.attend = cpu_kernels.attention_for(self.model_cfg)  # a backend's own attention, or None (the model's)
+    # this backend's own products and attention (the model's own off CPU): cpu_kernels/ chooses, the model applies
+    self.projection, self.attend = cpu_kernels.for_training(self.model_cfg)
     self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg
     self.calibrated_norms = param_paths.norms_in(self.model_cfg)
     self.phases = schedules.Phases.from_config(cfg)
@@ -105,8 +106,8 @@ class Trainer:
                         self.state_shardings)
 
   def model(self, model_cfg: ModelConfig) -> Transformer:
-    """The model the steps apply: `model_cfg` with this backend's attention (`cpu_kernels.attention_for`)."""
-    return Transformer(model_cfg, attend=self.attend)
+    """The model the steps apply: `model_cfg` with this backend's projection and attention (`cpu_kernels`)."""
+    return Transformer(model_cfg, projection=self.projection, attend=self.attend)
 
   def uses_fixed_step(self, step: int) -> bool:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
