@@ -57,12 +57,13 @@ def parse_cell(cell: str) -> tuple[str, int, int]:
   return m.group(1), int(m.group(2)), int(m.group(3))
 
 
-def trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float]) -> Trainer:
-  """A Trainer of `variant` at `size` on B × T batches, with the optimiser's hyperparameters `opt`."""
+def trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float], backend_paths: bool = True) -> Trainer:
+  """A Trainer of `variant` at `size` on B × T batches, with the optimiser's hyperparameters `opt` (and the
+  backend's own products and attention, `cpu_kernels.for_training`, unless `backend_paths` is False)."""
   cfg = run_config.get_config(variant, f"size={size}")
   cfg.model.T, cfg.train.batch_size = T, B
   cfg.opt.update(opt)
-  return Trainer(cfg, sharding.make_mesh())
+  return Trainer(cfg, sharding.make_mesh(), backend_paths)
 
 
 def mid_taper(trainer: Trainer, state: dict) -> dict:

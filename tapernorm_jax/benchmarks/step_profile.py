@@ -32,17 +32,20 @@ def part(name: str, op: str) -> str:
   """The part of a train step an HLO instruction `name` made by JAX operation `op` belongs to."""
   if name.startswith(("copy", "transpose")):
     return "layout copies"
-  rules = (("Transformer.logits", "logits (head / tied embedding)"), ("norm", "norms"),
-           ("/attn/bld,dthk", "attention projections (qkv, out)"), ("/attn/bthk,hkd", "attention projections (qkv, out)"),
-           ("/attn/", "attention (scores, softmax, values)"), ("/mlp/", None), ("embed", "embedding lookup"))
-  for key, label in rules:
-    if key in op:
-      return label or ("MLP products" if "dot_general" in op else "MLP activations")
+  if "Transformer.logits" in op:
+    return "logits (head / tied embedding)"
+  if "norm" in op:
+    return "norms"
+  if "/attn/" in op:  # the qkv and output projections' einsums carry their weight's axes (dthk, hkd)
+    weights = "dot_general" in op and ("dthk" in op or "hkd" in op)
+    return "attention projections (qkv, out)" if weights else "attention (scores, softmax, values)"
+  if "/mlp/" in op:
+    return "MLP products" if "dot_general" in op else "MLP activations"
+  if "embed" in op:
+    return "embedding lookup"
   if "jvp" not in op:
     return "optimiser, clipping, metrics"
-  if "Transformer" not in op:
-    return "loss (softmax cross-entropy)"
-  return "other"
+  return "loss (softmax cross-entropy)" if "Transformer" not in op else "other"
 
 
 def _events(directory: Path) -> list[dict]:
@@ -105,12 +108,14 @@ def markdown(profiles: dict[str, dict[str, Any]]) -> str:
   return markdown_table(["part (ms per step)", *cells], rows)
 
 
-def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0) -> dict[str, Any]:
-  """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm."""
+def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0,
+                 backend_paths: bool = True) -> dict[str, Any]:
+  """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm;
+  `backend_paths=False` profiles the model's own einsum and attention instead of `cpu_kernels.for_training`'s."""
   size, B, T = peer_train.parse_cell(cell)
-  trainer = peer_train.trainer(variant, size, B, T, {})
+  trainer = peer_train.trainer(variant, size, B, T, {}, backend_paths)
   state = peer_train.mid_taper(trainer, trainer.init_state(seed)) if variant != "baseline" else trainer.init_state(seed)
   batch_BxT1 = np.random.default_rng(seed).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32)
   result = profile(trainer.train_step, state, jax.device_put(batch_BxT1, trainer.batch_sharding), steps)
-  return {"cell": cell, "variant": variant, "attention": "fused CPU kernel" if trainer.attend else
-          trainer.model_cfg.attention_impl, **result}
+  return {"cell": cell, "variant": variant, "backend_paths": backend_paths,
+          "attention": "fused CPU kernel" if trainer.attend else trainer.model_cfg.attention_impl, **result}

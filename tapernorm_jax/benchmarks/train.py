@@ -17,10 +17,11 @@ from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
 
-CASES = (  # (label, variant, which step)
-    ("baseline", "baseline", "train_step"),
-    ("all_taper, 0 < g < 1", "all_taper", "train_step"),
-    ("all_taper, g = 0 fixed step", "all_taper", "fixed_train_step"),
+CASES = (  # (label, variant, which step, the backend's own paths: cpu_kernels.for_training)
+    ("baseline", "baseline", "train_step", True),
+    ("all_taper, 0 < g < 1", "all_taper", "train_step", True),
+    ("all_taper, g = 0 fixed step", "all_taper", "fixed_train_step", True),
+    ("baseline, model's own einsum and attention", "baseline", "train_step", False),
 )
 
 
@@ -56,11 +57,11 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
   """All cases at one size, states placed mid-taper, timed in interleaved rounds; each case's speed relative to
   the baseline is the median (and min–max) over rounds of that round's ratio, and MFU is against `hardware.peak`."""
   cases, peak = [], hardware.peak()
-  for label, variant, which in CASES:
+  for label, variant, which, backend_paths in CASES:
     cfg = run_config.get_config(variant, f"size={size}")
     cfg.model.T = s.seq
     cfg.train.batch_size = s.batch
-    trainer = Trainer(cfg, mesh)
+    trainer = Trainer(cfg, mesh, backend_paths)
     state = trainer.init_state(0)
     mid = (trainer.phases.taper_start + trainer.phases.taper_end) // 2
     state["step"] = jax.device_put(jnp.int32(mid), state["step"].sharding)

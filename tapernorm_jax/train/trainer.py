@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from tapernorm_jax import cpu_kernels
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
+from tapernorm_jax.model.transformer import einsum
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
 from tapernorm_jax.train import run_config
@@ -52,6 +53,7 @@ class Trainer:
 
   cfg: ml_collections.ConfigDict
   mesh: Mesh
+  backend_paths: bool = True  # False: the model's own einsum and attention_impl even where cpu_kernels has faster
 
   def __post_init__(self):
     cfg = self.cfg
@@ -59,7 +61,8 @@ class Trainer:
     self.model_cfg = ModelConfig.from_config(cfg.model)
     self.fixed_cfg = self.model_cfg.fixed_form()
     # this backend's own products and attention (the model's own off CPU): cpu_kernels/ chooses, the model applies
-    self.projection, self.attend = cpu_kernels.for_training(self.model_cfg)
+    self.projection, self.attend = (cpu_kernels.for_training(self.model_cfg) if self.backend_paths else
+                                    (einsum, None))
     self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg
     self.calibrated_norms = param_paths.norms_in(self.model_cfg)
     self.phases = schedules.Phases.from_config(cfg)
