@@ -102,7 +102,8 @@ def markdown(profiles: dict[str, dict[str, Any]]) -> str:
     values = [total(profiles[c], name) for c in cells]
     if any(v > 0.05 for v in values):
       rows.append([name, *(f"{v:,.0f} ({100 * v / profiles[c]['ops_ms']:.0f}%)" for v, c in zip(values, cells))])
-  rows.append(["**all ops** (two threads: may exceed the wall time)", *(f"{profiles[c]['ops_ms']:,.0f}" for c in cells)])
+  rows.append(["**all ops** (two threads: may exceed the wall time)",
+               *(f"{profiles[c]['ops_ms']:,.0f}" for c in cells)])
   rows.append(["**step wall time**", *(f"{profiles[c]['wall_ms']:,.0f}" for c in cells)])
   rows.append(["no op running (host, dispatch, waits)", *(f"{profiles[c]['idle_ms']:,.0f}" for c in cells)])
   return markdown_table(["part (ms per step)", *cells], rows)

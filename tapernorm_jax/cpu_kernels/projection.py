@@ -4,8 +4,8 @@ Differentiating `jnp.einsum` leaves XLA:CPU a dot_general followed by transposes
 TinyStories shapes it then materialises activation-sized gradients in transposed layouts (a 10,000 ×
 B·T copy of the logits' gradient, the MLP's and attention's input gradients) before the weight-gradient
 GEMMs. Asking for each gradient directly in its operand's axis order (`dx = einsum(dy, w → x)`,
-`dw = einsum(x, dy → w)`) let XLA:CPU pick layouts without those copies: a train step 1.13–1.18×
-faster at 1M, 9M and 30M (docs/benchmarks.md). Same products, same numbers up to float32 summation order.
+`dw = einsum(x, dy → w)`) let XLA:CPU pick layouts without most of those copies (docs/benchmarks.md, "Where
+the time goes"). Same products, same numbers up to float32 summation order.
 """
 
 import functools

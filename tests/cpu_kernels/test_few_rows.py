@@ -15,13 +15,6 @@ from model_helpers import perturbed_variables
 needs_kernel = pytest.mark.skipif(not matvec.available(), reason=f"matvec kernel unavailable: {matvec.reason()}")
 
 
-@pytest.fixture
-def reload_kernel():
-  """Lets a test change how the kernel loads; the next user loads it afresh."""
-  matvec._load.cache_clear()
-  yield
-  matvec._load.cache_clear()
-
 
 @needs_kernel
 @pytest.mark.parametrize("R", [1, 2, 3, 4, 5, 8])
@@ -116,7 +109,7 @@ def test_the_copies_are_each_projection_as_output_by_input():
   np.testing.assert_array_equal(copies["embed"], params["embed"])  # the tied head's table, as it is
 
 
-def test_without_the_kernel_a_few_rows_go_one_at_a_time(reload_kernel, monkeypatch):
+def test_without_the_kernel_a_few_rows_go_one_at_a_time(reload_kernels, monkeypatch):
   monkeypatch.setenv("TAPERNORM_MATVEC", "0")
   assert not matvec.available() and "TAPERNORM_MATVEC=0" in matvec.reason()
   variables = {"params": {}}
@@ -126,7 +119,7 @@ def test_without_the_kernel_a_few_rows_go_one_at_a_time(reload_kernel, monkeypat
     matvec.rows(jnp.ones((2, 8)), jnp.ones((4, 8)))
 
 
-def test_a_missing_compiler_is_a_reason_not_a_crash(reload_kernel, monkeypatch, tmp_path):
+def test_a_missing_compiler_is_a_reason_not_a_crash(reload_kernels, monkeypatch, tmp_path):
   monkeypatch.setenv("CXX", "no-such-compiler")
   monkeypatch.setenv("TAPERNORM_CACHE", str(tmp_path))
   assert not matvec.available()

@@ -15,13 +15,6 @@ from tapernorm_jax.train.trainer import Trainer
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"attention kernel unavailable: {kernel.reason()}")
 
 
-@pytest.fixture
-def reload_kernel():
-  """Lets a test change how the kernel loads; the next user loads it afresh."""
-  kernel._load.cache_clear()
-  yield
-  kernel._load.cache_clear()
-
 
 @needs_kernel
 @pytest.mark.parametrize("B,T,H,K", [(2, 64, 4, 4), (1, 37, 2, 16), (3, 20, 1, 6), (1, 130, 2, 32), (1, 1, 1, 4)])
@@ -60,7 +53,7 @@ def test_the_seam_selects_the_kernel_only_for_auto_float32_on_cpu(changes, selec
   assert (cpu_kernels.attention_for(cfg) is kernel.causal_attention) == selected
 
 
-def test_turning_the_kernel_off_falls_back_to_the_model(monkeypatch, reload_kernel):
+def test_turning_the_kernel_off_falls_back_to_the_model(monkeypatch, reload_kernels):
   monkeypatch.setenv("TAPERNORM_CPU_ATTENTION", "0")
   assert kernel.reason() == "disabled by TAPERNORM_CPU_ATTENTION=0"
   assert cpu_kernels.attention_for(ModelConfig(V=16, D=16, H=2, L=1, T=8)) is None
@@ -86,7 +79,7 @@ def test_a_train_step_through_the_kernel_equals_one_through_blocked():
   fused_trainer, fused, fused_metrics = step_of("auto")
   blocked_trainer, blocked, blocked_metrics = step_of("blocked")
   assert fused_trainer.attend is kernel.causal_attention and blocked_trainer.attend is None
-  assert "tapernorm_attention_forward" in fused_metrics["hlo"] and "tapernorm_attention_backward" in fused_metrics["hlo"]
+  assert all(f"tapernorm_attention_{part}" in fused_metrics["hlo"] for part in ("forward", "backward"))
   assert "tapernorm_attention" not in blocked_metrics["hlo"]
   np.testing.assert_allclose(fused_metrics["loss"], blocked_metrics["loss"], rtol=1e-6)
   np.testing.assert_allclose(fused_metrics["grad_norm"], blocked_metrics["grad_norm"], rtol=1e-4)
