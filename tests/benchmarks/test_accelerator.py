@@ -25,7 +25,10 @@ def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):
   assert [r["backend"] for r in results["tests"]["processes"]] == ["cpu"]  # one process (-n 0), on this backend
   assert results["attention"]["auto_fp32_T512"] == "blocked"  # this CPU's automatic attention
   train = results["train"]["rows"]
-  assert train[0]["case"] == "baseline" and train[0]["tokens_per_s"] > 0 and train[0]["mfu"] is None  # no CPU peak
+  assert train[0]["case"] == "baseline" and train[0]["tokens_per_s"] > 0
+  peak = results["train"]["peak"]  # on a CPU, its measured GEMM rate
+  assert "measured float32 GEMM rate" in peak["source"]
+  assert train[0]["mfu"] == pytest.approx(train[0]["tokens_per_s"] * train[0]["flops_per_token"] / peak["flops"])
   forms = results["inference"]["forward"][0]["forms"]
   assert set(forms) == {"baseline", "fixed", "folded", "identity"} and forms["folded"]["median"] > 0
   assert "skipped" in results["peer"] or "table" in results["peer"]  # skipped where torch is not installed

@@ -130,6 +130,18 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
   assert os.path.getsize(written["report"]) > 0
 
 
+def test_mfu_uses_the_peak_a_run_measured(study):
+  run_dir = os.path.join(study, "baseline-3m-aux0-seed0")
+  results_path = os.path.join(run_dir, "results.json")
+  with open(results_path) as f:
+    results = json.load(f)
+  with open(results_path, "w") as f:
+    json.dump({**results, "peak_flops": 1.5e11, "peak_source": "a measured CPU GEMM rate"}, f)
+  run = run_rows.read_run(run_dir)
+  fpt = 6 * PARAMS["3m"] + 12 * 8 * 64 * 512
+  assert run.mfu == pytest.approx(run.tokens_per_s * fpt / 1.5e11)
+
+
 def test_mfu_uses_the_device_peak_when_known(study):
   run_dir = os.path.join(study, "baseline-3m-aux0-seed0")
   with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:

@@ -69,6 +69,12 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
   assert np.isfinite(saved["final_val_loss"]) and saved["complete"] and saved["steps"] == 24
   assert saved["corpus"].startswith("synthetic-stories") and saved["variant"] == "all_taper"
   assert saved["tokens"] == 24 * 8 * 32 and saved["schema"] == loop.RESULTS_SCHEMA
+  steady = np.median([r["tokens_per_s"] for r in records[1:]])  # the first step read includes compiling
+  assert saved["tokens_per_s"] == pytest.approx(steady, rel=1e-6)
+  m = json.load(open(os.path.join(workdir, "config.json")))["model"]
+  assert saved["flops_per_token"] == 6 * saved["params"] + 12 * m["L"] * m["D"] * m["T"]
+  assert "measured float32 GEMM rate" in saved["peak_source"]
+  assert saved["mfu"] == pytest.approx(saved["tokens_per_s"] * saved["flops_per_token"] / saved["peak_flops"])
   assert glob.glob(os.path.join(workdir, "profile", "**", "*.xplane.pb"), recursive=True)  # train.profile_steps
   for key in ("logit_norm", "radial_grad", "s_mean", "s_tgt", "val_loss", "grad_norm/qkv", "grad_norm/mlp_out",
               "tokens_per_s", "lr", "aux"):
