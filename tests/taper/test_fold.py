@@ -145,18 +145,17 @@ def _trained_bigram_model(cfg: ModelConfig, steps: int = 100):
 
 
 def _check_bf16_top1(family: str, variant: str) -> None:
-  """The fold adds no more top-1 disagreement than bf16 rounding itself: folded and unfolded bf16 agree on 99.9% of
-  positions, or, where bf16 alone moves more top-1 tokens than that (positions whose fp32 margin is within the
-  rounding), on at least 1 − 2d of them, d being the unfolded bf16 model's disagreement with fp32 (two roundings)."""
+  """The fold adds no more top-1 error than bf16 rounding itself: the folded bf16 model's top-1 tokens disagree with
+  the fp32 model's on at most 0.1% of positions, or, where bf16 alone moves more than that (positions whose fp32
+  margin is within the rounding), on at most three times the unfolded bf16 model's share: the folded model rounds
+  the activations its own way and also its folded weights (c·γ̃ merged into the next projection, stored in bf16)."""
   cfg = _cfg(family, variant, V=64, T=32, dtype="bfloat16")
   variables, tokens = _trained_bigram_model(cfg)
   folded, folded_cfg = fold(variables, cfg)
-  top1 = jnp.argmax(logits_at(cfg, variables, tokens, 0.0), -1)
   top1_fp32 = jnp.argmax(logits_at(cfg.replace(dtype="float32"), variables, tokens, 0.0), -1)
-  top1_folded = jnp.argmax(logits_at(folded_cfg, folded, tokens), -1)
-  rounding = 1.0 - float(jnp.mean(top1 == top1_fp32))
-  agreement = float(jnp.mean(top1 == top1_folded))
-  assert top1.size >= 1000 and agreement >= min(0.999, 1.0 - 2 * rounding), (agreement, rounding)
+  rounding = 1.0 - float(jnp.mean(jnp.argmax(logits_at(cfg, variables, tokens, 0.0), -1) == top1_fp32))
+  folded_error = 1.0 - float(jnp.mean(jnp.argmax(logits_at(folded_cfg, folded, tokens), -1) == top1_fp32))
+  assert top1_fp32.size >= 1000 and folded_error <= max(0.001, 3 * rounding), (folded_error, rounding)
 
 
 def test_bf16_top1_tokens_agree_on_999_per_mille_of_positions():
