@@ -60,8 +60,10 @@ def reason(error: BaseException) -> str:
   return f"{type(error).__name__}: {lines[0][:200] if lines else ''}".rstrip(": ")
 
 
-def first_call(fn: Any) -> Any:
-  """`fn` if one call of it (compiling) succeeds, else the reason it failed."""
+def first_call(fn: Any, compile: bool = True) -> Any:
+  """`fn` if compiling is on (`--compile`) and one call of it (compiling) succeeds, else the reason it cannot run."""
+  if not compile:
+    return "skipped: --nocompile"
   try:
     fn()
   except Exception as e:  # noqa: BLE001 (torch.compile fails in many ways; the table reports the reason)
@@ -126,10 +128,6 @@ class HuggingFacePeer:
 
     return call
 
-  def first_call(self, fn: Any) -> Any:
-    """`fn` if compiling is on and one call of it (compiling) succeeds, else the reason it cannot run."""
-    return first_call(fn) if self.compile else "skipped: --nocompile"
-
   def forward_calls(self, tokens_BxT: np.ndarray) -> bench.Calls:
     """Last-token logits: eager, and the torch.compile'd module (static shapes: one graph per cell)."""
     ids_BxT = self.ids(tokens_BxT)
@@ -137,7 +135,7 @@ class HuggingFacePeer:
     if self.compile and self.compiled is None:
       self.compiled = torch.compile(self.model, dynamic=False)
     compiled = self.synced(lambda: self.compiled(ids_BxT, logits_to_keep=1, use_cache=False).logits)
-    return {"hf_eager": eager, "hf_compiled": self.first_call(compiled)}
+    return {"hf_eager": eager, "hf_compiled": first_call(compiled, self.compile)}
 
   def decode_calls(self, prompt_BxP: np.ndarray, new_tokens: int) -> bench.Calls:
     """Greedy `generate` of exactly `new_tokens` tokens: eager with the default dynamic cache, and with a static
@@ -151,7 +149,7 @@ class HuggingFacePeer:
                                                 else "default")
     compile_config._compile_all_devices = self.device == "cpu"  # transformers compiles on GPUs only, unless told
     compiled = self.synced(lambda: generate(cache_implementation="static", compile_config=compile_config))
-    return {"hf_eager": self.synced(generate), "hf_compiled": self.first_call(compiled)}
+    return {"hf_eager": self.synced(generate), "hf_compiled": first_call(compiled, self.compile)}
 
 
 class HuggingFaceTrainer:
@@ -202,10 +200,8 @@ class HuggingFaceTrainer:
 
       return call
 
-    calls: bench.Calls = {"hf_eager": step(self.loss), "hf_compiled": "skipped: --nocompile"}
-    if self.compile:
-      calls["hf_compiled"] = first_call(step(torch.compile(self.loss, dynamic=False)))
-    return calls
+    compiled = step(torch.compile(self.loss, dynamic=False)) if self.compile else None
+    return {"hf_eager": step(self.loss), "hf_compiled": first_call(compiled, self.compile)}
 
 
 def describe(device: str) -> dict[str, Any]:

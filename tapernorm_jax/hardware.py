@@ -65,12 +65,10 @@ def train_flops_per_token(params: int, L: int, D: int, T: int) -> float:
   return 6.0 * params + 12.0 * L * D * T
 
 
-def mfu(tokens_per_s: float, flops_per_token: float, device_kind: str, device_count: int = 1,
-        peak_per_device: float | None = None) -> float | None:
-  """Model FLOPs utilisation against the peak of `device_count` devices (`peak_per_device`, else the data sheet's
-  bf16 peak of `device_kind`); None where neither is known."""
-  peak = peak_per_device or peak_flops(device_kind)
-  return tokens_per_s * flops_per_token / (peak * device_count) if peak else None
+def mfu(tokens_per_s: float | None, flops_per_token: float, peak: float | None) -> float | None:
+  """Model FLOPs utilisation against `peak` FLOP/s (all devices together); None where the peak or the rate is not
+  known."""
+  return tokens_per_s * flops_per_token / peak if peak and tokens_per_s else None
 
 
 def describe() -> dict[str, Any]:

@@ -70,7 +70,6 @@ class Settings:
       raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16, float16 or float64 (or leave it empty)")
     self.dtype = self.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
 
-
   @staticmethod
   def known_modes() -> tuple[str, ...]:
     """The modes this benchmark can time."""

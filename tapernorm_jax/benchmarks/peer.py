@@ -80,7 +80,6 @@ class Settings(decode_bench.Settings):
     if self.dtype == "float64":
       raise ValueError("dtype='float64': choose float32, bfloat16 or float16 (or leave it empty)")
 
-
   @staticmethod
   def known_modes() -> tuple[str, ...]:
     """forward, decode and train."""

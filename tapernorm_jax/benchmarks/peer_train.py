@@ -14,16 +14,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tapernorm_jax import hardware
+from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.benchmarks.timing import paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.model import param_count
 from tapernorm_jax.taper.variants import SIZES
-from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
 
 PyTree = Any
@@ -57,26 +56,11 @@ def parse_cell(cell: str) -> tuple[str, int, int]:
   return m.group(1), int(m.group(2)), int(m.group(3))
 
 
-def trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float], backend_paths: bool = True) -> Trainer:
-  """A Trainer of `variant` at `size` on B × T batches, with the optimiser's hyperparameters `opt` (and the
-  backend's own products and attention, `cpu_kernels.for_training`, unless `backend_paths` is False)."""
-  cfg = run_config.get_config(variant, f"size={size}")
-  cfg.model.T, cfg.train.batch_size = T, B
-  cfg.opt.update(opt)
-  return Trainer(cfg, sharding.make_mesh(), backend_paths)
-
-
-def mid_taper(trainer: Trainer, state: dict) -> dict:
-  """`state` moved to the middle of the taper (0 < g < 1), where TaperNorm's step does the most work."""
-  mid = (trainer.phases.taper_start + trainer.phases.taper_end) // 2
-  return {**state, "step": jax.device_put(jnp.int32(mid), state["step"].sharding)}
-
-
 def our_calls(trainers: dict[str, Trainer], batch_BxT1: np.ndarray, seed: int) -> dict[str, Callable[[], Any]]:
   """One jitted train step per contender, each on its own state; TaperNorm's placed mid-taper (0 < g < 1)."""
   calls = {}
   for name, tr in trainers.items():
-    state = mid_taper(tr, tr.init_state(seed)) if name == "taper" else tr.init_state(seed)
+    state = train_bench.mid_taper(tr, tr.init_state(seed)) if name == "taper" else tr.init_state(seed)
     box, batch = [state], jax.device_put(batch_BxT1, tr.batch_sharding)
 
     def step(tr=tr, box=box, batch=batch):
@@ -101,7 +85,7 @@ def bench_cell(cell: str, make_peer: Callable[[Trainer], TrainPeer], s: Any) -> 
   """One cell: the loss check, then every contender's step timed round-robin, with ratios and MFU."""
   size, B, T = parse_cell(cell)
   opt = {"lr": 1e-4}  # every contender's learning rate (the schedule's warm-up would start the peer at 0)
-  trainers = {name: trainer(variant, size, B, T, opt) for name, variant in OURS.items()}
+  trainers = {name: train_bench.make_trainer(variant, size, B, T, opt) for name, variant in OURS.items()}
   base = trainers["baseline"]
   batch_BxT1 = np.random.default_rng(s.seed).integers(0, base.model_cfg.V, (B, T + 1), dtype=np.int32)
   peer = make_peer(base)
@@ -110,7 +94,7 @@ def bench_cell(cell: str, make_peer: Callable[[Trainer], TrainPeer], s: Any) -> 
   calls = {**peer.train_calls(batch_BxT1), **calls}
   runnable = {name: fn for name, fn in calls.items() if callable(fn)}
   samples = time_interleaved(runnable, s.repeats, s.warmup, s.min_sample_s)
-  params = param_count(base.init_state(s.seed)["params"])
+  params = param_count(base.abstract_state()["params"])
   flops = hardware.train_flops_per_token(params, base.model_cfg.L, base.model_cfg.D, T)
   peak = hardware.peak()
   contenders = {}
@@ -119,7 +103,7 @@ def bench_cell(cell: str, make_peer: Callable[[Trainer], TrainPeer], s: Any) -> 
       contenders[name] = {"na": fn}
       continue
     contenders[name] = summary(samples[name], B * T)
-    contenders[name]["mfu"] = contenders[name]["median"] * flops / peak["flops"] if peak else None
+    contenders[name]["mfu"] = hardware.mfu(contenders[name]["median"], flops, peak and peak["flops"])
   ratios = {f"{ours}/{other}": paired_ratio(samples[ours], samples[other])
             for ours in OURS for other in (*[n for n in runnable if n not in OURS], "baseline") if other != ours}
   row = {"cell": cell, "size": size, "B": B, "T": T, "params": params, "flops_per_token": flops, "loss": loss,

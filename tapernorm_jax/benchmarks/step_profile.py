@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from tapernorm_jax.benchmarks import peer_train
+from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.markdown import markdown_table
 
 PARTS = ("attention (scores, softmax, values)", "attention projections (qkv, out)", "MLP products",
@@ -68,8 +69,8 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
 def profile(step_fn: Any, state: Any, batch: Any, steps: int = 3) -> dict[str, Any]:
   """Traces `steps` calls of the jitted `step_fn(state, batch) -> (state, metrics)` (warmed up first): ms per step
   per part, forward and backward, the wall time per step and the share of it when no op ran."""
-  hlo = step_fn.lower(state, batch).compile().as_text()
-  ops = {m.group(1): m.group(2) for line in hlo.splitlines() if (m := _INSTRUCTION.match(line))}
+  step_fn = step_fn.lower(state, batch).compile()  # the executable the trace times, and its HLO's metadata
+  ops = {m.group(1): m.group(2) for line in step_fn.as_text().splitlines() if (m := _INSTRUCTION.match(line))}
   state, _ = step_fn(state, batch)
   jax.block_until_ready(state)
   with tempfile.TemporaryDirectory(prefix="tapernorm-profile-") as directory:
@@ -114,8 +115,8 @@ def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int
   """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm;
   `backend_paths=False` profiles the model's own einsum and attention instead of `cpu_kernels.for_training`'s."""
   size, B, T = peer_train.parse_cell(cell)
-  trainer = peer_train.trainer(variant, size, B, T, {}, backend_paths)
-  state = peer_train.mid_taper(trainer, trainer.init_state(seed)) if variant != "baseline" else trainer.init_state(seed)
+  trainer = train_bench.make_trainer(variant, size, B, T, backend_paths=backend_paths)
+  state = train_bench.mid_taper(trainer, trainer.init_state(seed))
   batch_BxT1 = np.random.default_rng(seed).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32)
   result = profile(trainer.train_step, state, jax.device_put(batch_BxT1, trainer.batch_sharding), steps)
   return {"cell": cell, "variant": variant, "backend_paths": backend_paths,

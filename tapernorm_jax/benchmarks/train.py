@@ -42,6 +42,22 @@ class Settings:
     check_at_least(self, 1, "batch", "seq", "steps", "repeats")
 
 
+def make_trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float] | None = None,
+                 backend_paths: bool = True, mesh: Any = None) -> Trainer:
+  """A Trainer of `variant` at `size` on B × T batches, with optimiser hyperparameters `opt` overridden (and the
+  backend's own products and attention, `cpu_kernels.for_training`, unless `backend_paths` is False)."""
+  cfg = run_config.get_config(variant, f"size={size}")
+  cfg.model.T, cfg.train.batch_size = T, B
+  cfg.opt.update(opt or {})
+  return Trainer(cfg, mesh or sharding.make_mesh(), backend_paths)
+
+
+def mid_taper(trainer: Trainer, state: dict) -> dict:
+  """`state` moved to the middle of the taper (0 < g < 1), where TaperNorm's step does the most work."""
+  mid = (trainer.phases.taper_start + trainer.phases.taper_end) // 2
+  return {**state, "step": jax.device_put(jnp.int32(mid), state["step"].sharding)}
+
+
 def run_steps(step_fn, state, batch, steps: int) -> tuple[list[float], dict, dict]:
   """Runs `steps` steps, each timed to completion; returns (seconds per step, new state, last metrics)."""
   times = []
@@ -58,13 +74,9 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
   the baseline is the median (and min–max) over rounds of that round's ratio, and MFU is against `hardware.peak`."""
   cases, peak = [], hardware.peak()
   for label, variant, which, backend_paths in CASES:
-    cfg = run_config.get_config(variant, f"size={size}")
-    cfg.model.T = s.seq
-    cfg.train.batch_size = s.batch
-    trainer = Trainer(cfg, mesh, backend_paths)
-    state = trainer.init_state(0)
-    mid = (trainer.phases.taper_start + trainer.phases.taper_end) // 2
-    state["step"] = jax.device_put(jnp.int32(mid), state["step"].sharding)
+    trainer = make_trainer(variant, size, s.batch, s.seq, backend_paths=backend_paths, mesh=mesh)
+    cfg = trainer.cfg
+    state = mid_taper(trainer, trainer.init_state(0))
     batch = jax.device_put(np.random.default_rng(0).integers(0, cfg.model.V, (s.batch, s.seq + 1), dtype=np.int32),
                            trainer.batch_sharding)
     step_fn = getattr(trainer, which)
@@ -85,7 +97,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
                  "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))),
                  "tokens_per_s": tokens_per_s, "compilations": case["fn"]._cache_size(),
                  "flops_per_token": case["flops"], "vs_baseline": paired_ratio(case["rounds"], cases[0]["rounds"]),
-                 "mfu": tokens_per_s * case["flops"] / peak["flops"] if peak else None})
+                 "mfu": hardware.mfu(tokens_per_s, case["flops"], peak and peak["flops"])})
     print(f"{size:>4} {case['label']:<28} gate={rows[-1]['gate']:.3f} {med * 1e3:9.1f} ms/step "
           f"{tokens_per_s:10.0f} tok/s ({rows[-1]['vs_baseline']['median']:.3f}× baseline)", flush=True)
   return rows

@@ -25,6 +25,5 @@ def for_training(cfg: ModelConfig) -> tuple[Projection, Attend | None]:
 def attention_for(cfg: ModelConfig) -> Attend | None:
   """The fused CPU attention (`attention.py`) where `model.attention_impl` is auto, the backend is CPU, activations
   are float32 and the kernels build; otherwise None, and the model attends through `attention_impl`."""
-  usable = (cfg.attention_impl in (None, "auto") and jax.default_backend() == "cpu"
-            and jnp.dtype(cfg.compute_dtype) == jnp.float32)
-  return attention.causal_attention if usable and attention.available() else None
+  usable = cfg.attention_impl in (None, "auto") and jnp.dtype(cfg.compute_dtype) == jnp.float32
+  return attention.causal_attention if usable and attention.available() else None  # available: CPU only

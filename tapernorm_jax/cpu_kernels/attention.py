@@ -6,7 +6,7 @@ that is most of a train step. `attention_rows.cc` keeps one pair's keys and valu
 query row computes its scores, softmax and output, and its backward recomputes the softmax from the
 saved log-sum-exp. Both are plain C++ (vector extensions, no intrinsics) compiled on first use
 (`build.py`); `TAPERNORM_CPU_ATTENTION=0` turns them off. The model reaches them only through its
-attention seam (`Transformer(cfg, attention=...)`), where `cpu_kernels.attention_for` puts them.
+attention seam (`Transformer(cfg, attend=...)`), where `cpu_kernels.attention_for` puts them.
 """
 
 import functools

@@ -5,10 +5,9 @@ GEMM or (`few_rows.rowwise_projection`) reads it once per row. `matvec_rows.cc` 
 once and dots it with every row; it needs the weight as output × input (input axis minor), which
 `few_rows.prepare` makes once, outside the decoding loop.
 
-The source is compiled on first use with the system C++ compiler (`$CXX`, else `c++`) against jaxlib's
-FFI headers, into `$TAPERNORM_CACHE` (default `~/.cache/tapernorm_jax`), keyed by the source, jaxlib and
-the CPU. Where that fails (no compiler, `TAPERNORM_MATVEC=0`), `available()` is False, `reason()` says
-why, and decoding goes one row at a time instead.
+The source is compiled on first use (`build.py`: the system C++ compiler against jaxlib's FFI headers,
+cached under `$TAPERNORM_CACHE`). Where that fails (no compiler, `TAPERNORM_MATVEC=0`), `available()` is
+False, `reason()` says why, and decoding goes one row at a time instead.
 """
 
 import functools
@@ -34,7 +33,7 @@ def _load() -> str:
 
 def available() -> bool:
   """Whether the kernel is built and registered (CPU backend only)."""
-  return jax.default_backend() == "cpu" and not _load()
+  return not reason()
 
 
 def reason() -> str:

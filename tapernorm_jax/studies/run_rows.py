@@ -170,10 +170,9 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     count = int(results.get("devices") or record.get("device_count") or 1)
     run.device = f"{kind} × {count}" if kind else f"{results.get('backend', '?')} × {count}"
     fpt = flops_per_token(config, run.params) if run.params else None
-    if fpt and run.tokens_per_s and results.get("peak_flops"):  # the run's own peak (hardware.peak), CPUs included
-      run.mfu = run.tokens_per_s * fpt / results["peak_flops"]
-    elif kind and fpt and run.tokens_per_s:
-      run.mfu = hardware.mfu(run.tokens_per_s, fpt, kind, count)
+    # the run's own peak (hardware.peak: CPUs included), else the data sheet's for its device kind
+    peak = results.get("peak_flops") or count * (hardware.peak_flops(kind) or 0)
+    run.mfu = hardware.mfu(run.tokens_per_s, fpt, peak) if fpt else None
   return run
 
 

@@ -235,8 +235,7 @@ def throughput(cfg: ml_collections.ConfigDict, params: int, rates: list[float]) 
   flops = hardware.train_flops_per_token(params, cfg.model.L, cfg.model.D, cfg.model.T)
   peak = hardware.peak()
   return {"tokens_per_s": tokens_per_s, "flops_per_token": flops, "peak_flops": peak and peak["flops"],
-          "peak_source": peak and peak["source"],
-          "mfu": tokens_per_s * flops / peak["flops"] if peak and tokens_per_s else None}
+          "peak_source": peak and peak["source"], "mfu": hardware.mfu(tokens_per_s, flops, peak and peak["flops"])}
 
 
 def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_sets: dict[str, list[jax.Array]],
