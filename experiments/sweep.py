@@ -3,7 +3,8 @@
 Expands the sweep file's grid (variants × sizes × seeds, shared overrides) into cells, each an
 ordinary run in DIR/<variant>-<size>-aux<0|1>-seed<N>/. Complete cells are skipped, incomplete ones
 resume, a failing cell is recorded in its cell.json and the others go on. `--parallel=N` runs N
-cells at once on disjoint device groups; `--launch=print` writes DIR/commands.txt instead, one
+cells at once on disjoint device groups; `--launch=ray` runs each pending cell as a task on a Ray
+cluster (DIR on storage every node mounts); `--launch=print` writes DIR/commands.txt instead, one
 command line per pending cell, for a scheduler. Then: `python -m experiments.report --workdir=DIR`.
 """
 
@@ -14,14 +15,23 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tapernorm_jax import cli, files
-from tapernorm_jax.studies import commands, grid, manifest, runner
+from tapernorm_jax.studies import commands, grid, manifest, ray_launch, runner
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
 _PARALLEL = flags.DEFINE_integer("parallel", 0, "Cells at once, each on its own share of the devices "
                                  "(0: one per device on accelerators, one at a time on CPU).")
-_LAUNCH = flags.DEFINE_enum("launch", "run", ["run", "print"], "run: train the cells here; print: write "
-                            "DIR/commands.txt with one command line per pending cell.")
+_LAUNCH = flags.DEFINE_enum("launch", "run", ["run", "ray", "print"], "run: train the cells here; ray: as tasks on "
+                            "a Ray cluster (the cluster extra); print: write DIR/commands.txt with one command line "
+                            "per pending cell.")
+_RAY_ADDRESS = flags.DEFINE_string("ray_address", "", "--launch=ray: the cluster ('auto', host:port or ray://host:port);"
+                                   " empty: Ray's own discovery ($RAY_ADDRESS, a cluster started on this machine, "
+                                   "else a new local one).")
+_CELL_RESOURCES = flags.DEFINE_string("cell_resources", "", "--launch=ray: what one cell asks for, as JSON, "
+                                      "e.g. '{\"GPU\": 1}'; empty: one GPU, else one TPU host's chips, else one "
+                                      "node's CPUs.")
+_MAX_RETRIES = flags.DEFINE_integer("max_retries", 3, "--launch=ray: times a cell is retried (from its last "
+                                    "checkpoint) after Ray loses its node or worker.")
 _RETRY = flags.DEFINE_bool("retry_failed", True, "Run failed cells again (False: leave them failed).")
 _PYTHON = flags.DEFINE_string("python", sys.executable, "Interpreter named in --launch=print command lines.")
 _PROGRESS = flags.DEFINE_float("progress_every", 30.0, "Seconds between progress lines.")
@@ -40,8 +50,14 @@ def main(argv: list[str]) -> None:
     path, count = commands.write_commands(cells, workdir, _PYTHON.value)
     print(f"{count} of {len(cells)} cells pending; their command lines are in {path}")
     return
-  statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
-                        progress_every=_PROGRESS.value)
+  if _LAUNCH.value == "ray":
+    resources = ray_launch.parse_resources(_CELL_RESOURCES.value)  # a bad flag fails before Ray starts
+    statuses = ray_launch.run(cells, workdir, address=_RAY_ADDRESS.value, resources=resources,
+                              max_retries=_MAX_RETRIES.value, retry_failed=_RETRY.value,
+                              progress_every=_PROGRESS.value)
+  else:
+    statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
+                          progress_every=_PROGRESS.value)
   failed = [name for name, s in statuses.items() if s.state == "failed"]
   print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
         + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")

@@ -6,7 +6,6 @@ would (its cell.json records the outcome); it needs no checkout and runs in any 
 reports its error in one line, as `experiments.tinystories` does; the traceback is in DIR/NAME/log.txt.
 """
 
-import difflib
 import os
 
 import jax
@@ -14,30 +13,13 @@ from absl import app, flags, logging
 
 from tapernorm_jax import cli, files
 from tapernorm_jax.model import sharding
-from tapernorm_jax.studies import manifest, runner
-from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.studies import runner
+from tapernorm_jax.studies.manifest import find_cell
 
 _STUDY = flags.DEFINE_string("study", None, "Study directory: the sweep's --workdir, which holds sweep.json.")
 _CELL = flags.DEFINE_string("cell", None, "The cell to train, <variant>-<size>-aux<0|1>-seed<N>, as sweep.json names "
                             "it.")
 flags.mark_flags_as_required(["study", "cell"])
-
-
-def find_cell(study: str, name: str) -> Cell:
-  """The cell `name` of the study in `study`; no manifest, or no such cell in it, is a SweepError naming the flag."""
-  path = os.path.join(study, manifest.MANIFEST)
-  if not os.path.isfile(path):
-    where = f"no {manifest.MANIFEST} in it" if os.path.isdir(study) else "no such directory"
-    raise SweepError(f"--study={study}: {where}; give the --workdir of the sweep that printed this command "
-                     f"(python -m experiments.sweep writes DIR/{manifest.MANIFEST})")
-  cells = manifest.manifest_cells(study)
-  if name not in cells:
-    hint = difflib.get_close_matches(name, list(cells), n=1)
-    names = ", ".join(list(cells)[:3]) + (", …" if len(cells) > 3 else "")
-    raise SweepError(f"--cell={name}: {path} has no such cell; "
-                     + (f"did you mean --cell={hint[0]}?" if hint else f"its cells are {names or 'none'} "
-                        "(DIR/commands.txt has a command line for each pending one)"))
-  return cells[name]
 
 
 def main(argv: list[str]) -> None:

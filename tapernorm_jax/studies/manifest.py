@@ -2,13 +2,14 @@
 with a cell) and, read from those and the run's own files, where each cell stands."""
 
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tapernorm_jax.files import write_json_atomically
-from tapernorm_jax.studies.grid import Cell
+from tapernorm_jax.studies.grid import Cell, SweepError
 
 MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing
 CELL_RECORD = "cell.json"  # DIR/<cell>/cell.json: what the runner last did with the cell (status, error, devices)
@@ -45,6 +46,23 @@ def manifest_cells(workdir: str) -> dict[str, Cell]:
   """The cells DIR/sweep.json names, by name ({} without a manifest)."""
   manifest = read_manifest(workdir) or {"cells": []}
   return {entry["name"]: Cell.from_json(entry) for entry in manifest["cells"]}
+
+
+def find_cell(study: str, name: str) -> Cell:
+  """The cell `name` of the study in `study`; no manifest, or no such cell in it, is a SweepError naming the flag."""
+  path = os.path.join(study, MANIFEST)
+  if not os.path.isfile(path):
+    where = f"no {MANIFEST} in it" if os.path.isdir(study) else "no such directory"
+    raise SweepError(f"--study={study}: {where}; give the --workdir of the sweep that printed this command "
+                     f"(python -m experiments.sweep writes DIR/{MANIFEST})")
+  cells = manifest_cells(study)
+  if name not in cells:
+    hint = difflib.get_close_matches(name, list(cells), n=1)
+    names = ", ".join(list(cells)[:3]) + (", …" if len(cells) > 3 else "")
+    raise SweepError(f"--cell={name}: {path} has no such cell; "
+                     + (f"did you mean --cell={hint[0]}?" if hint else f"its cells are {names or 'none'} "
+                        "(DIR/commands.txt has a command line for each pending one)"))
+  return cells[name]
 
 
 def read_results(run_dir: str) -> dict[str, Any] | None:

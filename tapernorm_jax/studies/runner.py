@@ -8,11 +8,12 @@ lines with an ETA.
 
 import os
 import queue
+import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self, TextIO
 
 import jax
@@ -74,7 +75,7 @@ class _ThreadRouter:
     return getattr(self._stream(), name)
 
 
-class _Routed:
+class Routed:
   """Installs thread routers on sys.stdout/sys.stderr for the duration of a sweep."""
 
   def __init__(self) -> None:
@@ -123,6 +124,16 @@ class Progress:
     self.t0 = time.time()
     self.done0 = self.work_done()
 
+  def to_run(self, retry_failed: bool) -> list[Cell]:
+    """The cells a launch runs: all but the complete ones (and the failed ones unless `retry_failed`)."""
+    skip = ("complete",) + (() if retry_failed else ("failed",))
+    return [cell for name, cell in self.cells.items() if self.state[name] not in skip]
+
+  def opening(self, todo: Sequence[Cell], how: str) -> str:
+    """`sweep: 15 cells in DIR; 3 already done or skipped, 12 to run, <how>`."""
+    return (f"sweep: {len(self.cells)} cells in {self.workdir}; {len(self.cells) - len(todo)} already done or "
+            f"skipped, {len(todo)} to run, {how}")
+
   def started_share(self, name: str) -> float:
     """The share of a cell's steps that its metrics.jsonl records."""
     return min(last_step(os.path.join(self.workdir, name)) / max(self.steps[name], 1), 1.0)
@@ -157,14 +168,15 @@ class Progress:
 # ---------------------------------------------------------------------------------------------------- runner
 
 
-def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, routed: _Routed | None = None, *,
-             reraise: bool = False) -> CellStatus:
-  """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json, and raised again only
-  with `reraise` (one cell on its own, whose caller reports the error)."""
+def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, routed: Routed | None = None, *,
+             reraise: bool = False, where: Mapping[str, str] | None = None) -> CellStatus:
+  """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json (with the host and
+  `where` it ran), and raised again only with `reraise` (one cell on its own, whose caller reports the error)."""
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir, exist_ok=True)
   kind = getattr(devices[0], "device_kind", str(devices[0])) if devices else ""
   record = {**cell.to_json(), "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": socket.gethostname(), **(where or {}),
             "devices": [str(d) for d in devices], "device_kind": kind, "device_count": len(devices)}
   write_record(run_dir, record)
   t0, error = time.time(), None
@@ -208,7 +220,7 @@ def trainer_run_fn() -> RunFn:
 
 
 def _work(tasks: queue.Queue[Cell], events: queue.Queue[Event], group: list[Any], workdir: str, run_fn: RunFn,
-          routed: _Routed) -> None:
+          routed: Routed) -> None:
   """A worker thread: runs cells from `tasks` on one device group until none are left, reporting to `events`."""
   while True:
     try:
@@ -258,18 +270,17 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequ
   os.makedirs(workdir, exist_ok=True)
   groups = device_groups(list(devices) if devices is not None else jax.devices(), parallel)
   progress = Progress(cells, workdir)
-  todo = [c for c in cells if progress.state[c.name] not in ("complete",) + (() if retry_failed else ("failed",))]
+  todo = progress.to_run(retry_failed)
   if run_fn is None:
     run_fn = trainer_run_fn()
     if todo:
       prepare_data(todo)
-  echo(f"sweep: {len(cells)} cells in {workdir}; {len(cells) - len(todo)} already done or skipped, "
-       f"{len(todo)} to run, {len(groups)} at a time on {', '.join(str(len(g)) for g in groups)} device(s) each")
+  echo(progress.opening(todo, f"{len(groups)} at a time on {', '.join(str(len(g)) for g in groups)} device(s) each"))
   tasks: queue.Queue[Cell] = queue.Queue()
   for cell in todo:
     tasks.put(cell)
   events: queue.Queue[Event] = queue.Queue()
-  with _Routed() as routed:
+  with Routed() as routed:
     threads = [threading.Thread(target=_work, args=(tasks, events, g, workdir, run_fn, routed), daemon=True)
                for g in groups[:max(len(todo), 1)]]
     for t in threads:

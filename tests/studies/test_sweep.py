@@ -5,7 +5,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import threading
 import time
 
@@ -14,22 +13,8 @@ import pytest
 
 from configs.sweeps import cpu_mini, table2
 from tapernorm_jax.studies import commands, grid, manifest, report, runner
-from locations import ROOT, run_without_checkout
-
-TINY = {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
-        "train": {"steps": 6, "batch_size": 4, "log_every": 3, "diag_every": 3, "eval_batches": 1},
-        "checkpoint": {"every": 3}, "taper": {"gate_warmup_frac": 0.34},
-        "data": {"synthetic_train_stories": 200, "synthetic_valid_stories": 30}}
-
-
-def tiny_sweep(data_dir: str, grids: list[dict]) -> dict:
-  """A sweep of the tiny config over `grids`, its data prepared in `data_dir`."""
-  return {"name": "tiny", "seeds": (0,), "grids": grids,
-          "overrides": {**TINY, "data": {**TINY["data"], "data_dir": data_dir}}}
-
-
-def quiet(_: str) -> None:
-  """Swallows progress lines."""
+from locations import run_without_checkout
+from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
 
 def test_the_shipped_sweeps_expand_to_their_grids():
@@ -139,26 +124,6 @@ def test_progress_line_counts_and_estimates(tmp_path):
   assert progress.line().startswith("sweep: 0/2 complete, 0 running, 0 failed, 2 to run")
   assert "ETA —" in progress.line()
   assert runner.duration(3725) == "1h02m" and runner.duration(65) == "1m05s" and runner.duration(4) == "4s"
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("data"))
-
-
-def write_sweep_file(path, sweep_cfg: dict) -> str:
-  """A sweep file whose get_config() returns `sweep_cfg` as a ConfigDict, as the shipped sweep files do."""
-  path.write_text(f"import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({sweep_cfg!r})\n")
-  return str(path)
-
-
-def run_cli(module: str, *flags: str, check: bool = True) -> subprocess.CompletedProcess:
-  """`python -m <module> <flags>` from the repository root (8 fake CPU devices, as set by conftest)."""
-  proc = subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                        check=False)
-  if check and proc.returncode:
-    raise AssertionError(f"{module} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
-  return proc
 
 
 @pytest.mark.slow
