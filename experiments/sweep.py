@@ -52,9 +52,12 @@ def main(argv: list[str]) -> None:
     return
   if _LAUNCH.value == "ray":
     resources = ray_launch.parse_resources(_CELL_RESOURCES.value)  # a bad flag fails before Ray starts
-    statuses = ray_launch.run(cells, workdir, address=_RAY_ADDRESS.value, resources=resources,
-                              max_retries=_MAX_RETRIES.value, retry_failed=_RETRY.value,
-                              progress_every=_PROGRESS.value)
+    try:
+      statuses = ray_launch.run(cells, workdir, address=_RAY_ADDRESS.value, resources=resources,
+                                max_retries=_MAX_RETRIES.value, retry_failed=_RETRY.value,
+                                progress_every=_PROGRESS.value)
+    except KeyboardInterrupt:  # ray_launch said what stopped and how to resume
+      sys.exit(130)
   else:
     statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
                           progress_every=_PROGRESS.value)

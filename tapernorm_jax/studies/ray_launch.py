@@ -18,7 +18,7 @@ from typing import Any
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, find_cell, read_record, write_record
-from tapernorm_jax.studies.runner import CELL_LOG, Progress, Routed, run_cell, trainer_run_fn
+from tapernorm_jax.studies.runner import CELL_LOG, Progress, Routed, run_cell, say, trainer_run_fn
 
 Node = Mapping[str, Any]  # one entry of `ray.nodes()`: NodeID, NodeManagerAddress, Alive, Resources
 NOT_ASKED = ("memory", "object_store_memory")  # what every node has and a cell does not ask for
@@ -144,25 +144,10 @@ def _starts(pending: Mapping[Any, Cell], progress: Progress, workdir: str) -> li
   return lines
 
 
-def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Mapping[str, float] | None = None,
-        max_retries: int = 3, retry_failed: bool = True, progress_every: float = 30.0,
-        echo: Callable[[str], None] = print) -> dict[str, CellStatus]:
-  """Runs every cell that is not complete as a Ray task on the cluster at `address` ('': Ray's own discovery, a
-  local cluster when none is found); returns each cell's status. The study's DIR/sweep.json must hold the cells."""
-  if max_retries < 0:
-    raise SweepError(f"--max_retries={max_retries}: must be >= 0 (times a cell is retried after losing its node)")
-  ray = import_ray()
-  workdir = os.path.abspath(workdir)
-  progress = Progress(cells, workdir)
-  todo = progress.to_run(retry_failed)
-  if not ray.is_initialized():
-    ray.init(address=address or None, log_to_driver=False, configure_logging=False)
-  nodes = ray.nodes()
-  request = cell_request(nodes, resources)
-  check_shared(ray, workdir, nodes)
-  echo(progress.opening(todo, f"as Ray tasks of {show(request)} on {sum(n['Alive'] for n in nodes)} node(s)"))
-  task = ray.remote(train_cell).options(**task_options(request, max_retries))
-  pending = {task.remote(workdir, cell.name): cell for cell in todo}
+def _follow(ray: Any, pending: dict[Any, Cell], progress: Progress, workdir: str, progress_every: float,
+            echo: Callable[[str], None]) -> None:
+  """Waits for the tasks in `pending` (emptying it), echoing each cell's start and end and a progress line every
+  `progress_every` seconds; a task Ray gave up on is recorded as failed."""
   last_line = time.time()
   while pending:
     ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(progress_every, 2.0))
@@ -179,4 +164,33 @@ def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Ma
     if ready or time.time() - last_line >= progress_every:
       echo(progress.line())
       last_line = time.time()
+
+
+def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Mapping[str, float] | None = None,
+        max_retries: int = 3, retry_failed: bool = True, progress_every: float = 30.0,
+        echo: Callable[[str], None] | None = None) -> dict[str, CellStatus]:
+  """Runs every cell that is not complete as a Ray task on the cluster at `address` ('': Ray's own discovery, a
+  local cluster when none is found); returns each cell's status. The study's DIR/sweep.json must hold the cells."""
+  if max_retries < 0:
+    raise SweepError(f"--max_retries={max_retries}: must be >= 0 (times a cell is retried after losing its node)")
+  ray, echo = import_ray(), echo or say
+  workdir = os.path.abspath(workdir)
+  progress = Progress(cells, workdir)
+  todo = progress.to_run(retry_failed)
+  if not ray.is_initialized():
+    ray.init(address=address or None, log_to_driver=False, configure_logging=False)
+  nodes = ray.nodes()
+  request = cell_request(nodes, resources)
+  check_shared(ray, workdir, nodes)
+  echo(progress.opening(todo, f"as Ray tasks of {show(request)} on {sum(n['Alive'] for n in nodes)} node(s)"))
+  task = ray.remote(train_cell).options(**task_options(request, max_retries))
+  pending = {task.remote(workdir, cell.name): cell for cell in todo}
+  try:
+    _follow(ray, pending, progress, workdir, progress_every, echo)
+  except KeyboardInterrupt:
+    for ref in pending:
+      ray.cancel(ref, force=True)  # as Ray would when this driver exits; said here so the user sees it
+    echo(f"stopped: {len(pending)} cells not finished ({', '.join(c.name for c in pending.values())}); run the "
+         "same command again and they resume from their last checkpoints")
+    raise
   return {c.name: cell_status(os.path.join(workdir, c.name)) for c in cells}

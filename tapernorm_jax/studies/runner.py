@@ -101,6 +101,11 @@ def cell_cost(cfg: ml_collections.ConfigDict) -> float:
   return cfg.train.steps * cfg.train.batch_size * m.T * hardware.train_flops_per_token(params, m.L, m.D, m.T)
 
 
+def say(line: str) -> None:
+  """Prints a progress line at once (also when stdout is a file: a study's log is read while it runs)."""
+  print(line, flush=True)
+
+
 def duration(seconds: float) -> str:
   """`1h02m`, `4m05s`, `12s`."""
   seconds = round(seconds)
@@ -258,7 +263,7 @@ def _follow(events: queue.Queue[Event], count: int, progress: Progress, echo: Ca
 
 def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequence[Any] | None = None,
         run_fn: RunFn | None = None, retry_failed: bool = True, progress_every: float = 30.0,
-        echo: Callable[[str], None] = print) -> dict[str, CellStatus]:
+        echo: Callable[[str], None] | None = None) -> dict[str, CellStatus]:
   """Runs every cell that is not complete, `parallel` at a time on disjoint device groups; returns each status.
 
   Complete cells are skipped, incomplete ones resume from their checkpoints, failed ones are retried
@@ -268,6 +273,7 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequ
   """
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
+  echo = echo or say
   groups = device_groups(list(devices) if devices is not None else jax.devices(), parallel)
   progress = Progress(cells, workdir)
   todo = progress.to_run(retry_failed)

@@ -4,6 +4,8 @@ a cell runs on it."""
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -11,6 +13,7 @@ import time
 import pytest
 
 from tapernorm_jax.studies import grid, manifest, ray_launch
+from locations import ROOT
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
 ray = pytest.importorskip("ray")
@@ -186,3 +189,32 @@ def test_a_lost_node_costs_one_checkpoint_interval_and_the_result_is_unchanged(c
                          echo=quiet)[name].results
   assert clean["resumed_from"] == 0 and clean["final_val_loss"] == resumed["final_val_loss"]
 
+
+
+@pytest.mark.slow
+def test_a_stopped_driver_is_started_again_without_losing_or_repeating_work(cluster, tmp_path, data_dir):
+  head, _ = cluster
+  long = {"train": {"steps": 1200, "log_every": 50, "diag_every": 200}, "checkpoint": {"every": 100}}
+  sweep_file, cells = study(tmp_path, data_dir, [dict(variants=["baseline"], sizes=["cpu"])], long)
+  workdir, name = str(tmp_path / "study"), cells[0].name
+  command = [sys.executable, "-m", "experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}",
+             "--launch=ray", f"--ray_address={head.address}", f"--cell_resources={ACC}"]
+  driver = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  checkpoints = os.path.join(workdir, name, "checkpoints")
+  deadline = time.time() + 300
+  while time.time() < deadline and not (os.path.isdir(checkpoints) and any(
+      d.isdigit() and int(d) > 0 for d in os.listdir(checkpoints))):
+    time.sleep(0.05)
+  driver.send_signal(signal.SIGINT)  # Ctrl-C
+  out, _ = driver.communicate(timeout=60)
+  assert driver.returncode == 130 and f"stopped: 1 cells not finished ({name})" in out
+  stopped_at = manifest.last_step(os.path.join(workdir, name))
+  time.sleep(3)
+  assert manifest.last_step(os.path.join(workdir, name)) == stopped_at < 1200  # the task stopped with its driver
+  again = run_cli("experiments.sweep", *command[3:])
+  assert "0 already done or skipped, 1 to run" in again.stdout and "1 of 1 cells complete" in again.stdout
+  results = manifest.cell_status(os.path.join(workdir, name)).results
+  assert 0 < results["resumed_from"] <= stopped_at and results["steps"] == 1200
+  with open(os.path.join(workdir, name, "metrics.jsonl")) as f:
+    steps = [json.loads(line)["step"] for line in f if '"loss"' in line]
+  assert steps == sorted(set(steps)) and steps[-1] == 1199
