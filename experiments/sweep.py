@@ -8,7 +8,6 @@ cluster (DIR on storage every node mounts); `--launch=print` writes DIR/commands
 command line per pending cell, for a scheduler. Then: `python -m experiments.report --workdir=DIR`.
 """
 
-import os
 import sys
 
 from absl import app, flags, logging
@@ -43,7 +42,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  workdir = os.path.abspath(files.local_path(_WORKDIR.value, "--workdir"))  # cells run and are read here: local only
+  workdir = str(files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
   cells = grid.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
   manifest.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
   if _LAUNCH.value == "print":

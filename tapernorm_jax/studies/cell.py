@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
-  study = os.path.abspath(files.local_path(_STUDY.value, "--study"))  # cells run and are read here: local only
+  study = str(files.workdir_path(_STUDY.value))  # a local path or a URL (gs://...)
   cell = find_cell(study, _CELL.value)
   sharding.initialize_distributed(cell.config().mesh)  # with mesh.distributed: one process per host (or per GPU)
   status = runner.run_cell(cell, study, jax.devices(), runner.trainer_run_fn(), reraise=True)

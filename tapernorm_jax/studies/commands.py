@@ -6,7 +6,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from tapernorm_jax.files import write_text_atomically
+from tapernorm_jax.files import workdir_path, write_text_atomically
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import MANIFEST, cell_status, manifest_cells
 
@@ -16,7 +16,7 @@ COMMANDS = "commands.txt"  # DIR/commands.txt: one command line per pending cell
 
 def command_line(cell: Cell, workdir: str, python: str = sys.executable) -> str:
   """One self-contained shell command that trains (or resumes) the cell in `workdir/<cell name>`."""
-  args = [python, "-m", CELL_MODULE, f"--study={os.path.abspath(workdir)}", f"--cell={cell.name}"]
+  args = [python, "-m", CELL_MODULE, f"--study={workdir_path(workdir)}", f"--cell={cell.name}"]
   return " ".join(shlex.quote(a) for a in args)
 
 
@@ -32,6 +32,6 @@ def write_commands(cells: Sequence[Cell], workdir: str, python: str = sys.execut
                        "write the manifest first (manifest.write_manifest), the command lines read their cells from it")
   pending = [c for c in cells if cell_status(os.path.join(workdir, c.name)).state != "complete"]
   path = os.path.join(workdir, COMMANDS)
-  os.makedirs(workdir, exist_ok=True)
+  workdir_path(workdir).mkdir(parents=True, exist_ok=True)
   write_text_atomically(path, "".join(command_line(c, workdir, python) + "\n" for c in pending))
   return path, len(pending)

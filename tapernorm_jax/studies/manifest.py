@@ -1,5 +1,6 @@
 """What a study directory records: DIR/sweep.json (the expanded grid), DIR/<cell>/cell.json (what the runner last did
-with a cell) and, read from those and the run's own files, where each cell stands."""
+with a cell) and, read from those and the run's own files, where each cell stands. DIR is a local path or a URL
+(`gs://...`): every read and write goes through `files.workdir_path`."""
 
 import dataclasses
 import difflib
@@ -8,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.files import workdir_path, write_json_atomically
 from tapernorm_jax.studies.grid import Cell, SweepError
 
 MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing
@@ -28,18 +29,20 @@ class CellStatus:
 
 def write_manifest(workdir: str, sweep: Mapping[str, Any], cells: Sequence[Cell], source: str = "") -> None:
   """Writes DIR/sweep.json: the sweep's name and source file and every cell of the grid."""
-  os.makedirs(workdir, exist_ok=True)
+  workdir_path(workdir).mkdir(parents=True, exist_ok=True)
   write_json_atomically(os.path.join(workdir, MANIFEST), {
       "name": sweep.get("name", ""), "source": source, "cells": [c.to_json() for c in cells]})
 
 
 def read_manifest(workdir: str) -> dict[str, Any] | None:
   """DIR/sweep.json, or None when the directory was not made by a sweep."""
-  path = os.path.join(workdir, MANIFEST)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return read_json(os.path.join(workdir, MANIFEST))
+
+
+def read_json(path: str) -> Any:
+  """The JSON file at `path` (local or a URL), or None when there is none."""
+  file = workdir_path(path)
+  return json.loads(file.read_text()) if file.exists() else None
 
 
 def manifest_cells(workdir: str) -> dict[str, Cell]:
@@ -51,8 +54,8 @@ def manifest_cells(workdir: str) -> dict[str, Cell]:
 def find_cell(study: str, name: str) -> Cell:
   """The cell `name` of the study in `study`; no manifest, or no such cell in it, is a SweepError naming the flag."""
   path = os.path.join(study, MANIFEST)
-  if not os.path.isfile(path):
-    where = f"no {MANIFEST} in it" if os.path.isdir(study) else "no such directory"
+  if not workdir_path(path).is_file():
+    where = f"no {MANIFEST} in it" if workdir_path(study).is_dir() else "no such directory"
     raise SweepError(f"--study={study}: {where}; give the --workdir of the sweep that printed this command "
                      f"(python -m experiments.sweep writes DIR/{MANIFEST})")
   cells = manifest_cells(study)
@@ -68,10 +71,9 @@ def find_cell(study: str, name: str) -> Cell:
 def read_results(run_dir: str) -> dict[str, Any] | None:
   """`results.json` of a run directory, or None when absent; a schema this module cannot read is a ValueError."""
   path = os.path.join(run_dir, "results.json")
-  if not os.path.exists(path):
+  results = read_json(path)
+  if results is None:
     return None
-  with open(path) as f:
-    results = json.load(f)
   schema = results.get("schema", 0)
   if schema not in RESULTS_SCHEMAS:
     raise ValueError(f"{path}: schema={schema!r}, this code reads schemas {RESULTS_SCHEMAS}")
@@ -80,11 +82,7 @@ def read_results(run_dir: str) -> dict[str, Any] | None:
 
 def read_record(run_dir: str) -> dict[str, Any]:
   """DIR/<cell>/cell.json, or {} when the runner never touched the cell."""
-  path = os.path.join(run_dir, CELL_RECORD)
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
+  return read_json(os.path.join(run_dir, CELL_RECORD)) or {}
 
 
 def write_record(run_dir: str, record: Mapping[str, Any]) -> None:
@@ -94,10 +92,10 @@ def write_record(run_dir: str, record: Mapping[str, Any]) -> None:
 
 def last_step(run_dir: str) -> int:
   """The step of the last record in `metrics.jsonl` + 1 (0 when none), read from the file's tail."""
-  path = os.path.join(run_dir, "metrics.jsonl")
-  if not os.path.exists(path):
+  path = workdir_path(os.path.join(run_dir, "metrics.jsonl"))
+  if not path.exists():
     return 0
-  with open(path, "rb") as f:
+  with path.open("rb") as f:
     f.seek(0, os.SEEK_END)
     f.seek(max(0, f.tell() - 65536))
     lines = [line for line in f.read().splitlines() if line.strip()]
@@ -121,5 +119,5 @@ def cell_status(run_dir: str) -> CellStatus:
   if record.get("status") == "failed":
     return CellStatus("failed", step=last_step(run_dir), error=record.get("error", "?"))
   step = last_step(run_dir)
-  started = step > 0 or os.path.isdir(os.path.join(run_dir, "checkpoints"))
+  started = step > 0 or workdir_path(os.path.join(run_dir, "checkpoints")).is_dir()
   return CellStatus("incomplete" if started else "pending", step=step)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tapernorm_jax.errors import UserError
+from tapernorm_jax.files import workdir_path
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, find_cell, read_record, write_record
 from tapernorm_jax.studies.runner import CELL_LOG, Progress, Routed, run_cell, say, trainer_run_fn
@@ -96,13 +97,13 @@ def train_cell(study: str, name: str) -> CellStatus:
     return run_cell(cell, study, jax.devices(), trainer_run_fn(), routed, where=where)
 
 
-def _read_probe(path: str) -> str:
-  """A Ray task: the text of `path`, or '' when this node cannot read it."""
+def _read_probe(path: str, token: str) -> str:
+  """A Ray task: '' when this node reads `token` from `path`, else why not."""
   try:
-    with open(path) as f:
-      return f.read()
-  except OSError:
-    return ""
+    text = workdir_path(path).read_text()
+  except Exception as e:  # noqa: BLE001 - a missing mount, filesystem or credential: reported by the driver
+    return f"{type(e).__name__}: {e}"
+  return "" if text == token else "another file is at that path"
 
 
 def check_shared(ray: Any, workdir: str, nodes: Sequence[Node]) -> None:
@@ -110,17 +111,16 @@ def check_shared(ray: Any, workdir: str, nodes: Sequence[Node]) -> None:
   run there and the driver reads the cells' records back)."""
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
   token, path = uuid.uuid4().hex, os.path.join(workdir, PROBE)
-  with open(path, "w") as f:
-    f.write(token)
+  workdir_path(path).write_text(token)
   alive = [node for node in nodes if node.get("Alive")]
   probe = ray.remote(_read_probe)
-  seen = ray.get([probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-      node["NodeID"], soft=False)).remote(path) for node in alive])
-  os.remove(path)
-  blind = [node["NodeManagerAddress"] for node, text in zip(alive, seen) if text != token]
+  why_not = ray.get([probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+      node["NodeID"], soft=False)).remote(path, token) for node in alive])
+  workdir_path(path).unlink()
+  blind = [f"{node['NodeManagerAddress']} ({why[:120]})" for node, why in zip(alive, why_not) if why]
   if blind:
-    raise SweepError(f"--workdir={workdir}: the Ray node(s) at {', '.join(blind)} cannot read it (a path on this "
-                     "machine only); give a directory every node mounts at the same path (NFS, a shared disk)")
+    raise SweepError(f"--workdir={workdir}: the Ray node(s) at {', '.join(blind)} cannot read it; give a directory "
+                     "every node mounts at the same path (NFS, a shared disk) or a gs:// URL every node can reach")
 
 
 def lost(run_dir: str, error: Exception) -> CellStatus:
@@ -174,7 +174,7 @@ def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Ma
   if max_retries < 0:
     raise SweepError(f"--max_retries={max_retries}: must be >= 0 (times a cell is retried after losing its node)")
   ray, echo = import_ray(), echo or say
-  workdir = os.path.abspath(workdir)
+  workdir = str(workdir_path(workdir))
   progress = Progress(cells, workdir)
   todo = progress.to_run(retry_failed)
   if not ray.is_initialized():

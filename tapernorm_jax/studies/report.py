@@ -4,11 +4,14 @@ per run) and figures/*.png, written by `write_report` from a study directory."""
 import csv
 import io
 import os
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from tapernorm_jax import files
 from tapernorm_jax.files import write_text_atomically
@@ -153,10 +156,41 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
   return "\n".join(parts)
 
 
+RECORDS = ("sweep.json", "results.json", "config.json", manifest.CELL_RECORD, "metrics.jsonl")  # what a report reads
+
+
 def write_report(workdir: str, out: str | None = None) -> dict[str, Any]:
-  """Reads the study in `workdir`; writes report.md, results.csv and figures/*.png to `out` (default: workdir)."""
-  workdir = os.path.abspath(files.local_path(workdir, "--workdir"))  # the study tools read local directories only
-  out = os.path.abspath(files.local_path(out or workdir, "--out"))
+  """Reads the study in `workdir`; writes report.md, results.csv and figures/*.png to `out` (default: workdir).
+  Either may be a URL (gs://...): the runs' records are read from local copies and the report uploaded."""
+  out = out or workdir
+  if not (files.is_url(workdir) or files.is_url(out)):
+    return _write_report(os.path.abspath(os.path.expanduser(workdir)), os.path.abspath(os.path.expanduser(out)))
+  with tempfile.TemporaryDirectory(prefix="tapernorm-report-") as tmp:
+    local = workdir
+    if files.is_url(workdir):  # named as the study is: the report's title and text name it
+      local = os.path.join(tmp, "in", os.path.basename(workdir.rstrip("/")))
+      copy_records(files.workdir_path(workdir), Path(local))
+    written = _write_report(os.path.abspath(local), os.path.join(tmp, "out"))
+    files.upload_tree(os.path.join(tmp, "out"), files.workdir_path(out))
+    where = lambda path: str(files.workdir_path(out) / os.path.relpath(path, os.path.join(tmp, "out")))
+    return {**written, "report": where(written["report"]), "csv": where(written["csv"]),
+            "figures": [where(f) for f in written["figures"]]}
+
+
+def copy_records(study: epath.Path, local: Path) -> None:
+  """Copies the files a report reads (RECORDS) of the study directory `study` and of each run directory in it."""
+  if not study.is_dir():
+    raise ValueError(f"--workdir={study}: no such directory")
+  for directory in (study, *(d for d in study.iterdir() if d.is_dir())):
+    target = local / os.path.relpath(str(directory), str(study))
+    for name in RECORDS:
+      if (directory / name).exists():
+        target.mkdir(parents=True, exist_ok=True)
+        (directory / name).copy(epath.Path(target / name), overwrite=True)
+
+
+def _write_report(workdir: str, out: str) -> dict[str, Any]:
+  """`write_report` on local directories."""
   if not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir}: no such directory")
   runs = read_runs(workdir)

@@ -6,6 +6,7 @@ lines with an ETA.
     run_cell(cell, workdir, …)  one cell, its cell.json record written before and after; `studies.cell` runs it
 """
 
+import contextlib
 import os
 import queue
 import socket
@@ -13,13 +14,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Self, TextIO
 
 import jax
 import ml_collections
 
-from tapernorm_jax import hardware
+from tapernorm_jax import files, hardware
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, last_step, write_record
 
@@ -173,19 +174,36 @@ class Progress:
 # ---------------------------------------------------------------------------------------------------- runner
 
 
+@contextlib.contextmanager
+def cell_log(run_dir: str) -> Iterator[TextIO]:
+  """DIR/<cell>/log.txt opened to append: on a local disk directly; at a URL, whose objects cannot be appended to, a
+  local copy uploaded when the cell ends."""
+  if not files.is_url(run_dir):
+    with open(os.path.join(run_dir, CELL_LOG), "a", buffering=1) as log:
+      yield log
+    return
+  mirror = files.Mirror(files.workdir_path(run_dir))
+  mirror.download(CELL_LOG)
+  try:
+    with open(mirror.local / CELL_LOG, "a", buffering=1) as log:
+      yield log
+  finally:
+    mirror.close()
+
+
 def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, routed: Routed | None = None, *,
              reraise: bool = False, where: Mapping[str, str] | None = None) -> CellStatus:
   """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json (with the host and
   `where` it ran), and raised again only with `reraise` (one cell on its own, whose caller reports the error)."""
   run_dir = os.path.join(workdir, cell.name)
-  os.makedirs(run_dir, exist_ok=True)
+  files.workdir_path(run_dir).mkdir(parents=True, exist_ok=True)
   kind = getattr(devices[0], "device_kind", str(devices[0])) if devices else ""
   record = {**cell.to_json(), "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": socket.gethostname(), **(where or {}),
             "devices": [str(d) for d in devices], "device_kind": kind, "device_count": len(devices)}
   write_record(run_dir, record)
   t0, error = time.time(), None
-  with open(os.path.join(run_dir, CELL_LOG), "a", buffering=1) as log:
+  with cell_log(run_dir) as log:
     if routed is not None:
       routed.targets.stream = log
     try:
@@ -271,8 +289,8 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequ
   Each cell's output goes to DIR/<cell>/log.txt; `echo` gets one progress line per event and every
   `progress_every` seconds.
   """
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  os.makedirs(workdir, exist_ok=True)
+  workdir = str(files.workdir_path(workdir))
+  files.workdir_path(workdir).mkdir(parents=True, exist_ok=True)
   echo = echo or say
   groups = device_groups(list(devices) if devices is not None else jax.devices(), parallel)
   progress = Progress(cells, workdir)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -17,7 +18,8 @@ from locations import ROOT
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
 ray = pytest.importorskip("ray")
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # every Ray address 127.0.0.1 (../shared/ENV_NOTES.md)
+# Every Ray address 127.0.0.1 (../shared/ENV_NOTES.md), and no usage report to Ray's servers.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 ACC = '{"acc": 1}'
 
 
@@ -53,19 +55,17 @@ def test_bad_cell_resources_are_one_line(text, message):
 
 
 class _BlindRay:
-  """Stands in for `ray` on a cluster where the nodes in `blind` do not mount the driver's directory."""
+  """Stands in for `ray` on a cluster where the nodes in `blind` do not mount the driver's directory (they look for
+  the probe file elsewhere)."""
 
   def __init__(self, blind: set[str]) -> None:
     self.blind = blind
 
   def remote(self, fn):
-    outer = self
-
-    class Task:
-      def options(self, scheduling_strategy, **_):
-        return type("Bound", (), {"remote": staticmethod(
-            lambda path: "" if scheduling_strategy.node_id in outer.blind else fn(path))})()
-    return Task()
+    def on(node_id: str):
+      where = lambda path: path + ".elsewhere" if node_id in self.blind else path
+      return types.SimpleNamespace(remote=lambda path, token: fn(where(path), token))
+    return types.SimpleNamespace(options=lambda scheduling_strategy, **_: on(scheduling_strategy.node_id))
 
   def get(self, values):
     return values
@@ -77,7 +77,8 @@ def test_a_workdir_some_node_cannot_read_is_refused_in_one_line(tmp_path):
   ray_launch.check_shared(_BlindRay(set()), str(tmp_path), nodes)  # every node reads it
   with pytest.raises(grid.SweepError) as e:
     ray_launch.check_shared(_BlindRay({"b" * 56}), str(tmp_path), nodes)
-  assert str(e.value).startswith(f"--workdir={tmp_path}: the Ray node(s) at 10.0.0.7 cannot read it")
+  assert str(e.value).startswith(f"--workdir={tmp_path}: the Ray node(s) at 10.0.0.7 (FileNotFoundError: ")
+  assert "cannot read it; give a directory every node mounts at the same path" in str(e.value)
   assert os.listdir(tmp_path) == []  # the probe file is gone
 
 
@@ -97,15 +98,18 @@ def cluster():
   from ray.cluster_utils import Cluster
   with pytest.MonkeyPatch.context() as mp:
     for k, v in LOOPBACK.items():
-      mp.setenv(k, v)
-    mp.delenv("XLA_FLAGS", raising=False)
-    head = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    workers = [head.add_node(num_cpus=1, resources={"acc": 1}) for _ in range(2)]
-    head.wait_for_nodes()
-  os.environ.update(LOOPBACK)  # this process's driver connects on loopback too
-  yield head, workers
-  ray.shutdown()
-  head.shutdown()
+      mp.setenv(k, v)  # kept while the cluster lives: this process's drivers connect on loopback too
+    xla_flags = os.environ.pop("XLA_FLAGS", None)  # the nodes' workers see one CPU device
+    try:
+      head = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+      workers = [head.add_node(num_cpus=1, resources={"acc": 1}) for _ in range(2)]
+      head.wait_for_nodes()
+    finally:
+      if xla_flags is not None:
+        os.environ["XLA_FLAGS"] = xla_flags
+    yield head, workers
+    ray.shutdown()
+    head.shutdown()
 
 
 def study(tmp_path, data_dir: str, grids: list[dict], overrides: dict | None = None) -> tuple[str, list]:

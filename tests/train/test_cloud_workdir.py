@@ -28,7 +28,7 @@ from configs import base
 from tapernorm_jax import data
 from tapernorm_jax.files import LocalPathError, MissingFilesystemError, workdir_path
 from tapernorm_jax.inference import export, forms, loading
-from tapernorm_jax.studies import report
+from tapernorm_jax.studies import grid, manifest, report, runner
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import read_jsonl
@@ -143,8 +143,36 @@ def test_a_url_without_its_filesystem_names_the_extra_to_install(monkeypatch):
     workdir_path("gs://bucket/run")
 
 
-def test_local_only_directories_refuse_a_url_by_name(tmp_path):
+def test_local_only_directories_refuse_a_url_by_name(gcs, tmp_path):
   with pytest.raises(LocalPathError, match=r"^data\.data_dir=gs://bucket/cache: must be a local directory"):
     data.prepare(config("gs://bucket/cache").data)
-  with pytest.raises(LocalPathError, match=r"^--workdir=gs://bucket/study: must be a local directory"):
-    report.write_report("gs://bucket/study")
+  with pytest.raises(ValueError, match=r"^--workdir=gs://bucket/study: no such directory"):
+    report.write_report("gs://bucket/study")  # a study may be at a URL; this one is not there
+
+
+@pytest.mark.slow  # two tiny cells trained in this process
+def test_a_gs_study_runs_skips_what_is_done_and_reports(gcs, tmp_path):
+  nested = {}
+  for key, value in {**TINY, "data.data_dir": str(tmp_path / "data")}.items():
+    section, field = key.split(".")
+    nested.setdefault(section, {})[field] = value
+  cells = grid.expand({"name": "tiny", "seeds": (0,), "overrides": nested,
+                       "grids": [dict(variants=["baseline", "all_taper:aux=0"], sizes=["cpu"])]})
+  study = "gs://bucket/studies/tiny"
+  manifest.write_manifest(study, {"name": "tiny"}, cells)
+  lines = []
+  statuses = runner.run(cells, study, echo=lines.append)
+  assert {s.state for s in statuses.values()} == {"complete"}, lines
+  remote = gcs / "bucket" / "studies" / "tiny"
+  for cell in cells:
+    assert json.loads((remote / cell.name / "cell.json").read_text())["status"] == "complete"
+    assert f"{cell.variant} [" in (remote / cell.name / "log.txt").read_text()  # uploaded when the cell ended
+  again = []
+  runner.run(cells, study, echo=again.append)
+  assert "2 already done or skipped, 0 to run" in again[0]
+  written = report.write_report(study)
+  assert written["report"] == f"{study}/report.md" and (written["runs"], written["complete"]) == (2, 2)
+  text = (remote / "report.md").read_text()
+  assert text.startswith("# Study report: tiny") and "2 of 2 runs complete." in text
+  assert (remote / "results.csv").read_text().count("complete") == 2
+  assert sorted(os.listdir(remote / "figures")) == sorted(os.path.basename(f) for f in written["figures"])
