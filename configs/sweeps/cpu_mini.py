@@ -1,7 +1,8 @@
 """A CPU mini-study in the shape of Table 2 and Figure 3: the `cpu` preset (2 layers, d = 64, 300 steps of
-16 × 128 tokens) on the offline synthetic corpus; baseline, internal_taper (+aux), all_taper (+aux) and the
-unanchored all_taper (aux=0) and final_taper × 3 seeds. A tiny model on a synthetic corpus, not the
-paper's setting (docs/method.md §8). About 21 minutes on 2 idle CPU cores (82.5 s a cell):
+16 × 128 tokens) on the offline synthetic corpus; baseline, its matched control baseline (+aux) (the scale loss
+without tapering), internal_taper (+aux), all_taper (+aux) and the unanchored all_taper (aux=0) and final_taper ×
+3 seeds. A tiny model on a synthetic corpus, not the paper's setting (docs/method.md §8). About a minute a cell on
+2 CPU cores (docs/studies.md):
 
     python -m experiments.sweep --sweep=configs/sweeps/cpu_mini.py --workdir=runs/cpu_mini
     python -m experiments.report --workdir=runs/cpu_mini
@@ -15,8 +16,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "cpu_mini"
   c.seeds = (0, 1, 2)
-  c.grids = [dict(variants=["baseline", "internal_taper:aux=1", "all_taper:aux=1", "all_taper:aux=0",
-                            "final_taper:aux=0"], sizes=["cpu"])]
+  c.grids = [dict(variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1",
+                            "all_taper:aux=0", "final_taper:aux=0"], sizes=["cpu"])]
   c.overrides = ml_collections.ConfigDict(dict(
       # Twice the preset's peak LR: in 300 steps the unanchored runs' logit growth then stands clear of the
       # anchored runs' (about 2× by the end, against 1.2× at 3e-3 even over 600 steps).

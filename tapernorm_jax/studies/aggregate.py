@@ -1,5 +1,6 @@
-"""Table 2 over a study's runs: each size × variant's final validation loss, mean ± std over its seeds and the gap to
-the baseline, and the paper's numbers to set beside them."""
+"""Table 2 over a study's runs: each size × variant's final validation loss, mean ± std over its seeds, the gap to
+the baseline and to the matched control (the baseline with the same scale-loss setting), and the paper's numbers to
+set beside them."""
 
 import dataclasses
 from collections.abc import Sequence
@@ -50,6 +51,38 @@ class Group:
   def std(self) -> float | None:
     """Sample standard deviation (None below 2 seeds)."""
     return float(np.std(self.losses, ddof=1)) if self.n >= 2 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+  """A group's mean val loss against a reference group's, in % of the reference's mean, with the standard error of
+  the difference of the means (Welch: √(s₁²/n₁ + s₂²/n₂)) in the same unit; None below 2 seeds on either side."""
+
+  pct: float
+  se_pct: float | None
+
+  @property
+  def inside_noise(self) -> bool | None:
+    """Whether the gap is smaller than two standard errors (None when there is no standard error)."""
+    return None if self.se_pct is None else abs(self.pct) < 2 * self.se_pct
+
+
+def gap(group: Group, reference: Group) -> Gap | None:
+  """`group` against `reference`; None unless both have a complete seed."""
+  if group.mean is None or reference.mean is None:
+    return None
+  se = None
+  if group.std is not None and reference.std is not None:
+    se = 100.0 * float(np.sqrt(group.std**2 / group.n + reference.std**2 / reference.n)) / reference.mean
+  return Gap(100.0 * (group.mean - reference.mean) / reference.mean, se)
+
+
+def control_of(group: Group, groups: Sequence[Group]) -> Group | None:
+  """The matched control of a tapered group: the baseline of its size with its scale-loss setting (None for the
+  baselines themselves, or when the study has no such baseline)."""
+  if group.variant == "baseline":
+    return None
+  return next((g for g in groups if (g.size, g.variant, g.aux) == (group.size, "baseline", group.aux)), None)
 
 
 def aggregate(runs: Sequence[Run]) -> list[Group]:

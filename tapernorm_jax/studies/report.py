@@ -17,7 +17,7 @@ from tapernorm_jax import files
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest
-from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Group, aggregate, paper_setting
+from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
 from tapernorm_jax.studies.figures import FIGURES, make_figures, save_png
 from tapernorm_jax.studies.run_rows import (CSV_COLUMNS, Run, label, params_text, read_runs, size_order, unanchored,
@@ -64,6 +64,45 @@ def table2_markdown(groups: Sequence[Group], with_paper: bool = False) -> str:
       row.append(text)
     rows.append(row)
   return markdown_table(["size", "params", *(label(*k) for k in keys)], rows)
+
+
+def gap_text(g: Gap | None) -> str:
+  """`-2.90% ± 0.62%` (the standard error of the difference), or — without a complete seed on both sides."""
+  if g is None:
+    return "—"
+  return f"{g.pct:+.2f}%" + (f" ± {g.se_pct:.2f}%" if g.se_pct is not None else "")
+
+
+def noise_words(g: Gap | None) -> str:
+  """`inside the noise`, `lower, 3.1 standard errors`, or why it cannot be told."""
+  if g is None or g.inside_noise is None:
+    return "too few seeds to tell"
+  if g.inside_noise:
+    return "inside the noise"
+  return f"{'lower' if g.pct < 0 else 'higher'}, {abs(g.pct) / g.se_pct:.1f} standard errors"
+
+
+def controls_markdown(groups: Sequence[Group]) -> str:
+  """Each tapered group against the plain baseline and against its matched control, with a reading in words."""
+  plain = {g.size: g for g in groups if (g.variant, g.aux) == ("baseline", 0)}
+  rows = []
+  for g in groups:
+    if g.variant == "baseline":
+      continue
+    control, vs_plain = control_of(g, groups), gap(g, plain[g.size]) if g.size in plain else None
+    vs_control = gap(g, control) if control is not None else None
+    if control is not None and control.aux == 0:
+      reading = f"against the baseline, its matched control: {noise_words(vs_plain)}"
+    elif control is not None:
+      reading = (f"against the baseline: {noise_words(vs_plain)}; against {label(control.variant, control.aux)}: "
+                 f"{noise_words(vs_control)}")
+    else:
+      reading = "no matched control in this study: add baseline:aux=1 to the grid"
+    rows.append([g.size, label(g.variant, g.aux), gap_text(vs_plain),
+                 label(control.variant, control.aux) if control is not None else "—", gap_text(vs_control), reading])
+  if not rows:
+    return ""
+  return markdown_table(["size", "variant", "vs baseline", "matched control", "vs matched control", "reading"], rows)
 
 
 def dynamics_markdown(curves: Curves) -> str:
@@ -146,6 +185,13 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
            "(\"n = 2 of 3\": one is missing or failed)."
            + (" Beside each cell: the paper's value (Kanavalau, Amo Alonso and Lall, arXiv 2602.10408, Table 2; "
               "6 seeds)." if with_paper else ""), "", table2_markdown(groups, with_paper), ""]
+  if controls := controls_markdown(groups):
+    parts += ["## Gaps against matched controls", "",
+              ("Each tapered variant against the plain baseline (the paper's comparison) and against its matched "
+               "control: the baseline trained with the same scale-loss setting, so that the gap measures the taper "
+               "alone. Negative is a lower loss. ± is the standard error of the difference of the two means (Welch, "
+               "√(s₁²/n₁ + s₂²/n₂)) in % of the reference's mean; a gap under two standard errors is inside the "
+               "noise of this many seeds."), "", controls, ""]
   if dynamics:
     parts += ["## Logit and gradient norms", "",
               ("Mean over seeds of the mean logit L2 norm at the taper start and at the last diagnostics step, and "

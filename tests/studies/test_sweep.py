@@ -19,14 +19,14 @@ from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
 def test_the_shipped_sweeps_expand_to_their_grids():
   cells = grid.expand(table2.get_config())
-  assert len(cells) == 4 * 3 * 6 + 2 * 6
+  assert len(cells) == 4 * 4 * 6 + 2 * 6  # the paper's 84 runs and the matched control, baseline (+aux), per size
   names = {c.name for c in cells}
-  assert {"baseline-1m-aux0-seed0", "internal_taper-30m-aux1-seed5", "all_taper-9m-aux1-seed3",
-          "final_taper-30m-aux0-seed0", "all_taper-30m-aux0-seed5"} <= names
+  assert {"baseline-1m-aux0-seed0", "baseline-9m-aux1-seed2", "internal_taper-30m-aux1-seed5",
+          "all_taper-9m-aux1-seed3", "final_taper-30m-aux0-seed0", "all_taper-30m-aux0-seed5"} <= names
   assert "final_taper-1m-aux0-seed0" not in names
   mini = grid.expand(cpu_mini.get_config())
-  assert {(c.variant, c.aux) for c in mini} == {("baseline", 0), ("internal_taper", 1), ("all_taper", 1),
-                                                 ("all_taper", 0), ("final_taper", 0)}
+  assert {(c.variant, c.aux) for c in mini} == {("baseline", 0), ("baseline", 1), ("internal_taper", 1),
+                                                 ("all_taper", 1), ("all_taper", 0), ("final_taper", 0)}
   assert len({c.seed for c in mini}) >= 3 and {c.size for c in mini} == {"cpu"}
   cfg = mini[0].config()
   assert cfg.train.diag_every == dict(mini[0].overrides)["train.diag_every"] and cfg.data.source == "synthetic"
