@@ -2,7 +2,9 @@
 
 Arguments: `model=s|m|l|xl` (pretrained GPT-2 from the hub, the paper's per-size schedule) or
 `demo` (a 4-layer GPT-2-shaped model on the offline corpus, minutes on a CPU); `variant=baseline|
-internal_taper|all_taper|fakeln`; `seed=N`. Every field can be overridden with `--config.X.Y=`.
+internal_taper|all_taper|fakeln`; `aux=0|1`, the scale loss (default: on for internal_taper and all_taper
+with the paper's λ, and for FakeLN its own; off for baseline, whose `aux=1` is the matched control);
+`seed=N`. Every field can be overridden with `--config.X.Y=`.
 (`method=` and `vanilla`, the names before, still work with a deprecation message.)
 """
 
@@ -28,17 +30,17 @@ MODELS = {
     "demo": dict(hub="", D=64, H=4, L=4, steps=200, warmup=10, taper=(20, 150), aux=0.1,
                  fakeln=dict(gap_mlp=4, gap_attn=8, gap_final=8), microbatches=1),
 }
-VARIANTS = {  # (internal norm, final norm, method, the fixed-target scale loss on)
-    "baseline": ("plain", "plain", "taper", False),
-    "internal_taper": ("taper", "plain", "taper", False),
+VARIANTS = {  # (internal norm, final norm, method, the scale loss on by default)
+    "baseline": ("plain", "plain", "taper", False),  # aux=1: the matched control, the scale loss without tapering
+    "internal_taper": ("taper", "plain", "taper", True),  # the paper's Internal-TaperLN (+fixed-target aux)
     "all_taper": ("taper", "taper", "taper", True),
-    "fakeln": ("taper", "taper", "fakeln", False),  # its aux loss is fakeln.aux_weight
+    "fakeln": ("taper", "taper", "fakeln", True),  # its own aux loss, fakeln.aux_weight
 }
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The fine-tuning config for `model`, `variant` and `seed` in `arg`."""
-  args = base.parse_arg(arg, ("model", "variant", "method", "seed", "pretrain"),
+  args = base.parse_arg(arg, ("model", "variant", "method", "seed", "pretrain", "aux"),
                         "configs/gpt2.py:model=s,variant=internal_taper")
   if "method" in args:
     deprecated("configs/gpt2.py: the argument method= is now variant=; the old name still works for now")
@@ -49,11 +51,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"model={size!r} is not one of {sorted(MODELS)}")
   if variant not in VARIANTS:
     raise ValueError(f"variant={variant!r} is not one of {sorted(VARIANTS)}")
+  if args.get("aux", "1") not in ("0", "1"):
+    raise ValueError(f"aux={args['aux']!r}: write aux=0 (no scale loss) or aux=1")
   pretrain = args.get("pretrain", "0") == "1"
   if pretrain and variant != "baseline":
     raise ValueError("pretrain=1 trains the starting model and needs variant=baseline")
   spec, demo = MODELS[size], size == "demo"
   internal, final, method, aux = VARIANTS[variant]
+  aux = aux if "aux" not in args else args["aux"] == "1"
   steps = 600 if pretrain else spec["steps"]
   c = base.get_config("baseline", f"size=cpu,seed={args.get('seed', '0')}")
   c.variant, c.size, c.method = variant, size, method
@@ -66,8 +71,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.opt.update(lr=3e-3 if pretrain else 6e-4, warmup_frac=(30 if pretrain else spec["warmup"]) / steps,
                weight_decay=0.01)
   start, end = spec["taper"]
-  c.taper.update(mu=0.1, aux_weight=spec["aux"] if aux else 0.0, gate_warmup_frac=start / steps, taper_end=end)
-  c.fakeln.update(start=20, mu=0.1, aux_weight=spec["aux"], **spec["fakeln"])
+  taper_aux = spec["aux"] if aux and method == "taper" else 0.0
+  c.taper.update(mu=0.1, aux_weight=taper_aux, gate_warmup_frac=start / steps, taper_end=end)
+  c.fakeln.update(start=20, mu=0.1, aux_weight=spec["aux"] if aux else 0.0, **spec["fakeln"])
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
                  log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)

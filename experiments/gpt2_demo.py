@@ -3,8 +3,9 @@
 Real GPT-2 weights need a download; this shows every step on what runs offline: pretrain a small
 GPT-2-shaped model (LayerNorm, learned positions, GELU; 4 layers, d = 64) as `baseline` on the
 offline corpus, save it in the Hugging Face layout, load it back through `tapernorm_jax.hf.gpt2.load_gpt2`, fine-tune
-it with every method from that same start, and write a table shaped like the paper's GPT-2 table
-(validation loss at g = 0 before and after, mean ± std over seeds) to --out.
+it with every method from that same start, and the plain fine-tune with the scale loss (the tapered variants'
+matched control), and write a table shaped like the paper's GPT-2 table (validation loss at g = 0 before and after,
+mean ± std over seeds) to --out.
 """
 
 import json
@@ -21,6 +22,7 @@ from tapernorm_jax.inference import loading
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.train import loop
 
+ROWS = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("fakeln", 1))  # (variant, aux)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/gpt2_demo", "Where the pretraining and fine-tuning runs go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Fine-tuning seeds per variant.")
 _OUT = flags.DEFINE_string("out", "docs/gpt2_demo.md", "The markdown table.")
@@ -48,14 +50,16 @@ def main(argv: list[str]) -> None:
     loaded = loading.load(pre_dir)
     hf_gpt2.save_gpt2(loaded.variables, loaded.model_cfg, hf_dir)
   rows, lines = [], {}
-  for variant in gpt2.VARIANTS:
+  for variant, aux in ROWS:
     finals = []
     for seed in _SEEDS.value:
-      cfg = base.override(gpt2.get_config(f"model=demo,variant={variant},seed={seed}"), {"init_from": hf_dir})
-      finals.append(results_of(cfg, os.path.join(_WORKDIR.value, f"{variant}-seed{seed}"))["final_val_loss"])
-    lines[variant] = finals
+      cfg = base.override(gpt2.get_config(f"model=demo,variant={variant},aux={aux},seed={seed}"),
+                          {"init_from": hf_dir})
+      finals.append(results_of(cfg, os.path.join(_WORKDIR.value, f"{variant}-aux{aux}-seed{seed}"))["final_val_loss"])
+    name = f"{variant} (+aux)" if aux and variant != "fakeln" else variant  # FakeLN's aux loss is its own
+    lines[name] = finals
     spread = f" ± {statistics.stdev(finals):.4f}" if len(finals) > 1 else ""
-    rows.append([variant, f"{before['final_val_loss']:.4f}", f"{statistics.mean(finals):.4f}{spread}",
+    rows.append([name, f"{before['final_val_loss']:.4f}", f"{statistics.mean(finals):.4f}{spread}",
                  f"{statistics.mean(finals) - before['final_val_loss']:+.4f}", len(finals)])
   cfg = gpt2.get_config("model=demo")
   table = "\n".join([

@@ -16,8 +16,8 @@ from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 CSV_COLUMNS = ("cell", "variant", "aux", "size", "seed", "params", "steps", "tokens", "final_val_loss",
                "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus", "device")
-VARIANT_ORDER = (("baseline", 0), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
-                 ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0), ("baseline", 1))
+VARIANT_ORDER = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
+                 ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0))
 Key = tuple[str, int]  # (variant, aux)
 
 
@@ -39,7 +39,7 @@ def size_order(size: str) -> int:
 
 
 def variant_order(key: Key) -> int:
-  """Baseline first, anchored variants, then unanchored ones."""
+  """The baseline and its matched control first, anchored variants, then unanchored ones."""
   return VARIANT_ORDER.index(key) if key in VARIANT_ORDER else len(VARIANT_ORDER)
 
 

@@ -34,7 +34,9 @@ def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, 
   assert (phases.steps, phases.lr_warmup, phases.taper_start, phases.taper_end) == (steps, warmup, start, end)
   assert cfg.train.batch_size * cfg.model.T == 2**19 and cfg.opt.lr == 6e-4 and cfg.opt.weight_decay == 0.01
   assert cfg.taper.mu == 0.1 and cfg.opt.clip == 1.0 and cfg.data.tokenizer == "gpt2"
-  assert cfg.taper.aux_weight == (aux if variant == "all_taper" else 0.0)
+  assert cfg.taper.aux_weight == (aux if variant in ("internal_taper", "all_taper") else 0.0)  # the paper's λ
+  assert gpt2.get_config(f"model={size},variant={variant},aux=0").taper.aux_weight == 0.0  # the ablation
+  assert gpt2.get_config(f"model={size},variant=baseline,aux=1").taper.aux_weight == aux  # the matched control
   validate(cfg, num_devices=1)  # every preset is a config that trains (checked before anything compiles)
   if variant == "fakeln":
     removal = methods.removal_steps(model_cfg, cfg.fakeln)
