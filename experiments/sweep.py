@@ -20,6 +20,8 @@ _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
 _PARALLEL = flags.DEFINE_integer("parallel", 0, "Cells at once, each on its own share of the devices "
                                  "(0: one per device on accelerators, one at a time on CPU).")
+_OVERSUBSCRIBE = flags.DEFINE_bool("oversubscribe", False, "On CPU, let --parallel exceed the devices: cells then "
+                                    "share devices and cores, each slower than alone.")
 _LAUNCH = flags.DEFINE_enum("launch", "run", ["run", "ray", "print"], "run: train the cells here; ray: as tasks on "
                             "a Ray cluster (the cluster extra); print: write DIR/commands.txt with one command line "
                             "per pending cell.")
@@ -58,8 +60,8 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:  # ray_launch said what stopped and how to resume
       sys.exit(130)
   else:
-    statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, retry_failed=_RETRY.value,
-                          progress_every=_PROGRESS.value)
+    statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, oversubscribe=_OVERSUBSCRIBE.value,
+                          retry_failed=_RETRY.value, progress_every=_PROGRESS.value)
   failed = [name for name, s in statuses.items() if s.state == "failed"]
   print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
         + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")

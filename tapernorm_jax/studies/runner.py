@@ -29,10 +29,10 @@ RunFn = Callable[..., dict]  # loop.run's signature: (cfg, workdir, *, devices) 
 Event = tuple[str, Cell, Any]  # ("start", cell, device group) or ("end", cell, CellStatus)
 
 
-def device_groups(devices: Sequence[Any], parallel: int) -> list[list[Any]]:
+def device_groups(devices: Sequence[Any], parallel: int, oversubscribe: bool = False) -> list[list[Any]]:
   """`parallel` disjoint device groups (0: one per device on accelerators, one group of all devices on CPU).
 
-  On CPU more cells than devices may share one; on accelerators that is an error.
+  More cells than devices is an error, unless `oversubscribe` on CPU: then cells share devices (and cores).
   """
   n = len(devices)
   platform = devices[0].platform if n else "cpu"
@@ -45,8 +45,12 @@ def device_groups(devices: Sequence[Any], parallel: int) -> list[list[Any]]:
   if parallel <= n:
     size = n // parallel
     return [list(devices[i * size:(i + 1) * size]) for i in range(parallel)]
-  if platform == "cpu":
+  if platform == "cpu" and oversubscribe:
     return [[devices[i % n]] for i in range(parallel)]
+  if platform == "cpu":
+    raise SweepError(f"--parallel={parallel}: this host has {n} CPU device(s), so cells would share them and their "
+                     f"cores, each running slower than alone (on a few cores, slower in all than one after another); "
+                     f"use --parallel={n} or less, or add --oversubscribe to share them anyway")
   raise SweepError(f"--parallel={parallel}: this host has {n} {platform} devices; at most one cell per device")
 
 
@@ -279,7 +283,8 @@ def _follow(events: queue.Queue[Event], count: int, progress: Progress, echo: Ca
     echo(progress.line())
 
 
-def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequence[Any] | None = None,
+def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, oversubscribe: bool = False,
+        devices: Sequence[Any] | None = None,
         run_fn: RunFn | None = None, retry_failed: bool = True, progress_every: float = 30.0,
         echo: Callable[[str], None] | None = None) -> dict[str, CellStatus]:
   """Runs every cell that is not complete, `parallel` at a time on disjoint device groups; returns each status.
@@ -292,7 +297,7 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, devices: Sequ
   workdir = str(files.workdir_path(workdir))
   files.workdir_path(workdir).mkdir(parents=True, exist_ok=True)
   echo = echo or say
-  groups = device_groups(list(devices) if devices is not None else jax.devices(), parallel)
+  groups = device_groups(list(devices) if devices is not None else jax.devices(), parallel, oversubscribe)
   progress = Progress(cells, workdir)
   todo = progress.to_run(retry_failed)
   if run_fn is None:

@@ -58,7 +58,11 @@ def test_device_groups_pack_cells_onto_devices():
   assert runner.device_groups(devices, 0) == [devices]  # CPU default: one cell at a time, all devices
   assert runner.device_groups(devices, 8) == [[d] for d in devices]
   assert runner.device_groups(devices, 3) == [devices[0:2], devices[2:4], devices[4:6]]
-  assert runner.device_groups(devices[:1], 2) == [devices[:1], devices[:1]]  # CPU cells may share a device
+  assert runner.device_groups(devices[:1], 2, oversubscribe=True) == [devices[:1], devices[:1]]  # sharing, asked for
+  with pytest.raises(grid.SweepError) as e:
+    runner.device_groups(devices[:2], 3)  # not asked for: named, with what it costs and the fix
+  assert str(e.value).startswith("--parallel=3: this host has 2 CPU device(s), so cells would share them") and (
+      "use --parallel=2 or less, or add --oversubscribe" in str(e.value))
   with pytest.raises(grid.SweepError, match="--parallel=-1"):
     runner.device_groups(devices, -1)
 
