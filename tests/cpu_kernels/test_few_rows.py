@@ -10,13 +10,13 @@ from tapernorm_jax.inference import decode
 from tapernorm_jax.cpu_kernels import few_rows, matvec
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.model.transformer import einsum
+from kernels import needs_compiler
 from model_helpers import perturbed_variables
 
-needs_kernel = pytest.mark.skipif(not matvec.available(), reason=f"matvec kernel unavailable: {matvec.reason()}")
 
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize("R", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("K,O", [(64, 300), (37, 17), (515, 1)])
 def test_rows_equal_a_float64_product(R, K, O):
@@ -63,7 +63,7 @@ CONFIGS = {  # tied head, remat'ed blocks; untied head with biases
                         internal_norm="taper", final_norm="taper")}
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_decode_with_the_kernel_matches_the_model_s_einsum(family):
   cfg = CONFIGS[family]
@@ -95,7 +95,7 @@ def test_row_by_row_decode_matches_the_model_s_einsum(family):
   _assert_same_steps(_decode(variables, cfg, 3, few_rows.rowwise_projection), _decode(variables, cfg, 3))
 
 
-@needs_kernel
+@needs_compiler
 def test_the_copies_are_each_projection_as_output_by_input():
   cfg = CONFIGS["llama"]
   variables = perturbed_variables(cfg)
@@ -122,11 +122,13 @@ def test_without_the_kernel_a_few_rows_go_one_at_a_time(reload_kernels, monkeypa
 def test_a_missing_compiler_is_a_reason_not_a_crash(reload_kernels, monkeypatch, tmp_path):
   monkeypatch.setenv("CXX", "no-such-compiler")
   monkeypatch.setenv("TAPERNORM_CACHE", str(tmp_path))
-  assert not matvec.available()
+  with pytest.warns(RuntimeWarning, match=r"the CPU kernel matvec_rows.cc is off \(no C\+\+ compiler .*\); batched "
+                    "decoding reads the weights once per row instead, more slowly"):
+    assert not matvec.available()
   assert "no C++ compiler ('no-such-compiler' is not on PATH; set CXX)" in matvec.reason()
 
 
-@needs_kernel
+@needs_compiler
 def test_bfloat16_models_do_not_use_the_float32_kernel():
   variables = {"params": {}}
   bf16 = CONFIGS["llama"].replace(dtype="bfloat16")

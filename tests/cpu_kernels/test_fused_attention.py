@@ -11,12 +11,12 @@ from tapernorm_jax.cpu_kernels import attention as kernel
 from tapernorm_jax.model import ModelConfig, attention, sharding
 from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
-
-needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"attention kernel unavailable: {kernel.reason()}")
-
+from kernels import needs_compiler
 
 
-@needs_kernel
+
+
+@needs_compiler
 @pytest.mark.parametrize("B,T,H,K", [(2, 64, 4, 4), (1, 37, 2, 16), (3, 20, 1, 6), (1, 130, 2, 32), (1, 1, 1, 4)])
 def test_outputs_and_gradients_match_the_reference(B, T, H, K):
   rng = np.random.default_rng(B * T + H * K)
@@ -28,7 +28,7 @@ def test_outputs_and_gradients_match_the_reference(B, T, H, K):
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
-@needs_kernel
+@needs_compiler
 def test_a_query_sees_only_itself_and_earlier_keys():
   rng = np.random.default_rng(0)
   q, k, v = (rng.standard_normal((1, 40, 2, 8)).astype(np.float32) for _ in range(3))
@@ -45,7 +45,7 @@ def test_float32_only_and_unavailable_kernels_are_named():
     kernel.causal_attention(*(jnp.zeros((1, 4, 1, 4), jnp.bfloat16) for _ in range(3)))
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize("changes,selected", [({}, True), ({"attention_impl": "blocked"}, False),
                                               ({"attention_impl": "xla"}, False), ({"dtype": "bfloat16"}, False)])
 def test_the_seam_selects_the_kernel_only_for_auto_float32_on_cpu(changes, selected):
@@ -74,7 +74,7 @@ def step_of(attention_impl: str) -> tuple[Trainer, dict, dict]:
   return trainer, jax.device_get(new_state), {**jax.device_get(metrics), "hlo": hlo}
 
 
-@needs_kernel
+@needs_compiler
 def test_a_train_step_through_the_kernel_equals_one_through_blocked():
   fused_trainer, fused, fused_metrics = step_of("auto")
   blocked_trainer, blocked, blocked_metrics = step_of("blocked")
