@@ -5,6 +5,7 @@
     DIR/model.safetensors  the same arrays with flat names, e.g. `params.block_0.attn.qkv`
     DIR/tokenizer/         the tokenizer, when one is given: `tokenizer.model` (SentencePiece) or
                            `vocab.json` + `merges.txt` (GPT-2's BPE); config.json names its kind
+    DIR/manifest.json      the size and SHA-256 of every file above (`integrity.py`), checked before loading
 
 Loading needs only the `model` package (and `sentencepiece` or `tokenizers` for the tokenizer): no training code.
 DIR may be local or a URL (`gs://bucket/export`); a remote tokenizer is copied to a local directory to load.
@@ -15,6 +16,7 @@ import json
 import os
 import pathlib
 import tempfile
+import warnings
 from typing import Any
 
 import flax.linen as nn
@@ -25,7 +27,7 @@ import safetensors.flax
 from etils import epath
 from flax import traverse_util
 
-from tapernorm_jax import damaged, files
+from tapernorm_jax import damaged, files, integrity
 from tapernorm_jax.model import ModelConfig, abstract_variables, check_matches
 from tapernorm_jax.taper import fold as fold_lib
 from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
@@ -84,12 +86,15 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
   info = dict(format=FORMAT, version=VERSION, model=dataclasses.asdict(cfg), folded=folded,
               tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
               **(extra or {}))
+  integrity.record(directory)  # sizes and hashes of the files above; config.json, which marks the export, last
   (directory / CONFIG_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
   return directory
 
 
 def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
-  """Loads an export from its Orbax checkpoint (`source="orbax"`) or its safetensors file."""
+  """Loads an export from its Orbax checkpoint (`source="orbax"`) or its safetensors file, after checking every file
+  against the export's manifest: damage to what is read is an error naming the file, damage to the other copy a
+  warning."""
   directory = files.workdir_path(directory)
   if not is_export(directory):
     raise FileNotFoundError(f"{directory} is not a {FORMAT} directory (no {CONFIG_FILE} with format={FORMAT!r})")
@@ -101,6 +106,13 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
   cfg = ModelConfig.from_config(info["model"])
   if source not in ("orbax", "safetensors"):
     raise ValueError(f"source={source!r}: choose 'orbax' or 'safetensors'")
+  where, other = (VARIABLES_DIR + "/", "safetensors") if source == "orbax" else (SAFETENSORS_FILE, "orbax")
+  if problem := integrity.check(directory, (where, TOKENIZER_DIR + "/")):
+    fix = "export the model again" + (f", or load it with source={other!r}" if problem.startswith(where) else "")
+    raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {problem}; {fix}", None, problem)
+  if problem := integrity.check(directory, (SAFETENSORS_FILE if source == "orbax" else VARIABLES_DIR + "/",)):
+    warnings.warn(f"the export in {directory} is damaged: {problem}; loading its intact {where.rstrip('/')} "
+                  "copy instead, but export the model again before sharing it", RuntimeWarning, stacklevel=2)
   damaged.quiet_aborted_reads()
   try:
     if source == "orbax":
@@ -112,7 +124,6 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
       variables = unflatten(safetensors.flax.load_file(os.fspath(path)) if local else
                             safetensors.flax.load(path.read_bytes()))
   except Exception as e:  # TensorStore, Orbax and safetensors errors: the files are not what was written
-    where, other = (VARIABLES_DIR + "/", "safetensors") if source == "orbax" else (SAFETENSORS_FILE, "orbax")
     reason = damaged.read_error(e, os.fspath(directory / VARIABLES_DIR))
     raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
                                          f"export the model again, or load it with source={other!r}", None,

@@ -1,5 +1,6 @@
 """Export round trip, the self-contained export directory, and generate.py's two ways in (export, checkpoint)."""
 
+import hashlib
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 import sentencepiece as spm
 
 from configs import base
+from tapernorm_jax import damaged
 from tapernorm_jax.inference import decode, export, forms, loading
 from tapernorm_jax.inference import prompts as prompts_lib
 from tapernorm_jax.model import ModelConfig
@@ -50,7 +52,8 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
   cfg = _cfg(family)
   variables = perturbed_variables(cfg)
   directory = export.save(tmp_path / "export", variables, cfg, tokenizer=SentencePiece.from_file(tokenizer_file))
-  assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors", "tokenizer", "variables"]
+  assert sorted(os.listdir(directory)) == ["config.json", "manifest.json", "model.safetensors", "tokenizer",
+                                           "variables"]
   folded, folded_cfg = fold(variables, cfg)
   tokens_BxT = jax.random.randint(jax.random.key(3), (2, 12), 0, V)
   reference = logits_at(cfg, variables, tokens_BxT, 0.0)
@@ -64,6 +67,30 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
     assert json.load(f)["model"]["internal_norm"] == "identity"
   names = set(export.flatten(folded))
   assert "params.block_0.attn.qkv" in names and "params.head" in names
+
+
+def test_a_damaged_export_file_is_named_before_it_is_loaded(tmp_path, tokenizer_file):
+  cfg = _cfg()
+  directory = export.save(tmp_path / "export", perturbed_variables(cfg), cfg,
+                          tokenizer=SentencePiece.from_file(tokenizer_file))
+  recorded = json.loads((directory / "manifest.json").read_text())["files"]
+  weights = directory / "model.safetensors"
+  assert recorded["model.safetensors"] == {"size": weights.stat().length,
+                                           "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
+  assert any(name.startswith("variables/") for name in recorded) and "tokenizer/tokenizer.model" in recorded
+  data = bytearray(weights.read_bytes())
+  data[-1] ^= 0x01  # one flipped bit in the last weight: safetensors itself would load it
+  weights.write_bytes(bytes(data))
+  with pytest.raises(damaged.DamagedCheckpointError) as e:
+    export.load(directory, "safetensors")
+  assert str(e.value) == (f"the export in {directory} is damaged: model.safetensors does not match the SHA-256 "
+                          "manifest.json recorded; export the model again, or load it with source='orbax'")
+  with pytest.warns(RuntimeWarning, match="model.safetensors does not match .*; loading its intact variables copy"):
+    assert export.load(directory, "orbax").model_cfg.D == 32  # the other copy is intact: loaded, with a warning
+  (directory / "tokenizer" / "tokenizer.model").write_bytes(b"")
+  with pytest.raises(damaged.DamagedCheckpointError, match=r"tokenizer/tokenizer.model has 0 bytes, manifest.json "
+                     r"recorded [\d,]+; export the model again$"):
+    export.load(directory, "orbax")
 
 
 def test_a_baseline_model_exports_unfolded(tmp_path):

@@ -1,0 +1,68 @@
+"""Sizes and SHA-256 hashes of a directory's files, kept in a small manifest written after them and checked before
+they are read, so that a damaged file is named instead of loaded.
+
+    record(directory)              writes DIR/manifest.json for every file under DIR (call it once they are written)
+    check(directory, prefixes)     the first recorded file under `prefixes` that is missing or differs, in words
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+
+from etils import epath
+
+MANIFEST = "manifest.json"
+VERSION = 1
+
+
+def sha256(path: epath.Path) -> str:
+  """The SHA-256 of a file (local or at a URL), hex."""
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _files(directory: epath.Path) -> list[str]:
+  """Every file under `directory` but the manifest, as relative paths with '/'."""
+  found = []
+  for root, _, names in directory.walk():
+    for name in names:
+      relative = os.path.relpath(os.fspath(epath.Path(root) / name), os.fspath(directory)).replace(os.sep, "/")
+      if relative != MANIFEST:
+        found.append(relative)
+  return sorted(found)
+
+
+def record(directory: epath.Path) -> dict[str, dict]:
+  """Writes DIR/manifest.json: {"version", "files": {relative path: {"size", "sha256"}}}; returns the files."""
+  entries = {name: {"size": (directory / name).stat().length, "sha256": sha256(directory / name)}
+             for name in _files(directory)}
+  (directory / MANIFEST).write_text(json.dumps({"version": VERSION, "files": entries}, indent=1, sort_keys=True))
+  return entries
+
+
+def check(directory: epath.Path, prefixes: Sequence[str] = ("",)) -> str:
+  """'' when every file the manifest records under `prefixes` is there with its size and hash (or when there is no
+  manifest: a directory written before they were kept), else what is wrong with the first one that is not."""
+  path = directory / MANIFEST
+  if not path.exists():
+    return ""
+  try:
+    entries = json.loads(path.read_text())["files"]
+  except (ValueError, KeyError, TypeError) as e:
+    return f"{MANIFEST} cannot be read ({type(e).__name__}: {e})"
+  for name, expected in sorted(entries.items()):
+    if not name.startswith(tuple(prefixes)):
+      continue
+    file = directory / name
+    if not file.exists():
+      return f"{name} is missing"
+    size = file.stat().length
+    if size != expected["size"]:
+      return f"{name} has {size:,} bytes, {MANIFEST} recorded {expected['size']:,}"
+    if sha256(file) != expected["sha256"]:
+      return f"{name} does not match the SHA-256 {MANIFEST} recorded"
+  return ""
