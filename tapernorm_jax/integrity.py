@@ -7,7 +7,6 @@ they are read, so that a damaged file is named instead of loaded.
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 
 from etils import epath
@@ -25,14 +24,15 @@ def sha256(path: epath.Path) -> str:
   return digest.hexdigest()
 
 
-def _files(directory: epath.Path) -> list[str]:
+def _files(directory: epath.Path, prefix: str = "") -> list[str]:
   """Every file under `directory` but the manifest, as relative paths with '/'."""
   found = []
-  for root, _, names in directory.walk():
-    for name in names:
-      relative = os.path.relpath(os.fspath(epath.Path(root) / name), os.fspath(directory)).replace(os.sep, "/")
-      if relative != MANIFEST:
-        found.append(relative)
+  for item in directory.iterdir():
+    name = prefix + item.name
+    if item.is_dir():
+      found += _files(item, name + "/")
+    elif name != MANIFEST:
+      found.append(name)
   return sorted(found)
 
 

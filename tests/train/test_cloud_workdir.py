@@ -127,8 +127,8 @@ def test_a_gs_workdir_trains_resumes_bit_exactly_and_exports(gcs, compile_cache,
   variables, cfg = forms.fold_if_tapered(loaded.variables, loaded.model_cfg)
   out = export.save("gs://bucket/exports/tiny", variables, cfg, fold=False, tokenizer=loaded.tokenizer)
   assert str(out) == "gs://bucket/exports/tiny" and export.is_export(out)
-  assert sorted(os.listdir(gcs / "bucket" / "exports" / "tiny")) == ["config.json", "model.safetensors", "tokenizer",
-                                                                     "variables"]
+  assert sorted(os.listdir(gcs / "bucket" / "exports" / "tiny")) == [
+      "config.json", "manifest.json", "model.safetensors", "tokenizer", "variables"]
   for source in ("orbax", "safetensors"):
     jax.tree.map(np.testing.assert_array_equal, export.load(out, source).variables, variables)
   again = loading.load(str(out))
