@@ -3,7 +3,10 @@
 A checkpoint that Orbax lists as complete but cannot read back (a file truncated or deleted
 inside it) raises `DamagedCheckpointError` naming the step, the directory and the newest other
 checkpoint. `restore_latest(..., fallback=True)` then resumes from the newest one that does
-restore and moves the damaged ones aside (`<step>.damaged-<time>`, never deleted).
+restore and moves the damaged ones aside (`<step>.damaged-<time>`, never deleted). With several processes they
+agree: each checkpoint carries `manifest.json` (its files' sizes and hashes, written by process 0 once the save is
+complete), every process checks it before Orbax reads anything, a step is restored only when no process found damage,
+process 0 moves a damaged step aside, and the others wait for the move before listing the directory again.
 
 The directory may be local or a URL (`gs://bucket/run/checkpoints`): every path is an `etils.epath.Path`, which
 Orbax takes as it is.
@@ -15,15 +18,24 @@ import time
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
-from tapernorm_jax import files
+from tapernorm_jax import files, integrity
 from tapernorm_jax.damaged import DamagedCheckpointError, quiet_aborted_reads, read_error
 
 PyTree = Any
 LEGACY_KEY = "('rng',)"  # every 0.1 train state carried an (unused) RNG; later ones do not
 ON_DAMAGED = ("stop", "fallback")  # checkpoint.on_damaged: what a resume does when the latest checkpoint is damaged
 REQUIRED_FILES = ("state/_METADATA", "state/manifest.ocdbt", "data/metadata")  # what every restore reads first
+
+
+def every_process(ok: bool) -> bool:
+  """Whether `ok` holds on every process (with several, a collective: each of them must call it)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
 class Restored(NamedTuple):
@@ -53,7 +65,9 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: PyTree, data_state: Any) -> None:
-    """Starts an asynchronous save of `state` and the data iterator state at `step`."""
+    """Starts an asynchronous save of `state` and the data iterator state at `step` (once the previous one is
+    complete and recorded)."""
+    self.record_complete()
     self.directory.mkdir(parents=True, exist_ok=True)
     self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                      data=ocp.args.JsonSave(data_state)), force=True)
@@ -65,8 +79,10 @@ class Checkpointer:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
     step_dir = self.directory / str(step)
     missing = [name for name in REQUIRED_FILES if not (step_dir / name).exists()]
-    if missing:
-      raise self.damaged(step, f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+    problem = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else
+               integrity.check(step_dir))
+    if not every_process(not problem):  # before Orbax's own collectives: every process restores this step, or none
+      raise self.damaged(step, problem or "another process found a file of it damaged")
     quiet_aborted_reads()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
@@ -113,6 +129,8 @@ class Checkpointer:
     target = source.parent / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     if jax.process_index() == 0:
       source.rename(target)
+    if jax.process_count() > 1:  # the others list the directory again only once it is moved
+      multihost_utils.sync_global_devices(f"tapernorm_jax: checkpoint {step} moved aside")
     self._manager.reload()
     return os.fspath(target)
 
@@ -129,10 +147,24 @@ class Checkpointer:
                          "norm parameters were named scale/scale_tilde/bias (now gamma/gamma_tilde/beta); this "
                          "version cannot resume it. Start the run in a new --workdir.")
 
-  def wait(self) -> None:
-    """Blocks until pending saves are on disk."""
+  def record_complete(self) -> None:
+    """Waits for pending saves; then process 0 writes `<step>/manifest.json` (every file's size and SHA-256) for each
+    complete checkpoint that has none, so that damage found later is named before Orbax reads it."""
     self._manager.wait_until_finished()
+    if jax.process_index() != 0:
+      return
+    for step in self.all_steps():
+      try:
+        if not (self.directory / str(step) / integrity.MANIFEST).exists():
+          integrity.record(self.directory / str(step))
+      except FileNotFoundError:  # removed meanwhile (max_to_keep)
+        continue
+
+  def wait(self) -> None:
+    """Blocks until pending saves are on disk and recorded."""
+    self.record_complete()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager."""
+    """Waits for pending saves, records them and releases the manager."""
+    self.record_complete()
     self._manager.close()

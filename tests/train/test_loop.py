@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from configs import base
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train import loop
+from tapernorm_jax.damaged import DamagedCheckpointError
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import read_jsonl
 from tapernorm_jax.train.trainer import Trainer
@@ -173,4 +174,27 @@ def test_a_checkpoint_from_before_the_parameter_rename_is_refused_by_name(tmp_pa
   ckpt.wait()
   with pytest.raises(ValueError, match=r"step 5 .* tapernorm_jax 0\.1.*gamma/gamma_tilde/beta"):
     ckpt.restore(5, {"params": {"final_norm": {"gamma": np.ones(2, np.float32)}}})
+  ckpt.close()
+
+
+def test_a_checkpoint_records_its_files_and_a_flipped_bit_is_named_before_orbax_reads_it(tmp_path):
+  ckpt = Checkpointer(str(tmp_path))
+  state = {"w": np.arange(4096, dtype=np.float32)}
+  ckpt.save(1, state, {"position": 0})
+  ckpt.save(2, {"w": state["w"] + 1}, {"position": 1})  # step 1 is recorded once its save is complete
+  assert (tmp_path / "1" / "manifest.json").exists() and not (tmp_path / "2" / "manifest.json").exists()
+  ckpt.wait()
+  recorded = json.loads((tmp_path / "2" / "manifest.json").read_text())["files"]
+  data_files = [name for name in recorded if "/d/" in name]
+  assert data_files and all(recorded[n]["size"] == (tmp_path / "2" / n).stat().st_size for n in recorded)
+  path = tmp_path / "2" / max(data_files, key=lambda n: recorded[n]["size"])
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x10
+  path.write_bytes(bytes(data))
+  target = {"w": jax.numpy.zeros(4096, jax.numpy.float32)}
+  with pytest.raises(DamagedCheckpointError, match=r"step 2 .* is damaged: state/.* does not match the SHA-256 "
+                     r"manifest.json recorded\. The newest other checkpoint is step 1"):
+    ckpt.restore(2, target)
+  restored = ckpt.restore_latest(target, fallback=True)
+  assert restored.step == 1 and np.array_equal(restored.state["w"], state["w"]) and restored.moved[0][0] == 2
   ckpt.close()

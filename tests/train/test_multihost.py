@@ -58,7 +58,7 @@ class Run:
 
 
 def start(num_processes: int, shared: dict, workdir: str, mesh: dict, record: str,
-          stop_after: int | None = None) -> Run:
+          stop_after: int | None = None, changes: dict | None = None) -> Run:
   """Starts training in `num_processes` processes with 4 // num_processes CPU devices each."""
   os.makedirs(record, exist_ok=True)
   port, procs, logs = free_port(), [], []
@@ -66,7 +66,7 @@ def start(num_processes: int, shared: dict, workdir: str, mesh: dict, record: st
   env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
   for i in range(num_processes):
     spec = {"process_id": i, "num_processes": num_processes, "port": port, "local_devices": 4 // num_processes,
-            "workdir": workdir, "changes": {**TINY, "data.data_dir": shared["data_dir"], **mesh},
+            "workdir": workdir, "changes": {**TINY, "data.data_dir": shared["data_dir"], **mesh, **(changes or {})},
             "stop_after": stop_after, "record": record, "compilation_cache": shared["cache"]}
     logs.append((os.path.join(record, f"stdout{i}"), os.path.join(record, f"stderr{i}")))
     with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
@@ -181,3 +181,23 @@ def test_checkpoints_move_between_two_processes_and_one(shared, tmp_path):
     assert results["resumed_from"] == 2
     assert results["final_val_loss"] == pytest.approx(results_of(single)["final_val_loss"], rel=1e-5)
   check_writers(processes, second, first_step=2)
+
+
+@pytest.mark.slow  # two 2-process runs
+def test_a_checkpoint_one_process_cannot_read_falls_back_on_both(shared, tmp_path):
+  mesh, workdir = MESHES["fsdp"], str(tmp_path / "pair")
+  every_step = {"checkpoint.every": 1}
+  finish(start(2, shared, workdir, mesh, str(tmp_path / "record1"), stop_after=3, changes=every_step))
+  checkpoints = os.path.join(workdir, "checkpoints")
+  assert sorted(os.listdir(checkpoints)) == ["1", "2", "3"]
+  shards = os.path.join(checkpoints, "3", "state", "ocdbt.process_1", "d")  # written, and read back, by process 1
+  largest = max((os.path.join(shards, name) for name in os.listdir(shards)), key=os.path.getsize)
+  os.truncate(largest, os.path.getsize(largest) // 2)
+  [processes] = finish(start(2, shared, workdir, mesh, str(tmp_path / "record2"),
+                             changes={**every_step, "checkpoint.on_damaged": "fallback"}))
+  results = results_of(workdir)
+  assert results["complete"] and results["resumed_from"] == 2  # both processes fell back to step 2, together
+  assert "the checkpoint at step 3 is damaged" in processes[0]["stdout"] and "moved it aside" in processes[0]["stdout"]
+  moved = [name for name in os.listdir(checkpoints) if name.startswith("3.damaged-")]
+  assert len(moved) == 1 and os.path.isdir(os.path.join(checkpoints, moved[0]))
+  assert [r["step"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))] == list(range(STEPS))
