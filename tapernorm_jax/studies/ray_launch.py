@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tapernorm_jax.errors import UserError
-from tapernorm_jax.files import workdir_path
+from tapernorm_jax.files import is_url, workdir_path
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, find_cell, read_record, write_record
 from tapernorm_jax.studies.runner import CELL_LOG, Progress, Routed, run_cell, say, trainer_run_fn
@@ -149,8 +149,9 @@ def _follow(ray: Any, pending: dict[Any, Cell], progress: Progress, workdir: str
   """Waits for the tasks in `pending` (emptying it), echoing each cell's start and end and a progress line every
   `progress_every` seconds; a task Ray gave up on is recorded as failed."""
   last_line = time.time()
+  look_every = 10.0 if is_url(workdir) else 2.0  # each look reads every pending cell's cell.json: few, on a bucket
   while pending:
-    ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(progress_every, 2.0))
+    ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(progress_every, look_every))
     for line in _starts(pending, progress, workdir):
       echo(line)
     for ref in ready:
