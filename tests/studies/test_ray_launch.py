@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 
 import pytest
 
@@ -101,9 +102,11 @@ def cluster():
       mp.setenv(k, v)  # kept while the cluster lives: this process's drivers connect on loopback too
     xla_flags = os.environ.pop("XLA_FLAGS", None)  # the nodes' workers see one CPU device
     try:
-      head = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-      workers = [head.add_node(num_cpus=1, resources={"acc": 1}) for _ in range(2)]
-      head.wait_for_nodes()
+      with warnings.catch_warnings():  # Ray starts its processes by fork + exec: no JAX runs in the forked child
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        head = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        workers = [head.add_node(num_cpus=1, resources={"acc": 1}) for _ in range(2)]
+        head.wait_for_nodes()
     finally:
       if xla_flags is not None:
         os.environ["XLA_FLAGS"] = xla_flags
