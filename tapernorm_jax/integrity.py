@@ -7,6 +7,7 @@ they are read, so that a damaged file is named instead of loaded.
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 
 from etils import epath
@@ -15,8 +16,8 @@ MANIFEST = "manifest.json"
 VERSION = 1
 
 
-def sha256(path: epath.Path) -> str:
-  """The SHA-256 of a file (local or at a URL), hex."""
+def sha256(path: os.PathLike) -> str:
+  """The SHA-256 of a file (a local path or an epath.Path, local or at a URL), hex."""
   digest = hashlib.sha256()
   with path.open("rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):

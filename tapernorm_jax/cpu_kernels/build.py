@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import jaxlib
 
-from tapernorm_jax import files
+from tapernorm_jax import files, integrity
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -43,20 +43,11 @@ def _cpu_id() -> str:
   return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
 
 
-def digest(path: Path) -> str:
-  """The SHA-256 of a file, hex."""
-  sha = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      sha.update(block)
-  return sha.hexdigest()
-
-
 def intact(built_library: Path) -> bool:
   """Whether `built_library` is the file its build recorded: `<library>.sha256`, written after it, matches."""
   record = built_library.with_name(built_library.name + ".sha256")
   try:
-    return record.read_text().strip() == digest(built_library)
+    return record.read_text().strip() == integrity.sha256(built_library)
   except OSError:
     return False
 
@@ -88,7 +79,7 @@ def library(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
     if result.returncode != 0:
       raise RuntimeError(f"{compiler} failed to build {source.name}: {result.stderr.strip()[-500:]}")
     record = Path(tmp) / (built_library.name + ".sha256")
-    record.write_text(digest(built) + "\n")
+    record.write_text(integrity.sha256(built) + "\n")
     os.replace(built, built_library)
     os.replace(record, built_library.with_name(record.name))  # last: a library without it is built again
   return built_library
