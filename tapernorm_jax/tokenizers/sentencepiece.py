@@ -156,6 +156,10 @@ def train(documents: Iterable[str], settings: TokenizerSettings, corpus_name: st
       raise ValueError(
           f"{corpus_name} is too small for a {match[1]}-piece tokenizer: its training text supports at most "
           f"{match[2]} pieces; lower data.vocab_size (and model.V) or use more training text") from None
+    if match := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e)):
+      raise ValueError(
+          f"{corpus_name} has {match[2]} distinct characters (and special pieces), more than a {match[1]}-piece "
+          f"tokenizer holds; raise data.vocab_size (and model.V) to at least {match[2]}") from None
     if "sentences_.empty()" in str(e):
       raise ValueError(f"{corpus_name} has no training text to train a tokenizer on") from e
     raise

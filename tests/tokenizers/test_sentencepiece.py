@@ -67,6 +67,11 @@ def test_too_small_corpus_and_no_text_are_clear_errors(docs):
     tokenizer_lib.train(docs[:3], tokenizer_lib.TokenizerSettings(vocab_size=5000), "tiny corpus")
   with pytest.raises(ValueError, match="no training text"):
     tokenizer_lib.train([], SETTINGS)
+  alphabet = "".join(chr(0x4E00 + i) for i in range(200))  # 200 distinct characters, equally frequent
+  with pytest.raises(ValueError, match=r"has (\d+) distinct characters .* than a 64-piece tokenizer holds; raise "
+                     r"data.vocab_size \(and model.V\) to at least \1$") as e:
+    tokenizer_lib.train([alphabet] * 3, tokenizer_lib.TokenizerSettings(vocab_size=64), "wide corpus")
+  assert int(str(e.value).split(" has ")[1].split()[0]) >= 200
 
 
 def test_train_bytes_budget_takes_whole_documents():
