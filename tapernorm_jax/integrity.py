@@ -3,6 +3,7 @@ they are read, so that a damaged file is named instead of loaded.
 
     record(directory)              writes DIR/manifest.json for every file under DIR (call it once they are written)
     check(directory, prefixes)     the first recorded file under `prefixes` that is missing or differs, in words
+    seal(record) / unseal(record)  a JSON record that carries the SHA-256 of its own content (results.json)
 """
 
 import hashlib
@@ -14,6 +15,7 @@ from etils import epath
 
 MANIFEST = "manifest.json"
 VERSION = 1
+SEAL = "sha256"  # the key a sealed record keeps its own hash under
 
 
 def sha256(path: os.PathLike) -> str:
@@ -67,3 +69,21 @@ def check(directory: epath.Path, prefixes: Sequence[str] = ("",)) -> str:
     if sha256(file) != expected["sha256"]:
       return f"{name} does not match the SHA-256 {MANIFEST} recorded"
   return ""
+
+
+def _content_hash(record: dict) -> str:
+  """The SHA-256 of a record's canonical JSON (sorted keys, no spaces), hex."""
+  return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(record: dict) -> dict:
+  """`record` with the SHA-256 of its content added under SEAL (write the result as JSON)."""
+  return {**record, SEAL: _content_hash({k: v for k, v in record.items() if k != SEAL})}
+
+
+def unseal(record: dict) -> tuple[dict, str]:
+  """(the record without its seal, '' or what is wrong): a record written before seals were kept passes."""
+  content = {k: v for k, v in record.items() if k != SEAL}
+  if SEAL in record and record[SEAL] != _content_hash(content):
+    return content, f"its content does not match the SHA-256 recorded in it ({SEAL})"
+  return content, ""

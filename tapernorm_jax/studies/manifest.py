@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tapernorm_jax import integrity
 from tapernorm_jax.files import workdir_path, write_json_atomically
 from tapernorm_jax.studies.grid import Cell, SweepError
 
@@ -69,11 +70,16 @@ def find_cell(study: str, name: str) -> Cell:
 
 
 def read_results(run_dir: str) -> dict[str, Any] | None:
-  """`results.json` of a run directory, or None when absent; a schema this module cannot read is a ValueError."""
+  """`results.json` of a run directory, or None when absent; a schema this module cannot read, or a file that does not
+  match its seal (integrity.seal), is a ValueError."""
   path = os.path.join(run_dir, "results.json")
   results = read_json(path)
   if results is None:
     return None
+  results, problem = integrity.unseal(results)
+  if problem:
+    raise ValueError(f"{path} is damaged: {problem}; run the cell again (the sweep's next launch does, or the cell's "
+                     "own command): its final checkpoint is evaluated again, nothing is retrained")
   schema = results.get("schema", 0)
   if schema not in RESULTS_SCHEMAS:
     raise ValueError(f"{path}: schema={schema!r}, this code reads schemas {RESULTS_SCHEMAS}")

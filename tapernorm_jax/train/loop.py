@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import data, files, hardware
+from tapernorm_jax import data, files, hardware, integrity
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
@@ -80,9 +80,9 @@ class RunDir:
       write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] < step))
 
   def write_results(self, results: dict[str, Any]) -> None:
-    """Writes results.json atomically."""
+    """Writes results.json atomically, sealed with the hash of its content (integrity.seal)."""
     if self.writer:
-      write_json_atomically(self.file("results.json"), results)
+      write_json_atomically(self.file("results.json"), integrity.seal(results))
 
 
 def check_directory(path: epath.Path, flag: str) -> None:

@@ -1,6 +1,7 @@
 """Sweeps: grid expansion and its errors, device packing, failure isolation, resume, command lines (run from an
 installed package in any directory), end to end."""
 
+import hashlib
 import json
 import os
 import shlex
@@ -13,6 +14,7 @@ import pytest
 
 from configs.sweeps import cpu_mini, table2
 from tapernorm_jax.studies import commands, grid, manifest, report, runner
+from tapernorm_jax.train import loop
 from locations import run_without_checkout
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
@@ -85,6 +87,20 @@ def test_cell_status_reads_known_results_schemas_only(tmp_path):
     assert status.state == state
   assert "schema=99" in status.error
   assert manifest.cell_status(str(tmp_path / "nothing")).state == "pending"
+
+
+def test_a_results_file_changed_after_it_was_written_is_named_and_its_cell_runs_again(tmp_path):
+  results = {"variant": "x", "size": "cpu", "seed": 0, "steps": 6, "complete": True, "final_val_loss": 1.25}
+  loop.RunDir(tmp_path).write_results(results)
+  saved = json.loads((tmp_path / "results.json").read_text())
+  content = json.dumps(results, sort_keys=True, separators=(",", ":")).encode()
+  assert saved == {**results, "sha256": hashlib.sha256(content).hexdigest()}  # the hash of what it says
+  assert manifest.cell_status(str(tmp_path)) == manifest.CellStatus("complete", step=6, results=results)
+  (tmp_path / "results.json").write_text((tmp_path / "results.json").read_text().replace("1.25", "1.24"))
+  status = manifest.cell_status(str(tmp_path))
+  assert status.state == "failed" and status.error.startswith(f"unreadable results: {tmp_path}/results.json is "
+                                                              "damaged: its content does not match the SHA-256")
+  assert "run the cell again" in status.error
 
 
 def test_parallel_runner_isolates_failures_and_skips_complete_cells(tmp_path):
