@@ -11,7 +11,7 @@ The library side: `tapernorm_jax/inference/ (loading.py, forms.py, prompts.py)`.
 
 from absl import app, flags, logging
 
-from tapernorm_jax import cli, files
+from tapernorm_jax import cli
 from tapernorm_jax.inference import decode, export, forms, loading
 from tapernorm_jax.inference import prompts as prompts_lib
 from tapernorm_jax.model.config import DTYPES
@@ -68,11 +68,11 @@ def main(argv: list[str]) -> None:
     raise app.UsageError("give a prompt: --prompt=TEXT or --tokens=1,2,3 (either may be repeated)")
   if _DTYPE.value and _DTYPE.value not in DTYPES:
     raise app.UsageError(f"--dtype={_DTYPE.value}: choose one of {', '.join(DTYPES)}")
-  out = _EXPORT_DIR.value and files.workdir_path(_EXPORT_DIR.value)  # local or a URL
-  if out and out.exists() and (not out.is_dir() or any(out.iterdir())):
-    problem = "is a file" if not out.is_dir() else "exists and is not empty"
-    raise app.UsageError(f"--export_dir={_EXPORT_DIR.value}: {problem}; give a new directory (an export never "
-                         "overwrites one)")
+  if _EXPORT_DIR.value:
+    try:
+      export.check_target(_EXPORT_DIR.value)
+    except (NotADirectoryError, FileExistsError) as e:
+      raise app.UsageError(f"--export_dir: {e}") from None
   loaded = loading.load(_WORKDIR.value, _STEP.value)
   variables, cfg = loaded.variables, loaded.model_cfg
   if not _NO_FOLD.value:

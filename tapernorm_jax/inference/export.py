@@ -59,6 +59,24 @@ def is_export(directory: str | os.PathLike) -> bool:
   return path.is_file() and json.loads(path.read_text()).get("format") == FORMAT
 
 
+def interrupted(directory: epath.Path) -> bool:
+  """Whether `directory` holds only what an interrupted `save` leaves: no config.json, nothing `save` does not write."""
+  written = (VARIABLES_DIR, SAFETENSORS_FILE, TOKENIZER_DIR, integrity.MANIFEST)
+  names = [item.name for item in directory.iterdir()]
+  return CONFIG_FILE not in names and all(name.startswith(written) for name in names)
+
+
+def check_target(directory: str | os.PathLike) -> None:
+  """Raises unless `directory` is new, empty or an interrupted export (which `save` writes again): an export never
+  overwrites anything else."""
+  directory = files.workdir_path(directory)
+  if directory.exists() and not directory.is_dir():
+    raise NotADirectoryError(f"{directory} is a file; give a new directory for the export")
+  if directory.exists() and any(directory.iterdir()) and not interrupted(directory):
+    what = "holds a complete export" if is_export(directory) else "exists and is not empty"
+    raise FileExistsError(f"{directory} {what}; give a new directory (an export never overwrites one)")
+
+
 def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fold: bool = True,
          tokenizer: Any = None, extra: dict | None = None) -> epath.Path:
   """Writes the model (folded first when `fold` and it has tapered norms) as an export; returns the directory."""
@@ -71,10 +89,11 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
   else:
     check_matches(variables, cfg)
   directory = files.workdir_path(directory)
-  if directory.exists() and not directory.is_dir():
-    raise NotADirectoryError(f"{directory} is a file; give a new directory for the export")
+  check_target(directory)
   if directory.exists() and any(directory.iterdir()):
-    raise FileExistsError(f"{directory} exists and is not empty; choose a new export directory")
+    warnings.warn(f"{directory} holds an export that was interrupted (no {CONFIG_FILE}); writing it again",
+                  RuntimeWarning, stacklevel=2)
+    directory.rmtree()
   directory.mkdir(parents=True, exist_ok=True)
   host = jax.tree.map(np.asarray, jax.device_get(variables))
   with ocp.StandardCheckpointer() as checkpointer:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -105,6 +106,17 @@ def test_export_errors_are_clear(tmp_path):
   (tmp_path / "busy" / "x").write_text("x")
   with pytest.raises(FileExistsError, match="not empty"):
     export.save(tmp_path / "busy", perturbed_variables(cfg), cfg)
+  assert os.listdir(tmp_path / "busy") == ["x"]
+  complete = export.save(tmp_path / "done", perturbed_variables(cfg), cfg)
+  with pytest.raises(FileExistsError, match="holds a complete export; give a new directory"):
+    export.save(complete, init_variables(cfg), cfg)
+  (complete / "config.json").unlink()  # as a save killed before its last write leaves it, with a temporary file
+  (complete / "model.safetensors").rename(complete / "model.safetensors.tmp-123")
+  with pytest.warns(RuntimeWarning, match="holds an export that was interrupted .*; writing it again"):
+    export.save(complete, init_variables(cfg), cfg)
+  assert sorted(os.listdir(complete)) == ["config.json", "manifest.json", "model.safetensors", "variables"]
+  np.testing.assert_array_equal(export.load(complete).variables["params"]["embed"],
+                                nn.unbox(init_variables(cfg))["params"]["embed"])
   with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.export directory"):
     export.load(tmp_path)
   with pytest.raises(ValueError, match="do not match the model config"):
