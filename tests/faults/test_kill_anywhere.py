@@ -55,8 +55,8 @@ def test_a_tinystories_run_killed_anywhere_ends_as_if_it_never_was(tmp_path):
 def test_a_gpt2_fine_tune_with_accumulation_killed_anywhere_ends_as_if_it_never_was(tmp_path):
   data = {"data.data_dir": tmp_path / "data"}
   pretrain = {**SMALL, **data, "train.steps": 8, "taper.taper_end": 4}
-  kills.run([sys.executable, "-m", "experiments.gpt2_finetune", "--config=configs/gpt2.py:model=demo,variant=baseline,"
-             "pretrain=1", f"--workdir={tmp_path / 'pretrain'}", *flags(pretrain)], env=ENV)
-  cmd = [sys.executable, "-m", "experiments.gpt2_finetune", "--config=configs/gpt2.py:model=demo,variant=internal_taper",
-         *flags({**RUN, **data, "init_from": tmp_path / "pretrain" / "hf", "train.microbatches": 2})]
+  gpt2 = [sys.executable, "-m", "experiments.gpt2_finetune"]
+  kills.run([*gpt2, "--config=configs/gpt2.py:model=demo,variant=baseline,pretrain=1",
+             f"--workdir={tmp_path / 'pretrain'}", *flags(pretrain)], env=ENV)
+  cmd = [*gpt2, "--config=configs/gpt2.py:model=demo,variant=internal_taper", *flags({**RUN, **data, "init_from": tmp_path / "pretrain" / "hf", "train.microbatches": 2})]
   kill_and_resume("gpt2", cmd, str(tmp_path / "reference"), str(tmp_path / "killed"))
