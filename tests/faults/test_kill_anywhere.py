@@ -58,5 +58,6 @@ def test_a_gpt2_fine_tune_with_accumulation_killed_anywhere_ends_as_if_it_never_
   gpt2 = [sys.executable, "-m", "experiments.gpt2_finetune"]
   kills.run([*gpt2, "--config=configs/gpt2.py:model=demo,variant=baseline,pretrain=1",
              f"--workdir={tmp_path / 'pretrain'}", *flags(pretrain)], env=ENV)
-  cmd = [*gpt2, "--config=configs/gpt2.py:model=demo,variant=internal_taper", *flags({**RUN, **data, "init_from": tmp_path / "pretrain" / "hf", "train.microbatches": 2})]
+  fine_tune = {**RUN, **data, "init_from": tmp_path / "pretrain" / "hf", "train.microbatches": 2}
+  cmd = [*gpt2, "--config=configs/gpt2.py:model=demo,variant=internal_taper", *flags(fine_tune)]
   kill_and_resume("gpt2", cmd, str(tmp_path / "reference"), str(tmp_path / "killed"))
