@@ -15,21 +15,30 @@ from tapernorm_jax import config_fields
 from tapernorm_jax.errors import deprecated
 
 # The paper's per-size shapes and schedule: steps, LR warmup end, taper start, taper end (docs/method.md §10);
-# FakeLN's gaps follow its authors' schedules (an attention norm every gap_attn steps stands for their separate
-# q/k and v removals); microbatches keep 2^19 tokens per step (512 blocks of 1024) within one device's memory.
+# microbatches keep 2^19 tokens per step (512 blocks of 1024) within one device's memory.
 MODELS = {
-    "s": dict(hub="gpt2", D=768, H=12, L=12, steps=300, warmup=25, taper=(25, 100), aux=0.1,
-              fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=16),
+    "s": dict(hub="gpt2", D=768, H=12, L=12, steps=300, warmup=25, taper=(25, 100), aux=0.1, microbatches=16),
     "m": dict(hub="gpt2-medium", D=1024, H=16, L=24, steps=500, warmup=10, taper=(20, 200), aux=0.1,
-              fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=32),
-    "l": dict(hub="gpt2-large", D=1280, H=20, L=36, steps=600, warmup=30, taper=(30, 500), aux=0.1,
-              fakeln=dict(gap_mlp=4, gap_attn=10, gap_final=10), microbatches=64),
+              microbatches=32),
+    "l": dict(hub="gpt2-large", D=1280, H=20, L=36, steps=600, warmup=30, taper=(30, 500), aux=0.1, microbatches=64),
     "xl": dict(hub="gpt2-xl", D=1600, H=25, L=48, steps=800, warmup=20, taper=(50, 700), aux=0.01,
-               fakeln=dict(gap_mlp=2, gap_attn=5, gap_final=5), microbatches=128),
+               microbatches=128),
     # The CPU demo: fine-tunes a model that configs/gpt2.py:model=demo,variant=baseline,pretrain=1 trained first.
-    "demo": dict(hub="", D=64, H=4, L=4, steps=200, warmup=10, taper=(20, 150), aux=0.1,
-                 fakeln=dict(gap_mlp=4, gap_attn=8, gap_final=8), microbatches=1),
+    "demo": dict(hub="", D=64, H=4, L=4, steps=200, warmup=10, taper=(20, 150), aux=0.1, microbatches=1),
 }
+# FakeLN as its authors schedule it (github.com/submarat/removing-layer-norm, config.py at 583a9e6), per size and
+# with (True) or without (False) their aux loss: (start_ln2, gap_ln2, gap_ln1qk, gap_ln1v, aux_loss_weight). Their
+# start_ln1qk = start_ln2 + L·gap_ln2, start_ln1v = start_ln1qk + L·gap_ln1qk, start_lnf = start_ln1v + L·gap_ln1v,
+# which is fakeln.gap_final = gap_ln1v after the last value-path removal.
+FAKELN = {
+    ("s", False): (20, 2, 2, 3, 0.0), ("s", True): (20, 2, 2, 3, 0.1),  # make_gpt2_standard, _standard_aux
+    ("m", False): (20, 2, 2, 3, 0.0), ("m", True): (20, 2, 2, 3, 0.1),  # make_gpt2_medium_fasttune(_aux)
+    ("l", False): (30, 4, 4, 6, 0.0), ("l", True): (30, 4, 4, 6, 0.03),  # make_gpt2_large(_aux)
+    ("xl", False): (20, 2, 2, 3, 0.0), ("xl", True): (50, 4, 4, 6, 0.01),  # make_gpt2_xl(_aux)
+    # The demo (4 layers, 200 steps): the large model's gaps, here, so that each removal has steps to settle.
+    ("demo", False): (20, 4, 4, 6, 0.0), ("demo", True): (20, 4, 4, 6, 0.1),
+}
+GPT2_EOT = 50_256  # <|endoftext|>, which FakeLN's aux loss leaves out of its target (SentencePiece's eos is 2)
 VARIANTS = {  # (internal norm, final norm, method, the scale loss on by default)
     "baseline": ("plain", "plain", "taper", False),  # aux=1: the matched control, the scale loss without tapering
     "internal_taper": ("taper", "plain", "taper", True),  # the paper's Internal-TaperLN (+fixed-target aux)
@@ -73,7 +82,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   start, end = spec["taper"]
   taper_aux = spec["aux"] if aux and method == "taper" else 0.0
   c.taper.update(mu=0.1, aux_weight=taper_aux, gate_warmup_frac=start / steps, taper_end=end)
-  c.fakeln.update(start=20, mu=0.1, aux_weight=spec["aux"] if aux else 0.0, **spec["fakeln"])
+  start_ln2, gap_ln2, gap_ln1qk, gap_ln1v, fakeln_aux = FAKELN[size, aux]
+  c.fakeln.update(start=start_ln2, gap_mlp=gap_ln2, gap_attn=gap_ln1qk, gap_attn_v=gap_ln1v, gap_final=gap_ln1v,
+                  mu=0.1, aux_weight=fakeln_aux, eot_id=2 if demo else GPT2_EOT)
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
                  log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)

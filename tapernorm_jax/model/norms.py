@@ -61,14 +61,17 @@ class Norm(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0) -> Array:
-    """Normalizes the last axis; `gate` is a traced scalar used by the `taper` form only."""
+  def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0,
+               gate_v: Array | None = None) -> Array | tuple[Array, Array]:
+    """Normalizes the last axis; `gate` is a traced scalar used by the `taper` form only. With `gate_v`, returns two
+    outputs of the one normalization: blended by `gate` and by `gate_v` (an attention norm's value path)."""
+    both = lambda y: y if gate_v is None else (y, y)  # forms without a gate give one output for both paths
     if self.kind not in NORM_KINDS:
       raise ValueError(f"norm kind must be one of {NORM_KINDS}, got {self.kind!r}")
     if self.mode not in NORM_MODES:
       raise ValueError(f"norm mode must be one of {NORM_MODES}, got {self.mode!r}")
     if self.mode == "identity":
-      return x_BxTxD
+      return both(x_BxTxD)
     D, sdt = x_BxTxD.shape[-1], stats_dtype(x_BxTxD.dtype)
     feature_param = lambda name, init: self.param(
         name, nn.with_logical_partitioning(init, ("norm",)), (D,), self.param_dtype
@@ -77,7 +80,7 @@ class Norm(nn.Module):
     beta_D = feature_param(param_paths.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
     hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
     if self.mode == "plain":
-      return (hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype)
+      return both((hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype))
 
     gamma_tilde_D = feature_param(param_paths.GAMMA_TILDE, nn.initializers.ones)
     c = calib_scalar(self, param_paths.C, 1.0).value
@@ -87,7 +90,7 @@ class Norm(nn.Module):
     calib_scalar(self, param_paths.COUNT, 0, jnp.int32)
     fixed_BxTxD = c * hbar_BxTxD * gamma_tilde_D
     if self.mode == "fixed":
-      return (beta_D + fixed_BxTxD).astype(self.dtype)
+      return both((beta_D + fixed_BxTxD).astype(self.dtype))
 
     inv_s_BxTx1 = inv_scale(hbar_BxTxD, self.eps)
     normed_BxTxD = hbar_BxTxD * inv_s_BxTx1 * gamma_D
@@ -95,9 +98,11 @@ class Norm(nn.Module):
       sq_BxT = jnp.sum(jnp.square(jax.lax.stop_gradient(hbar_BxTxD * gamma_D)), axis=-1)
       self.put_variable(CALIB_STATS, param_paths.NUM, jnp.mean(sq_BxT * inv_s_BxTx1[..., 0]))
       self.put_variable(CALIB_STATS, param_paths.DEN, jnp.mean(sq_BxT))
-      self.put_variable(CALIB_STATS, param_paths.S, jnp.mean(1.0 / jax.lax.stop_gradient(inv_s_BxTx1)))
-    gate = jnp.asarray(gate, sdt)
-    return (beta_D + gate * normed_BxTxD + (1.0 - gate) * fixed_BxTxD).astype(self.dtype)
+      s_BxT = 1.0 / jax.lax.stop_gradient(inv_s_BxTx1[..., 0])  # σ_avg leaves out position 0 (an attention sink)
+      self.put_variable(CALIB_STATS, param_paths.S, jnp.mean(s_BxT[:, 1:] if s_BxT.shape[1] > 1 else s_BxT))
+    blend = lambda g: (beta_D + g * normed_BxTxD + (1.0 - g) * fixed_BxTxD).astype(self.dtype)
+    return blend(jnp.asarray(gate, sdt)) if gate_v is None else (blend(jnp.asarray(gate, sdt)),
+                                                                 blend(jnp.asarray(gate_v, sdt)))
 
 
 class ScaleMonitor(nn.Module):

@@ -8,7 +8,8 @@ layers. Variable names and paths come from `param_paths.py`.
 `return_hidden=True` it returns `(logits_BxTxV, h_BxTxD)`, `h` being the pre-logit residual
 stream (the input of the final norm). Parameters carry logical axis names (see
 `sharding.py`); the gate is a traced scalar shared by every tapered norm, or a traced vector with
-one gate per norm in `param_paths.norm_sites` order (block 0 attention, block 0 MLP, …, final).
+one gate per norm in `param_paths.norm_sites` order (block 0 attention, block 0 MLP, …, final), optionally followed
+by one gate per block for the attention norm's value path (queries and keys take the attention norm's own gate).
 
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
@@ -106,12 +107,13 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
-               index_B: Array | None = None, *, from_start: bool = False,
-               last_only: bool = False) -> Array | tuple[Array, LayerCache]:
+               index_B: Array | None = None, *, from_start: bool = False, last_only: bool = False,
+               x_v_BxTxD: Array | None = None) -> Array | tuple[Array, LayerCache]:
     """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×T×D, cache).
 
     `from_start`: the chunk starts every row at slot 0 (a prefill), so it attends within itself through the
     selected implementation instead of over the cache. `last_only`: only the last position's output (B×1×D).
+    `x_v_BxTxD`: the values' own input (queries and keys from x), as the same projection's last third.
     """
     cfg, dt = self.cfg, self.cfg.compute_dtype
     K = cfg.D // cfg.H
@@ -127,7 +129,11 @@ class Attention(nn.Module):
                                       w_qkv_Dx3xHxK[:, which], which)
       return out_BxTxnxHxK if bias_3xHxK is None else out_BxTxnxHxK + bias_3xHxK[which]
 
-    if last_only:  # keys and values of every position, the query of the last one only
+    if x_v_BxTxD is not None:  # two inputs: the same weights, split (no more FLOPs than one fused projection)
+      qk_BxTx2xHxK = heads(x_BxTxD[:, -1:] if last_only else x_BxTxD, slice(0, 2))
+      q_BxTxHxK, v_BxTxHxK = qk_BxTx2xHxK[:, :, 0], heads(x_v_BxTxD, slice(2, 3))[:, :, 0]
+      k_BxTxHxK = heads(x_BxTxD, slice(1, 2))[:, :, 0] if last_only else qk_BxTx2xHxK[:, :, 1]
+    elif last_only:  # keys and values of every position, the query of the last one only
       q_BxTxHxK = heads(x_BxTxD[:, -1:], slice(0, 1))[:, :, 0]
       kv_BxTx2xHxK = heads(x_BxTxD, slice(1, 3))
       k_BxTxHxK, v_BxTxHxK = kv_BxTx2xHxK[:, :, 0], kv_BxTx2xHxK[:, :, 1]
@@ -189,7 +195,8 @@ class Block(nn.Module):
   def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
                index_B: Array | None = None, from_start: bool = False,
                last_only: bool = False) -> Array | tuple[Array, LayerCache]:
-    """One residual block (gates of its attention and MLP norms); with `cache` also returns its updated KV cache.
+    """One residual block (gates of its attention and MLP norms, then optionally of the attention norm's value path);
+    with `cache` also returns its updated KV cache.
 
     `last_only` returns the last position only (B×1×D): its attention and MLP run on that position alone.
     `from_start` and `last_only` are passed by position (static arguments under `nn.remat`).
@@ -197,9 +204,13 @@ class Block(nn.Module):
     cfg = self.cfg
     norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
                              name=name)
-    x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
-    attn = Attention(cfg, self.projection, self.attend, name=param_paths.ATTN)(x_BxTxD, positions_BxT, cache, index_B,
-                                                                  from_start=from_start, last_only=last_only)
+    x_v_BxTxD = None
+    if gates_2.shape[0] == 3:  # the value path has its own gate: the norm's two blends of one normalization
+      x_BxTxD, x_v_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0], gates_2[2])
+    else:
+      x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
+    attn = Attention(cfg, self.projection, self.attend, name=param_paths.ATTN)(
+        x_BxTxD, positions_BxT, cache, index_B, from_start=from_start, last_only=last_only, x_v_BxTxD=x_v_BxTxD)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
     mlp = Mlp(cfg, self.projection, name=param_paths.MLP)
@@ -289,8 +300,11 @@ class Transformer(nn.Module):
 
   def block(self, i: int, h_BxTxD: Array, positions_BxT: Array, gates: Array, cache: LayerCache | None = None,
             index_B: Array | None = None, from_start: bool = False, last_only: bool = False) -> Any:
-    """Block i with its two gates; every argument goes by position, as `nn.remat`'s static arguments must."""
-    return self.blocks[i](h_BxTxD, positions_BxT, gates[2 * i:2 * i + 2], cache, index_B, from_start, last_only)
+    """Block i with its two gates (three with a value-path gate); every argument goes by position, as `nn.remat`'s
+    static arguments must."""
+    L = self.cfg.L
+    mine = gates[2 * i:2 * i + 2] if gates.shape[0] == 2 * L + 1 else gates[jnp.array([2 * i, 2 * i + 1, 2 * L + 1 + i])]
+    return self.blocks[i](h_BxTxD, positions_BxT, mine, cache, index_B, from_start, last_only)
 
   def embed_tokens(self, tokens_BxT: Array, positions_BxT: Array) -> Array:
     """Token embeddings (plus learned positions for gpt2) in the compute dtype."""
@@ -304,7 +318,7 @@ class Transformer(nn.Module):
     """Final norm and output head applied to the pre-logit state h; fp32 logits (fp64 for fp64 models)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     out_dt = jnp.promote_types(dt, jnp.float32)
-    x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[-1]).astype(dt)
+    x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[2 * cfg.L]).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
       logits_BxTxV = self.projection(self, param_paths.EMBED, "bld,vd->blv", x_BxTxD, self.embed.astype(dt))
     else:
@@ -316,14 +330,17 @@ class Transformer(nn.Module):
 
 
 def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:
-  """One gate per norm (param_paths.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates."""
+  """One gate per norm (param_paths.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates, or of
+  3·L + 1 (then the last L are the attention norms' value-path gates, kept)."""
   if not isinstance(gate, jax.core.Tracer):  # a concrete gate is checked; a traced one (the train step's) cannot be
     values = np.asarray(gate)
     if not np.all((values >= 0) & (values <= 1)):
       raise ValueError(f"gate={values.tolist()}: must lie in [0, 1] (1: the normalized branch, 0: the g = 0 map)")
   gate = jnp.asarray(gate, jnp.float32)
   n = 2 * cfg.L + 1
+  if gate.ndim == 1 and gate.shape[0] == n + cfg.L:
+    return gate
   if gate.ndim > 1 or (gate.ndim == 1 and gate.shape[0] != n):
     raise ValueError(f"gate has shape {gate.shape}; give a scalar or one gate per norm, shape ({n},) for "
-                     f"model.L={cfg.L}")
+                     f"model.L={cfg.L} (or ({n + cfg.L},): then value-path gates of the attention norms follow)")
   return jnp.broadcast_to(gate, (n,))

@@ -19,10 +19,13 @@ def scale_loss(h_BxTxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
   return jnp.mean(jnp.square(pre_logit_scale(h_BxTxD, kind, eps) - s_tgt))
 
 
-def batch_scale_loss(h_BxTxD: Array, kind: str, eps: float) -> Array:
-  """FakeLN's aux loss without λ: mean over tokens of (s(h) − mean_batch s(h))², the batch mean held constant."""
+def batch_scale_loss(h_BxTxD: Array, kind: str, eps: float, counted_BxT: Array | None = None) -> Array:
+  """FakeLN's aux loss without λ: mean over every token of (s(h) − s̄)², s̄ the batch mean of s(h) over the tokens
+  `counted_BxT` marks (all when None), held constant."""
   s_BxT = pre_logit_scale(h_BxTxD, kind, eps)
-  return jnp.mean(jnp.square(s_BxT - jax.lax.stop_gradient(jnp.mean(s_BxT))))
+  target = jnp.mean(s_BxT) if counted_BxT is None else (
+      jnp.sum(jnp.where(counted_BxT, s_BxT, 0.0)) / jnp.maximum(jnp.sum(counted_BxT), 1))
+  return jnp.mean(jnp.square(s_BxT - jax.lax.stop_gradient(target)))
 
 
 def radial_gradient(grad_BxTxD: Array, h_BxTxD: Array) -> Array:

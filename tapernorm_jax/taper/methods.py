@@ -3,14 +3,15 @@
     gates(step)                 which gate each norm gets (a scalar for all, or one per norm in layout order)
     calibrate(params, calib, step)   when and how each norm's fixed map (c, γ̃) is set
     stats_active(step)          which calibration EMAs still run
-    aux_terms(h, calib, step)   the anchoring loss added to cross-entropy: (weight, unweighted value)
+    aux_terms(h, calib, step, tokens)   the anchoring loss added to cross-entropy: (weight, unweighted value)
 
 Both run every removable norm in the `taper` form, so they share the model, the calibration
 state, the `fixed` g = 0 form and the fold: a frozen FakeLN, ((x − μ_x)/σ_avg)·γ + β, is TaperLN
 at g = 0 with c = 1/σ_avg and γ̃ = γ (docs/method.md §10). They differ in timing: TaperNorm moves
 one global gate along a half-cosine after calibrating every norm at once; FakeLN switches each
-norm's gate from 1 to 0 at its own step, calibrating it there. Every decision is a function of
-the traced step, so neither recompiles when a gate changes.
+norm's gate from 1 to 0 at its own step, calibrating it there (an attention norm in two stages:
+its query/key path, then its value path). Every decision is a function of the traced step, so
+neither recompiles when a gate changes.
 """
 
 import dataclasses
@@ -37,10 +38,12 @@ TAPER_DEFAULTS = dict(  # the `taper` section
     aux_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
 FAKELN_DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replaced at a time, docs/method.md §10)
     start=20,  # the step the first MLP norm is replaced at
-    gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm removals
-    gap_final=2,  # steps from the last attention norm to the final norm
-    mu=0.01,  # EMA weight of each norm's σ statistics
-    aux_weight=0.1)  # λ of mean((s(h) − batch mean s(h))²), on from the first removal
+    gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm (query/key path) removals
+    gap_attn_v=3,  # steps between consecutive value-path removals, which start after the last query/key one
+    gap_final=3,  # steps from the last value-path removal to the final norm
+    mu=0.01,  # EMA weight of each norm's σ statistics (positions 1…T−1)
+    aux_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; on from step 0
+    eot_id=-1)  # the end-of-text token id, which s̄ leaves out with position 0 (-1: none)
 
 
 def name(cfg: ml_collections.ConfigDict) -> str:
@@ -92,8 +95,10 @@ class TaperNorm:
     """Every EMA runs until the taper start."""
     return step < self.phases.taper_start
 
-  def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
+                tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
     """λ (from the taper start on) and the fixed-target scale loss mean((s(h) − s_tgt)²)."""
+    del tokens_BxT
     weight = jnp.where(step >= self.phases.taper_start, self.cfg.taper.aux_weight, 0.0)
     cfg = self.model_cfg
     return weight, losses.scale_loss(h_BxTxD, calibration.s_target(calib), cfg.norm_kind, cfg.eps)
@@ -101,8 +106,9 @@ class TaperNorm:
 
 @dataclasses.dataclass
 class FakeLN:
-  """Norms replaced one at a time (every MLP norm, then every attention norm, then the final norm), each frozen at
-  c = 1/σ_avg at its own step, with an aux loss pulling each token's pre-logit scale to the batch mean."""
+  """Norms replaced one at a time (every MLP norm, then every attention norm's query/key path, then their value paths,
+  then the final norm), each frozen at c = 1/σ_avg at its first removal, with an aux loss pulling each token's
+  pre-logit scale to the batch mean of the ordinary tokens'."""
 
   cfg: ml_collections.ConfigDict
   model_cfg: ModelConfig
@@ -110,8 +116,8 @@ class FakeLN:
 
   def __post_init__(self):
     self.norms = param_paths.norms_in(self.model_cfg, ("taper",))
-    self.removal = removal_steps(self.model_cfg, self.cfg.fakeln)
-    self.off_step = max(self.removal.values())
+    self.removal, self.value_removal = removal_steps(self.model_cfg, self.cfg.fakeln)
+    self.off_step = max(*self.removal.values(), *self.value_removal.values())
     self.mu = self.cfg.fakeln.mu
     self._order = [site.norm for site in param_paths.norm_sites(self.model_cfg)]
 
@@ -122,17 +128,22 @@ class FakeLN:
     config_fields.check(cfg, [
         (cfg.fakeln.start >= 1, "fakeln.start",
          "must be >= 1 (σ_avg needs at least one step of statistics before the first removal)"),
-        *[(cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0") for f in ("gap_mlp", "gap_attn", "gap_final")],
+        *[(cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0")
+          for f in ("gap_mlp", "gap_attn", "gap_attn_v", "gap_final")],
         (0.0 < cfg.fakeln.mu <= 1.0, "fakeln.mu", "the EMA weight μ must lie in (0, 1]"),
-        (cfg.fakeln.aux_weight >= 0, "fakeln.aux_weight", "λ must be >= 0 (0 turns the scale loss off)")])
-    last = max(removal_steps(model_cfg, cfg.fakeln).values())
+        (cfg.fakeln.aux_weight >= 0, "fakeln.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
+        (-1 <= cfg.fakeln.eot_id < model_cfg.V, "fakeln.eot_id",
+         f"must be a token id below model.V={model_cfg.V}, or -1 (no end-of-text token)")])
+    removal, value_removal = removal_steps(model_cfg, cfg.fakeln)
+    last = max(*removal.values(), *value_removal.values())
     if last >= cfg.train.steps:
       raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
                        "lower fakeln.start or the gaps, or raise train.steps")
 
   def gates(self, step: jax.Array) -> jax.Array:
-    """One gate per norm: 1 before its removal step, 0 from it on."""
-    return jnp.stack([jnp.where(step >= self.removal[norm], 0.0, 1.0) for norm in self._order]).astype(jnp.float32)
+    """One gate per norm, then one per attention norm's value path: 1 before its removal step, 0 from it on."""
+    steps = [self.removal[norm] for norm in self._order] + list(self.value_removal.values())
+    return jnp.stack([jnp.where(step >= at, 0.0, 1.0) for at in steps]).astype(jnp.float32)
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """At a norm's removal step: its c = 1/σ_avg and γ̃ ← γ; every other norm unchanged."""
@@ -144,24 +155,31 @@ class FakeLN:
     """A norm's σ EMA runs until its removal step (the pre-logit monitor until the last one)."""
     return {(param_paths.PRE_LOGIT,): step < self.off_step, **{n: step < self.removal[n] for n in self.norms}}
 
-  def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """λ (from the first removal on) and mean((s(h) − mean_batch s(h))²), the batch mean held constant."""
-    weight = jnp.where(step >= min(self.removal.values()), self.cfg.fakeln.aux_weight, 0.0)
+  def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
+                tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """λ (from step 0) and mean((s(h) − s̄)²) over every token, s̄ the batch mean over the tokens neither at position
+    0 nor end-of-text, held constant."""
+    del calib, step
+    ordinary_BxT = (jnp.arange(tokens_BxT.shape[1]) > 0)[None, :] & (tokens_BxT != self.cfg.fakeln.eot_id)
     cfg = self.model_cfg
-    return weight, losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps)
+    return jnp.float32(self.cfg.fakeln.aux_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
+                                                                            ordinary_BxT)
 
 
-def removal_steps(model_cfg: ModelConfig, fakeln: ml_collections.ConfigDict) -> dict[param_paths.Path, int]:
-  """The step at which each norm is replaced: MLP norms of blocks 0…L−1 from `start`, `gap_mlp` apart, then the
-  attention norms `gap_attn` apart, then the final norm `gap_final` after the last attention norm."""
+def removal_steps(model_cfg: ModelConfig, fakeln: ml_collections.ConfigDict) -> tuple[dict, dict]:
+  """({norm: the step it is replaced at (an attention norm's query/key path)}, {attention norm: the step its value
+  path is}): MLP norms of blocks 0…L−1 from `start`, `gap_mlp` apart; then the attention norms' query/key paths,
+  `gap_attn` apart; then their value paths, `gap_attn_v` apart; the final norm `gap_final` after the last."""
   sites = param_paths.norm_sites(model_cfg)
   mlp = [s.norm for s in sites if s.norm[-1] == param_paths.MLP_NORM]
   attn = [s.norm for s in sites if s.norm[-1] == param_paths.ATTN_NORM]
   steps = {norm: fakeln.start + i * fakeln.gap_mlp for i, norm in enumerate(mlp)}
-  attn_start = fakeln.start + len(mlp) * fakeln.gap_mlp
-  steps.update({norm: attn_start + i * fakeln.gap_attn for i, norm in enumerate(attn)})
-  steps[(param_paths.FINAL_NORM,)] = attn_start + (len(attn) - 1) * fakeln.gap_attn + fakeln.gap_final
-  return steps
+  qk_start = fakeln.start + len(mlp) * fakeln.gap_mlp
+  steps.update({norm: qk_start + i * fakeln.gap_attn for i, norm in enumerate(attn)})
+  v_start = qk_start + len(attn) * fakeln.gap_attn
+  value_steps = {norm: v_start + i * fakeln.gap_attn_v for i, norm in enumerate(attn)}
+  steps[(param_paths.FINAL_NORM,)] = v_start + (len(attn) - 1) * fakeln.gap_attn_v + fakeln.gap_final
+  return steps, value_steps
 
 
 def tree_select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:

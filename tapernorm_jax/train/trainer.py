@@ -123,7 +123,7 @@ class Trainer:
     (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg).apply(
         {"params": params, CALIB: calib}, inputs_BxT, gate, return_hidden=True, mutable=[CALIB_STATS] if record else [])
     ce = losses.cross_entropy(logits_BxTxV, targets_BxT)
-    aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step)
+    aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step, inputs_BxT)
     return ce + aux_weight * aux, (ce, aux, mutated.get(CALIB_STATS, {}))
 
   def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
@@ -187,7 +187,7 @@ class Trainer:
     def summed_token_losses(h_BxTxD):
       logits_BxTxV = model.apply(variables, h_BxTxD, gate, method=Transformer.logits)
       ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)
-      aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step)  # a mean over tokens
+      aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step, inputs_BxT)  # a mean over tokens
       return jnp.sum(ce_BxT) + ce_BxT.size * aux_weight * aux, logits_BxTxV
 
     grad_BxTxD, logits_BxTxV = jax.grad(summed_token_losses, has_aux=True)(h_BxTxD)

@@ -39,8 +39,28 @@ def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, 
   assert gpt2.get_config(f"model={size},variant=baseline,aux=1").taper.aux_weight == aux  # the matched control
   validate(cfg, num_devices=1)  # every preset is a config that trains (checked before anything compiles)
   if variant == "fakeln":
-    removal = methods.removal_steps(model_cfg, cfg.fakeln)
-    assert max(removal.values()) == removal[("final_norm",)] < steps
+    removal, value_removal = methods.removal_steps(model_cfg, cfg.fakeln)
+    assert max(*removal.values(), *value_removal.values()) == removal[("final_norm",)] < steps
+
+
+# The FakeLN authors' presets, copied by hand from removing-layer-norm's config.py at 583a9e6 (make_gpt2_standard(_aux),
+# make_gpt2_medium_fasttune(_aux), make_gpt2_large(_aux), make_gpt2_xl(_aux)): (start_ln2, gap_ln2, gap_ln1qk,
+# gap_ln1v, aux_loss_weight, start_lnf), start_lnf worked out by hand from their formulas.
+AUTHORS = {("s", "0"): (20, 2, 2, 3, 0.0, 104), ("s", "1"): (20, 2, 2, 3, 0.1, 104),
+           ("m", "0"): (20, 2, 2, 3, 0.0, 188), ("m", "1"): (20, 2, 2, 3, 0.1, 188),
+           ("l", "0"): (30, 4, 4, 6, 0.0, 534), ("l", "1"): (30, 4, 4, 6, 0.03, 534),
+           ("xl", "0"): (20, 2, 2, 3, 0.0, 356), ("xl", "1"): (50, 4, 4, 6, 0.01, 722)}
+
+
+@pytest.mark.parametrize("size,aux", list(AUTHORS))
+def test_fakeln_presets_are_its_authors_schedules(size, aux):
+  cfg = gpt2.get_config(f"model={size},variant=fakeln,aux={aux}")
+  start, gap_ln2, gap_ln1qk, gap_ln1v, weight, start_lnf = AUTHORS[size, aux]
+  f = cfg.fakeln
+  assert (f.start, f.gap_mlp, f.gap_attn, f.gap_attn_v, f.aux_weight) == (start, gap_ln2, gap_ln1qk, gap_ln1v, weight)
+  assert f.eot_id == 50256 and cfg.taper.aux_weight == 0.0  # GPT-2's <|endoftext|>; FakeLN's own aux loss only
+  removal, _ = methods.removal_steps(ModelConfig.from_config(cfg.model), f)
+  assert removal[("final_norm",)] == start_lnf < cfg.train.steps
 
 
 def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():

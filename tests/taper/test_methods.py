@@ -1,4 +1,5 @@
-"""The method seam: gradient accumulation, FakeLN's removal schedule, σ_avg, one compilation, and both methods' fold."""
+"""The method seam: gradient accumulation, FakeLN's removal schedule (attention norms in two stages), σ_avg, its aux
+loss, one compilation, and both methods' fold (FakeLN's also mid-schedule)."""
 
 import flax.linen as nn
 import jax
@@ -17,12 +18,14 @@ B, T, V = 8, 16, 64
 
 
 def gpt2_cfg(method: str, overrides: dict | None = None):
-  """A tiny gpt2-family all_taper config; FakeLN replaces one norm per step from step 2 (MLP 0, 1, attn 0, 1, final)."""
+  """A tiny gpt2-family all_taper config; FakeLN replaces one norm path per step from step 2 (MLP 0, 1, attention q/k
+  0, 1, attention v 0, 1, final: steps 2…8)."""
   return base.override(base.get_config("all_taper"), {
       "model.family": "gpt2", "model.D": 32, "model.H": 4, "model.L": 2, "model.T": T, "model.V": V,
       "train.steps": 10, "train.batch_size": B, "taper.gate_warmup_frac": 0.2, "taper.taper_end": 8,
       "taper.mu": 1.0, "opt.lr": 1e-3, "method": method, "fakeln.start": 2, "fakeln.gap_mlp": 1,
-      "fakeln.gap_attn": 1, "fakeln.gap_final": 1, "fakeln.mu": 1.0, **(overrides or {})})
+      "fakeln.gap_attn": 1, "fakeln.gap_attn_v": 1, "fakeln.gap_final": 1, "fakeln.mu": 1.0, "fakeln.eot_id": 7,
+      **(overrides or {})})
 
 
 def batches(n: int, seed: int = 0) -> list[jax.Array]:
@@ -49,17 +52,31 @@ def test_k_accumulated_microbatches_give_the_update_of_one_k_times_larger_batch(
   np.testing.assert_allclose(four.eval_step(s1, batch), one.eval_step(s1, batch), rtol=1e-6)
 
 
-def test_fakeln_removes_every_mlp_norm_then_every_attention_norm_then_the_final_norm():
-  cfg = gpt2_cfg("fakeln", {"fakeln.start": 3, "fakeln.gap_mlp": 2, "fakeln.gap_attn": 1, "fakeln.gap_final": 4})
+@pytest.mark.parametrize("start,gap_ln2,gap_ln1qk,gap_ln1v", [(3, 2, 1, 4), (20, 2, 2, 3), (30, 4, 4, 6)])
+def test_fakeln_removes_mlp_norms_then_attention_q_k_then_attention_v_then_the_final_norm(start, gap_ln2, gap_ln1qk,
+                                                                                          gap_ln1v):
+  cfg = gpt2_cfg("fakeln", {"fakeln.start": start, "fakeln.gap_mlp": gap_ln2, "fakeln.gap_attn": gap_ln1qk,
+                            "fakeln.gap_attn_v": gap_ln1v, "fakeln.gap_final": gap_ln1v, "train.steps": 200})
   model_cfg = ModelConfig.from_config(cfg.model)
-  removal = methods.removal_steps(model_cfg, cfg.fakeln)
-  assert removal == {("block_0", "mlp_norm"): 3, ("block_1", "mlp_norm"): 5, ("block_0", "attn_norm"): 7,
-                     ("block_1", "attn_norm"): 8, ("final_norm",): 12}
+  L = model_cfg.L
+  # The authors' schedule (removing-layer-norm, config.py and train.py's LNRemover): layer i's ln_2 at
+  # start_ln2 + i·gap_ln2, its ln_1 on the q/k path at start_ln1qk + i·gap_ln1qk, on the v path at
+  # start_ln1v + i·gap_ln1v, ln_f at start_lnf.
+  start_ln1qk = start + L * gap_ln2
+  start_ln1v = start_ln1qk + L * gap_ln1qk
+  start_lnf = start_ln1v + L * gap_ln1v
+  removal, value_removal = methods.removal_steps(model_cfg, cfg.fakeln)
+  assert removal == {**{(f"block_{i}", "mlp_norm"): start + i * gap_ln2 for i in range(L)},
+                     **{(f"block_{i}", "attn_norm"): start_ln1qk + i * gap_ln1qk for i in range(L)},
+                     ("final_norm",): start_lnf}
+  assert value_removal == {(f"block_{i}", "attn_norm"): start_ln1v + i * gap_ln1v for i in range(L)}
   method = methods.FakeLN(cfg, model_cfg, None)
   order = [site.norm for site in param_paths.norm_sites(model_cfg)]
-  for step in range(14):
+  for step in range(start_lnf + 2):
     gates = np.asarray(method.gates(jnp.int32(step)))
-    np.testing.assert_array_equal(gates, [0.0 if step >= removal[norm] else 1.0 for norm in order])
+    expected = [float(step < removal[norm]) for norm in order] + [float(step < start_ln1v + i * gap_ln1v)
+                                                                   for i in range(L)]
+    np.testing.assert_array_equal(gates, expected)
 
 
 def norm_inputs(variables, cfg: ModelConfig, tokens, gates) -> dict[str, np.ndarray]:
@@ -82,7 +99,7 @@ def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_avera
   removal = trainer.method.removal
   sigma_avg = {}
   state = trainer.init_state(0)
-  for k, batch in enumerate(batches(8)):
+  for k, batch in enumerate(batches(10)):
     before = jax.device_get(state)
     params, calib = trainer.method.calibrate(before["params"], before["calib"], jnp.int32(k))  # as the step sees them
     inputs = norm_inputs({"params": params, "calib": calib}, trainer.model_cfg, batch[:, :-1],
@@ -96,23 +113,73 @@ def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_avera
       if k == step - 1:  # the last step of statistics, directly: the batch mean of σ of the norm's input
         h = inputs["/".join(norm)]
         hbar = h - h.mean(-1, keepdims=True)
-        sigma_avg[norm] = np.mean(np.sqrt(np.mean(hbar**2, -1) + cfg.model.eps))
+        sigma_avg[norm] = np.mean(np.sqrt(np.mean(hbar**2, -1) + cfg.model.eps)[:, 1:])  # position 0 left out
       if k < step:
         assert float(calib_after["c"]) == 1.0, (norm, k)  # untouched before its step
       if k == step:  # frozen at the start of its removal step; γ̃ was γ then
         np.testing.assert_allclose(calib_after["c"], 1.0 / sigma_avg[norm], rtol=1e-5)
         assert int(calib_after["count"]) == step  # statistics stop at the removal step
-  assert float(metrics["gate"]) == 0.0  # every gate is off after the final norm's step (6)
-  assert trainer.train_step._cache_size() == 1  # five gate switches, one compilation
+  assert float(metrics["gate"]) == 0.0  # every gate is off after the final norm's step (8)
+  assert trainer.train_step._cache_size() == 1  # seven gate switches, one compilation
+
+
+def test_an_attention_norm_between_its_two_removals_feeds_queries_and_keys_its_fixed_map_and_values_layernorm():
+  cfg = ModelConfig.from_config(gpt2_cfg("fakeln").model)
+  tokens = batches(1)[0][:, :-1]
+  variables = nn.unbox(Transformer(cfg).init(jax.random.key(0), tokens))
+  norm = variables["params"]["block_0"]["attn_norm"]
+  norm["gamma"] = 1.0 + 0.1 * jax.random.normal(jax.random.key(1), norm["gamma"].shape)
+  norm["gamma_tilde"] = 1.0 + 0.1 * jax.random.normal(jax.random.key(2), norm["gamma"].shape)
+  norm["beta"] = 0.1 * jax.random.normal(jax.random.key(3), norm["gamma"].shape)
+  variables["calib"]["block_0"]["attn_norm"]["c"] = jnp.float32(0.7)
+  seen = {}
+
+  def record(next_fun, args, kwargs, context):
+    if "/".join(context.module.path) in ("block_0/attn_norm", "block_0/attn") and context.method_name == "__call__":
+      seen["/".join(context.module.path)] = (args, kwargs)
+    return next_fun(*args, **kwargs)
+
+  L = cfg.L
+  gates = np.ones(3 * L + 1, np.float32)
+  gates[0] = 0.0  # block 0's attention norm: q/k path removed, v path (index 2L + 1) not yet
+  with nn.intercept_methods(record):
+    Transformer(cfg).apply(variables, tokens, jnp.asarray(gates))
+  h = np.asarray(seen["block_0/attn_norm"][0][0], np.float64)
+  x, x_v = np.asarray(seen["block_0/attn"][0][0]), np.asarray(seen["block_0/attn"][1]["x_v_BxTxD"])
+  hbar = h - h.mean(-1, keepdims=True)
+  gamma, gamma_tilde, beta = (np.asarray(norm[k], np.float64) for k in ("gamma", "gamma_tilde", "beta"))
+  np.testing.assert_allclose(x, 0.7 * hbar * gamma_tilde + beta, rtol=1e-5, atol=1e-6)  # FakeLN: c·(h − μ)·γ̃ + β
+  np.testing.assert_allclose(x_v, hbar / np.sqrt((hbar**2).mean(-1, keepdims=True) + cfg.eps) * gamma + beta,
+                             rtol=1e-5, atol=1e-6)  # LayerNorm
+  same = np.concatenate([gates[:2 * L + 1], gates[0:2 * L:2]])  # value gates equal to their norms' gates
+  np.testing.assert_allclose(Transformer(cfg).apply(variables, tokens, jnp.asarray(same)),  # split GEMMs: rounding
+                             Transformer(cfg).apply(variables, tokens, jnp.asarray(gates[:2 * L + 1])), atol=1e-6)
+
+
+def test_fakeln_aux_loss_pulls_every_token_to_the_mean_scale_of_the_ordinary_tokens():
+  cfg = gpt2_cfg("fakeln")  # eot_id = 7
+  method = methods.FakeLN(cfg, ModelConfig.from_config(cfg.model), None)
+  h_BxTxD = jax.random.normal(jax.random.key(0), (2, 4, 32)) * jnp.arange(1.0, 9.0).reshape(2, 4, 1)
+  tokens_BxT = jnp.array([[5, 7, 9, 9], [3, 4, 7, 7]])  # end-of-text at (0, 1), (1, 2), (1, 3)
+  weight, aux = method.aux_terms(h_BxTxD, None, jnp.int32(0), tokens_BxT)  # on from step 0
+  h = np.asarray(h_BxTxD, np.float64)
+  s = np.sqrt(((h - h.mean(-1, keepdims=True)) ** 2).mean(-1) + cfg.model.eps)  # the pre-logit σ per token
+  target = np.mean([s[0, 2], s[0, 3], s[1, 1]])  # neither position 0 nor end-of-text
+  assert float(weight) == np.float32(cfg.fakeln.aux_weight)
+  np.testing.assert_allclose(aux, np.mean((s - target) ** 2), rtol=1e-5)  # every token is pulled
+  grad = jax.grad(lambda h: method.aux_terms(h, None, jnp.int32(0), tokens_BxT)[1])(h_BxTxD)
+  np.testing.assert_allclose(  # the target is held constant: the gradient of a fixed-target loss
+      grad, jax.grad(lambda h: methods.losses.scale_loss(h, jnp.float32(target), "ln", cfg.model.eps))(h_BxTxD),
+      rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.slow  # about 25 s on 2 cores each: CI runs them after the default suite (taper: also test_fold)
-@pytest.mark.parametrize("method", ["taper", "fakeln"])
-def test_both_methods_fold_to_their_unfolded_gate_zero_forward(method):
+@pytest.mark.parametrize("method,steps", [("taper", 9), ("fakeln", 9), ("fakeln", 5)])  # 5: mid-schedule
+def test_both_methods_fold_to_their_unfolded_gate_zero_forward(method, steps):
   cfg = gpt2_cfg(method)
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   state = trainer.init_state(0)
-  for batch in batches(9):
+  for batch in batches(steps):
     state, _ = trainer.train_step(state, batch)
   variables = {"params": state["params"], "calib": state["calib"]}
   tokens = batches(1, seed=5)[0][:, :-1]
