@@ -25,6 +25,8 @@ DEFAULTS: dict[str, Any] = dict(
     tokenizer="sentencepiece",  # "sentencepiece" (trained on the corpus) or "gpt2" (fixed, from tokenizer_dir)
     tokenizer_dir="gpt2",  # tokenizer=gpt2: a directory with vocab.json + merges.txt, or a hub name
     eval_sets="",  # named held-out sets "name=path_or_glob,...", tokenized with the run's tokenizer
+    filtered_eval_sets="",  # names among eval_sets also evaluated as <name>_filtered (evaluation_sets.filtered)
+    filter_sample_tokens=0,  # the training sample those filters read: the train stream's first N tokens (0: all)
     vocab_size=None, seq_len=None,  # set by tapernorm_jax/train/run_config.py from model.V and model.T
     tokenizer_model="bpe", tokenizer_train_bytes=100_000_000)  # tokenizer=sentencepiece: model type, training text
 

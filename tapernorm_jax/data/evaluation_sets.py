@@ -4,6 +4,10 @@ Each set is local text files split into documents on `data.text_separator`, fram
 training streams (`tokenizer.frame`), and cached in `<data_dir>/eval_sets/<name>-<kind>-<hash>`,
 keyed by the files' fingerprints (path, size, mtime), the separator and the tokenizer's
 fingerprint (the hash of its files), built atomically like the prepared corpora.
+
+A set named in `data.filtered_eval_sets` is also evaluated as `<name>_filtered`: only its windows
+whose every token occurs in a sample of the training stream (the Pile-filtered set of the GPT-2
+comparison: the Pile's sequences without tokens OpenWebText never uses).
 """
 
 import functools
@@ -92,4 +96,43 @@ def eval_sets(cfg: Any, prepared: Prepared) -> dict[str, np.ndarray]:
     if seq_len and streams[name].shape[0] < int(seq_len) + 1:
       raise ValueError(f"eval set {name!r} ({pattern}) has {streams[name].shape[0]} tokens, fewer than one window of "
                        f"seq_len + 1 = {int(seq_len) + 1}; give it more text or use a shorter seq_len")
-  return streams
+  return {**streams, **filtered_sets(cfg, prepared, streams)}
+
+
+def filtered_sets(cfg: Any, prepared: Prepared, streams: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """{<name>_filtered: `filtered(...)`} for each set `cfg.filtered_eval_sets` names."""
+  names = [n.strip() for n in str(corpora.setting(cfg, "filtered_eval_sets")).split(",") if n.strip()]
+  if not names:
+    return {}
+  for name in names:
+    if name not in streams:
+      raise ValueError(f"data.filtered_eval_sets names {name!r}, which is not in data.eval_sets "
+                       f"({', '.join(streams) or 'none'}); name one of those")
+  seq_len = corpora.setting(cfg, "seq_len")
+  if not seq_len:
+    raise ValueError("data.filtered_eval_sets needs data.seq_len (the windows it filters); set model.T")
+  seen_V = seen_tokens(prepared.tokens("train"), prepared.tokenizer.vocab_size,
+                       int(corpora.setting(cfg, "filter_sample_tokens")))
+  out = {}
+  for name in names:
+    out[f"{name}_filtered"] = filtered(streams[name], seen_V, int(seq_len))
+    if out[f"{name}_filtered"].size == 0:
+      raise ValueError(f"eval set {name!r}: every window holds a token the training sample never has, so "
+                       f"{name}_filtered is empty; raise data.filter_sample_tokens (0: the whole train stream)")
+  return out
+
+
+def seen_tokens(train_stream: np.ndarray, vocab_size: int, sample_tokens: int = 0) -> np.ndarray:
+  """A (vocab_size,) bool mask of the token ids in the training sample: the stream's first `sample_tokens` (0: all)."""
+  sample = train_stream[:sample_tokens] if sample_tokens > 0 else train_stream
+  seen_V = np.zeros(vocab_size, bool)
+  seen_V[np.unique(np.asarray(sample))] = True
+  return seen_V
+
+
+def filtered(stream: np.ndarray, seen_V: np.ndarray, seq_len: int) -> np.ndarray:
+  """The non-overlapping windows of seq_len + 1 tokens of `stream` (the ones evaluation reads) whose every token is
+  seen, concatenated (so evaluation's windows of the result are exactly those)."""
+  window = seq_len + 1
+  windows_NxW = np.asarray(stream[:stream.shape[0] // window * window]).reshape(-1, window)
+  return windows_NxW[seen_V[windows_NxW].all(axis=1)].reshape(-1)

@@ -93,3 +93,33 @@ def test_eval_windows_are_what_eval_batches_gives(prepared):
     data.eval_windows(np.arange(10), 2, 16, 1, name="eval set 'x'")
   with pytest.raises(ValueError, match="num_batches must be positive"):
     data.eval_windows(tokens, 2, 16, 0)
+
+
+def test_filtered_keeps_exactly_the_evaluated_windows_whose_tokens_the_training_sample_has():
+  rng = np.random.default_rng(0)
+  train, stream = rng.integers(0, 12, 40), rng.integers(0, 16, 4 * 9 + 5)  # ids 12…15 never occur in training
+  seen_V = evaluation_sets.seen_tokens(train, 16)
+  assert seen_V.tolist() == [i in set(train.tolist()) for i in range(16)]
+  assert evaluation_sets.seen_tokens(train, 16, sample_tokens=5).tolist() == [i in set(train[:5].tolist())
+                                                                             for i in range(16)]
+  expected = []  # by hand: the windows evaluation reads (non-overlapping, 9 tokens each), kept when all ids are seen
+  for start in range(0, len(stream) - 8, 9):
+    if all(seen_V[t] for t in stream[start:start + 9]):
+      expected += stream[start:start + 9].tolist()
+  got = evaluation_sets.filtered(stream, seen_V, seq_len=8)
+  assert got.tolist() == expected and 0 < len(expected) < 36
+  windows = next(data.eval_windows(got, len(expected) // 9, 8, 1, "the filtered set"))
+  assert windows.reshape(-1).tolist() == expected  # evaluation reads those windows, each once
+
+
+def test_filtered_eval_sets_are_evaluated_beside_their_sets(root, prepared):
+  cfg = small(root, eval_sets=f"books={root}/books/*.txt,news={root}/news.txt", filtered_eval_sets="books",
+              filter_sample_tokens=2000)
+  sets = data.eval_sets(cfg, prepared)
+  assert list(sets) == ["books", "news", "books_filtered"]
+  seen_V = evaluation_sets.seen_tokens(prepared.tokens("train")[:2000], prepared.tokenizer.vocab_size)
+  np.testing.assert_array_equal(sets["books_filtered"], evaluation_sets.filtered(sets["books"], seen_V, 32))
+  assert 0 < sets["books_filtered"].size < sets["books"].size  # a small sample leaves some ids unseen
+  with pytest.raises(ValueError, match="data.filtered_eval_sets names 'wiki', which is not in data.eval_sets "
+                                       r"\(books\); name one of those"):
+    data.eval_sets(small(root, eval_sets=f"books={root}/books/*.txt", filtered_eval_sets="wiki"), prepared)
