@@ -303,7 +303,8 @@ class Transformer(nn.Module):
     """Block i with its two gates (three with a value-path gate); every argument goes by position, as `nn.remat`'s
     static arguments must."""
     L = self.cfg.L
-    mine = gates[2 * i:2 * i + 2] if gates.shape[0] == 2 * L + 1 else gates[jnp.array([2 * i, 2 * i + 1, 2 * L + 1 + i])]
+    with_value = gates.shape[0] > 2 * L + 1
+    mine = gates[jnp.array([2 * i, 2 * i + 1, 2 * L + 1 + i])] if with_value else gates[2 * i:2 * i + 2]
     return self.blocks[i](h_BxTxD, positions_BxT, mine, cache, index_B, from_start, last_only)
 
   def embed_tokens(self, tokens_BxT: Array, positions_BxT: Array) -> Array:
