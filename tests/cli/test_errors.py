@@ -87,6 +87,15 @@ def test_config_and_flag_mistakes_are_one_line_naming_the_flag(run_dir, args, fr
   assert snapshot(run_dir) == before
 
 
+def test_the_gpt2_demo_names_its_flag_mistakes_before_training(tmp_path):
+  workdir = tmp_path / "demo"
+  line = one_line_error(run_cli("gpt2_demo", "--filter_eval_text", f"--workdir={workdir}"))
+  assert "--filter_eval_text filters --eval_text's windows; give --eval_text=PATH too" in line
+  assert "--seeds=0,x: give comma-separated non-negative integers" in one_line_error(
+      run_cli("gpt2_demo", "--seeds=0,x", f"--workdir={workdir}"))
+  assert not workdir.exists()
+
+
 def test_a_workdir_that_is_a_file_is_refused_and_left_alone(tmp_path):
   path = tmp_path / "results.txt"
   path.write_text("not a directory")
