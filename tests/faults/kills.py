@@ -123,3 +123,14 @@ def check_whole(directory: str) -> None:
     complete = integrity.MANIFEST in names and (os.path.basename(root).isdigit() or "config.json" in names)
     if complete:  # a checkpoint step, or an export (its config.json is written after the manifest)
       assert not integrity.check(epath.Path(root)), (root, integrity.check(epath.Path(root)))
+
+
+def check_same_ending(reference: str, killed: str, steps: int, history: Sequence[str]) -> None:
+  """Every kill in `history` landed, and the run in `killed` ended as the uninterrupted one in `reference`: the same
+  step count, final validation loss and every logged loss, bit for bit."""
+  where = f"seed {SEED}: {'; '.join(history)}"
+  assert all(line.startswith("killed") for line in history), where
+  expected, got = (read_results(directory) for directory in (reference, killed))
+  assert got["final_val_loss"] == expected["final_val_loss"] and got["steps"] == steps, (killed, where)
+  losses = [[r["loss"] for r in read_jsonl(os.path.join(d, "metrics.jsonl"))] for d in (reference, killed)]
+  assert losses[0] == losses[1], (killed, where)

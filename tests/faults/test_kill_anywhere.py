@@ -3,14 +3,12 @@ SIGKILL at seeded points across its life (at startup, during a step, during a ch
 after each kill with the same command, end exactly as the uninterrupted run does, with no half-written file anywhere
 (kills.check_whole after every kill). TAPERNORM_FAULT_SEED picks other points."""
 
-import json
 import os
 import sys
 
 import pytest
 
 import kills
-from tapernorm_jax.train.metrics import read_jsonl
 
 STEPS, EVERY = 36, 6
 SMALL = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
@@ -35,13 +33,7 @@ def kill_and_resume(name: str, cmd: list[str], reference: str, killed: str) -> N
     kills.check_whole(killed)
   kills.run([*cmd, f"--workdir={killed}"], env=ENV)
   kills.check_whole(killed)
-  where = f"seed {kills.SEED}: {'; '.join(history)}"
-  assert all(line.startswith("killed") for line in history), where
-  with open(os.path.join(reference, "results.json")) as f, open(os.path.join(killed, "results.json")) as g:
-    expected, got = json.load(f), json.load(g)
-  assert got["final_val_loss"] == expected["final_val_loss"] and got["steps"] == STEPS, where
-  assert [r["loss"] for r in read_jsonl(os.path.join(killed, "metrics.jsonl"))] == [
-      r["loss"] for r in read_jsonl(os.path.join(reference, "metrics.jsonl"))], where
+  kills.check_same_ending(reference, killed, STEPS, history)
 
 
 @pytest.mark.slow  # six training processes

@@ -3,13 +3,10 @@ processes are all killed with SIGKILL at seeded points (at startup, during a ste
 both processes write) and started again each time ends with the uninterrupted 2-process run's losses, bit for bit,
 with nothing half-written. TAPERNORM_FAULT_SEED picks other points."""
 
-import json
-import os
-
 import pytest
 
 import kills
-from multihost import MESHES, finish, losses, prepare_shared, start
+from multihost import MESHES, finish, prepare_shared, start
 
 STEPS, EVERY = 24, 6
 CHANGES = {"train.steps": STEPS, "checkpoint.every": EVERY, "checkpoint.keep": 100, "taper.taper_end": 18}
@@ -27,9 +24,4 @@ def test_a_two_process_run_killed_anywhere_ends_as_if_it_never_was(tmp_path_fact
     kills.check_whole(killed)
   finish(start(2, shared, killed, mesh, str(tmp_path / "record_last"), changes=CHANGES))
   kills.check_whole(killed)
-  where = f"seed {kills.SEED}: {'; '.join(history)}"
-  assert all(line.startswith("killed") for line in history), where
-  with open(os.path.join(reference, "results.json")) as f, open(os.path.join(killed, "results.json")) as g:
-    expected, got = json.load(f), json.load(g)
-  assert got["final_val_loss"] == expected["final_val_loss"] and got["steps"] == STEPS, where
-  assert losses(killed) == losses(reference), where
+  kills.check_same_ending(reference, killed, STEPS, history)

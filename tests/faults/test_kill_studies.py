@@ -4,14 +4,12 @@ and run again writes what an uninterrupted report of the same study writes. Afte
 (kills.check_whole). TAPERNORM_FAULT_SEED picks other points."""
 
 import glob
-import json
 import os
 import sys
 
 import pytest
 
 import kills
-from tapernorm_jax.train.metrics import read_jsonl
 
 STEPS, EVERY = 24, 6
 CELLS = ("baseline-cpu-aux0-seed0", "all_taper-cpu-aux1-seed0")
@@ -62,13 +60,8 @@ def test_a_sweep_and_its_report_killed_anywhere_end_as_if_they_never_were(tmp_pa
     kills.check_whole(killed)
   kills.run([*sweep, f"--workdir={killed}"], env=ENV)
   kills.check_whole(killed)
-  where = f"seed {kills.SEED}: {'; '.join(history)}"
-  assert all(line.startswith("killed") for line in history), where
   for cell in CELLS:
-    expected, got = (json.load(open(os.path.join(d, cell, "results.json"))) for d in (reference, killed))
-    assert got["final_val_loss"] == expected["final_val_loss"] and got["steps"] == STEPS, (cell, where)
-    assert [r["loss"] for r in read_jsonl(os.path.join(killed, cell, "metrics.jsonl"))] == [
-        r["loss"] for r in read_jsonl(os.path.join(reference, cell, "metrics.jsonl"))], (cell, where)
+    kills.check_same_ending(os.path.join(reference, cell), os.path.join(killed, cell), STEPS, history)
 
   report = [sys.executable, "-m", "experiments.report", f"--workdir={killed}"]
   whole = str(tmp_path / "whole_report")
