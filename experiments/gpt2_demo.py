@@ -19,7 +19,7 @@ from absl import app, flags, logging
 from configs import base, gpt2
 from tapernorm_jax import cli
 from tapernorm_jax.files import write_text_atomically
-from tapernorm_jax.data import text_files
+from tapernorm_jax.data import evaluation_sets, text_files
 from tapernorm_jax.hf import gpt2 as hf_gpt2
 from tapernorm_jax.inference import loading
 from tapernorm_jax.markdown import markdown_table
@@ -63,12 +63,20 @@ def cell(values: list[float]) -> str:
 
 
 def results_of(cfg, workdir: str) -> dict:
-  """Runs (or resumes, or just reads) one run."""
+  """Runs (or resumes, or just reads) one run; a finished run evaluated on other sets than `cfg` asks for is an
+  error naming them."""
   path = os.path.join(workdir, "results.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  return loop.run(cfg, workdir)
+  if not os.path.exists(path):
+    return loop.run(cfg, workdir)
+  with open(path) as f:
+    results = json.load(f)
+  wanted = {"val", *evaluation_sets.parse(cfg.data.eval_sets)}
+  wanted |= {f"{n.strip()}_filtered" for n in cfg.data.filtered_eval_sets.split(",") if n.strip()}
+  if wanted != set(results["eval_losses"]):
+    raise app.UsageError(f"{workdir} was evaluated on {', '.join(sorted(results['eval_losses']))}, not on "
+                         f"{', '.join(sorted(wanted))}: give the --eval_text and --filter_eval_text it ran with, or a "
+                         "new --workdir")
+  return results
 
 
 def main(argv: list[str]) -> None:
@@ -96,9 +104,11 @@ def main(argv: list[str]) -> None:
     per_seed[row_name(variant, aux)] = [r["final_val_loss"] for r in runs]
     rows.append([row_name(variant, aux), *(cell([r["eval_losses"][n] for r in runs]) for n in sets), len(runs)])
   cfg = gpt2.get_config("model=demo")
-  where = f"; `{EVAL_SET}` is {text_files_named(_EVAL_TEXT.value)}, text it never trained on" if _EVAL_TEXT.value else ""
-  where += (f", and `{EVAL_SET}_filtered` its windows whose every token occurs in the training stream"
-            if _EVAL_TEXT.value and _FILTER.value else "")
+  where = ""
+  if _EVAL_TEXT.value:
+    where = f"; `{EVAL_SET}` is {text_files_named(_EVAL_TEXT.value)}, text it never trained on"
+    if _FILTER.value:
+      where += f", and `{EVAL_SET}_filtered` its windows whose every token occurs in the training stream"
   table = "\n".join([
       f"Cross-entropy (nats/token, g = 0) of the demo model ({before['params']:,} parameters, {before['corpus']}), "
       f"pretrained {before['steps']} steps as baseline, then fine-tuned {cfg.train.steps} steps of "

@@ -94,6 +94,10 @@ def test_the_gpt2_demo_names_its_flag_mistakes_before_training(tmp_path):
   assert "--seeds=0,x: give comma-separated non-negative integers" in one_line_error(
       run_cli("gpt2_demo", "--seeds=0,x", f"--workdir={workdir}"))
   assert not workdir.exists()
+  (workdir / "pretrain").mkdir(parents=True)  # a finished pretraining run, evaluated on its validation split only
+  (workdir / "pretrain" / "results.json").write_text('{"eval_losses": {"val": 0.8}, "final_val_loss": 0.8}')
+  line = one_line_error(run_cli("gpt2_demo", f"--eval_text={workdir}/x.txt", f"--workdir={workdir}"))
+  assert f"{workdir}/pretrain was evaluated on val, not on text, val: give the --eval_text" in line
 
 
 def test_a_workdir_that_is_a_file_is_refused_and_left_alone(tmp_path):
