@@ -52,8 +52,12 @@ class Checkpointer:
 
   def __init__(self, directory: str | os.PathLike, keep: int = 3):
     self.directory = files.workdir_path(directory)
-    # create=False: the directory appears with the first save, so a run that fails before saving leaves none
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=False, cleanup_tmp_directories=True)
+    # create=False: the directory appears with the first save, so a run that fails before saving leaves none.
+    # Directories are created before save() returns: created in the background, two managers of one process (the
+    # sweep's cells running side by side) saving the same step take each other's completion signal, and one
+    # writes into a directory that does not exist yet (FileNotFoundError, Orbax 0.12.8).
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=False, cleanup_tmp_directories=True,
+                                           async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -198,3 +199,31 @@ def test_a_checkpoint_records_its_files_and_a_flipped_bit_is_named_before_orbax_
   restored = ckpt.restore_latest(target, fallback=True)
   assert restored.step == 1 and np.array_equal(restored.state["w"], state["w"]) and restored.moved[0][0] == 2
   ckpt.close()
+
+
+def test_two_checkpointers_in_one_process_save_the_same_steps_side_by_side(tmp_path):
+  # The sweep's in-process runner: cells on their own threads, saving the same steps at once. With Orbax's directories
+  # created in the background, one manager took the other's completion signal and wrote into a directory not yet
+  # there (FileNotFoundError in each of 3 runs of this test without the fix).
+  errors, steps = [], 20
+
+  def cell(k: int) -> None:
+    ckpt = Checkpointer(str(tmp_path / f"cell{k}"), keep=100)
+    try:
+      for step in range(steps):
+        ckpt.save(step, {"w": np.full(4096, k + step, np.float32)}, {"position": step})
+      ckpt.close()
+    except Exception as e:  # noqa: BLE001 (reported below)
+      errors.append(e)
+
+  threads = [threading.Thread(target=cell, args=(k,)) for k in range(2)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors, errors
+  for k in range(2):
+    ckpt = Checkpointer(str(tmp_path / f"cell{k}"))
+    assert ckpt.all_steps() == list(range(steps))
+    state, data_state = ckpt.restore(steps - 1, {"w": jax.numpy.zeros(4096, jax.numpy.float32)})
+    assert float(state["w"][0]) == k + steps - 1 and data_state == {"position": steps - 1}
