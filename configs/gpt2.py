@@ -84,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.taper.update(mu=0.1, aux_weight=taper_aux, gate_warmup_frac=start / steps, taper_end=end)
   start_ln2, gap_ln2, gap_ln1qk, gap_ln1v, fakeln_aux = FAKELN[size, aux]
   c.fakeln.update(start=start_ln2, gap_mlp=gap_ln2, gap_attn=gap_ln1qk, gap_attn_v=gap_ln1v, gap_final=gap_ln1v,
-                  mu=0.1, aux_weight=fakeln_aux, eot_id=2 if demo else GPT2_EOT)
+                  mu=0.1, sigma_steps=1, aux_weight=fakeln_aux, eot_id=2 if demo else GPT2_EOT)
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
                  log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)

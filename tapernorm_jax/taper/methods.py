@@ -42,6 +42,7 @@ FAKELN_DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replace
     gap_attn_v=3,  # steps between consecutive value-path removals, which start after the last query/key one
     gap_final=3,  # steps from the last value-path removal to the final norm
     mu=0.01,  # EMA weight of each norm's σ statistics (positions 1…T−1)
+    sigma_steps=0,  # σ from the first this many steps only (1: the starting model's σ); 0: until each removal
     aux_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; on from step 0
     eot_id=-1)  # the end-of-text token id, which s̄ leaves out with position 0 (-1: none)
 
@@ -131,6 +132,8 @@ class FakeLN:
         *[(cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0")
           for f in ("gap_mlp", "gap_attn", "gap_attn_v", "gap_final")],
         (0.0 < cfg.fakeln.mu <= 1.0, "fakeln.mu", "the EMA weight μ must lie in (0, 1]"),
+        (cfg.fakeln.sigma_steps >= 0, "fakeln.sigma_steps",
+         "must be >= 0 (0: σ until each norm's removal; N: from the first N steps)"),
         (cfg.fakeln.aux_weight >= 0, "fakeln.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
         (-1 <= cfg.fakeln.eot_id < model_cfg.V, "fakeln.eot_id",
          f"must be a token id below model.V={model_cfg.V}, or -1 (no end-of-text token)")])
@@ -152,8 +155,11 @@ class FakeLN:
     return select_per_norm(events, frozen_params, params), select_per_norm(events, frozen_calib, calib)
 
   def stats_active(self, step: jax.Array) -> dict[param_paths.Path, jax.Array]:
-    """A norm's σ EMA runs until its removal step (the pre-logit monitor until the last one)."""
-    return {(param_paths.PRE_LOGIT,): step < self.off_step, **{n: step < self.removal[n] for n in self.norms}}
+    """A norm's σ EMA runs until its removal step, or for the first `fakeln.sigma_steps` steps only (the pre-logit
+    monitor until the last removal)."""
+    sigma_steps = self.cfg.fakeln.sigma_steps
+    until = {n: min(self.removal[n], sigma_steps) if sigma_steps else self.removal[n] for n in self.norms}
+    return {(param_paths.PRE_LOGIT,): step < self.off_step, **{n: step < until[n] for n in self.norms}}
 
   def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
                 tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:

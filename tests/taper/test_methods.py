@@ -93,8 +93,9 @@ def norm_inputs(variables, cfg: ModelConfig, tokens, gates) -> dict[str, np.ndar
   return seen
 
 
-def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_average_std():
-  cfg = gpt2_cfg("fakeln")  # μ = 1: σ_avg is the previous step's batch-mean std
+@pytest.mark.parametrize("sigma_steps", [0, 1])  # σ until each removal; σ of the starting model (the first batch)
+def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_average_std(sigma_steps):
+  cfg = gpt2_cfg("fakeln", {"fakeln.sigma_steps": sigma_steps})  # μ = 1: σ_avg is the last measured batch's
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   removal = trainer.method.removal
   sigma_avg = {}
@@ -110,7 +111,7 @@ def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_avera
       calib_after, params_after = after["calib"], after["params"]
       for name in norm:
         calib_after, params_after = calib_after[name], params_after[name]
-      if k == step - 1:  # the last step of statistics, directly: the batch mean of σ of the norm's input
+      if k == (sigma_steps or step) - 1:  # the last step of statistics, directly: the batch mean of σ of its input
         h = inputs["/".join(norm)]
         hbar = h - h.mean(-1, keepdims=True)
         sigma_avg[norm] = np.mean(np.sqrt(np.mean(hbar**2, -1) + cfg.model.eps)[:, 1:])  # position 0 left out
@@ -118,7 +119,7 @@ def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_avera
         assert float(calib_after["c"]) == 1.0, (norm, k)  # untouched before its step
       if k == step:  # frozen at the start of its removal step; γ̃ was γ then
         np.testing.assert_allclose(calib_after["c"], 1.0 / sigma_avg[norm], rtol=1e-5)
-        assert int(calib_after["count"]) == step  # statistics stop at the removal step
+        assert int(calib_after["count"]) == (sigma_steps or step)  # statistics stop at the removal step, or before
   assert float(metrics["gate"]) == 0.0  # every gate is off after the final norm's step (8)
   assert trainer.train_step._cache_size() == 1  # seven gate switches, one compilation
 
