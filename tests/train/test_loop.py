@@ -67,7 +67,7 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
   assert np.mean([r["ce"] for r in records[-4:]]) < np.mean([r["ce"] for r in records[:4]]) - 0.3
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  assert saved == json.loads(json.dumps(results))
+  assert {k: v for k, v in saved.items() if k != "sha256"} == json.loads(json.dumps(results))  # and its seal
   assert np.isfinite(saved["final_val_loss"]) and saved["complete"] and saved["steps"] == 24
   assert saved["corpus"].startswith("synthetic-stories") and saved["variant"] == "all_taper"
   assert saved["tokens"] == 24 * 8 * 32 and saved["schema"] == loop.RESULTS_SCHEMA
