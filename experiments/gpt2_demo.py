@@ -70,8 +70,7 @@ def results_of(cfg, workdir: str) -> dict:
     return loop.run(cfg, workdir)
   with open(path) as f:
     results = json.load(f)
-  wanted = {"val", *evaluation_sets.parse(cfg.data.eval_sets)}
-  wanted |= {f"{n.strip()}_filtered" for n in cfg.data.filtered_eval_sets.split(",") if n.strip()}
+  wanted = {"val", *evaluation_sets.evaluated_names(cfg.data)}
   if wanted != set(results["eval_losses"]):
     raise app.UsageError(f"{workdir} was evaluated on {', '.join(sorted(results['eval_losses']))}, not on "
                          f"{', '.join(sorted(wanted))}: give the --eval_text and --filter_eval_text it ran with, or a "

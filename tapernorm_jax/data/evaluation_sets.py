@@ -99,9 +99,19 @@ def eval_sets(cfg: Any, prepared: Prepared) -> dict[str, np.ndarray]:
   return {**streams, **filtered_sets(cfg, prepared, streams)}
 
 
+def filtered_names(cfg: Any) -> list[str]:
+  """The sets `cfg.filtered_eval_sets` names ("name,..."; "" is none)."""
+  return [n.strip() for n in str(corpora.setting(cfg, "filtered_eval_sets")).split(",") if n.strip()]
+
+
+def evaluated_names(cfg: Any) -> list[str]:
+  """Every name `eval_sets` returns for `cfg`: each eval set, then `<name>_filtered` for each filtered one."""
+  return [*parse(corpora.setting(cfg, "eval_sets")), *(f"{name}_filtered" for name in filtered_names(cfg))]
+
+
 def filtered_sets(cfg: Any, prepared: Prepared, streams: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """{<name>_filtered: `filtered(...)`} for each set `cfg.filtered_eval_sets` names."""
-  names = [n.strip() for n in str(corpora.setting(cfg, "filtered_eval_sets")).split(",") if n.strip()]
+  names = filtered_names(cfg)
   if not names:
     return {}
   for name in names:

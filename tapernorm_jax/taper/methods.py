@@ -118,7 +118,7 @@ class FakeLN:
   def __post_init__(self):
     self.norms = param_paths.norms_in(self.model_cfg, ("taper",))
     self.removal, self.value_removal = removal_steps(self.model_cfg, self.cfg.fakeln)
-    self.off_step = max(*self.removal.values(), *self.value_removal.values())
+    self.off_step = max(self.removal.values())  # the final norm's: after every value path (gap_final >= 0)
     self.mu = self.cfg.fakeln.mu
     self._order = [site.norm for site in param_paths.norm_sites(self.model_cfg)]
 
@@ -137,8 +137,7 @@ class FakeLN:
         (cfg.fakeln.aux_weight >= 0, "fakeln.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
         (-1 <= cfg.fakeln.eot_id < model_cfg.V, "fakeln.eot_id",
          f"must be a token id below model.V={model_cfg.V}, or -1 (no end-of-text token)")])
-    removal, value_removal = removal_steps(model_cfg, cfg.fakeln)
-    last = max(*removal.values(), *value_removal.values())
+    last = max(removal_steps(model_cfg, cfg.fakeln)[0].values())
     if last >= cfg.train.steps:
       raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
                        "lower fakeln.start or the gaps, or raise train.steps")
