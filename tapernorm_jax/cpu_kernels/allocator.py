@@ -1,0 +1,34 @@
+"""glibc's malloc told to keep freed memory for reuse, so that XLA:CPU's per-step buffers stop costing page faults.
+
+XLA:CPU allocates each execution's scratch buffer afresh (305 MB for a 30M train step at 1 × 512; more at 9M,
+4 × 512) and frees it at the end. glibc serves a block that large with `mmap` and returns it with `munmap`, so
+every step touches a fresh mapping: tens of thousands of page faults, each page zeroed by the kernel (8–12% of
+a CPU step's cycles in `perf` on this project's machine; docs/benchmarks.md). With one arena, no `mmap` for
+large blocks and no trimming, the freed block stays in the heap and the next step reuses it. The settings apply
+only to threads that have not allocated yet, so `keep_freed_memory()` runs before jax starts its backend
+(`cli.run` calls it first); `TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # mallopt parameters (glibc's malloc.h)
+_NEVER_TRIM = 2**31 - 1  # bytes; mallopt takes an int
+
+
+def keep_freed_memory() -> str:
+  """Sets glibc's malloc to one arena, no `mmap` and no trimming; '' when set, else why not (not glibc, or turned
+  off). The process keeps its peak heap until it exits, as it would for a long run anyway."""
+  if os.environ.get("TAPERNORM_KEEP_FREED_MEMORY", "1") == "0":
+    return "turned off by TAPERNORM_KEEP_FREED_MEMORY=0"
+  if not sys.platform.startswith("linux"):
+    return f"malloc is not glibc's on {sys.platform}"
+  try:
+    mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+  except (OSError, AttributeError):
+    return "this libc has no mallopt (not glibc)"
+  settings = {M_ARENA_MAX: 1, M_MMAP_MAX: 0, M_TRIM_THRESHOLD: _NEVER_TRIM}
+  refused = [param for param, value in settings.items() if mallopt(param, value) != 1]
+  return f"mallopt refused parameters {refused}" if refused else ""
