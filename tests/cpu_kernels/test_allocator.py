@@ -36,7 +36,8 @@ for _ in range(2):
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
   f(x, w).block_until_ready()
-print(json.dumps({"why_not": why_not, "faults_per_call": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5}))
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
+print(json.dumps({"why_not": why_not, "faults_per_call": faults}))
 """
 
 
