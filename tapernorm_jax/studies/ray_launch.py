@@ -88,7 +88,10 @@ def task_options(request: Mapping[str, float], max_retries: int) -> dict[str, An
 
 def train_cell(study: str, name: str) -> CellStatus:
   """A Ray task: trains (or resumes) the cell `name` of the study in `study` on this worker's devices, its output
-  in the cell's log.txt, as `python -m tapernorm_jax.studies.cell` would."""
+  in the cell's log.txt, as `python -m tapernorm_jax.studies.cell` would (malloc set as `cli.run` sets it, which
+  takes hold where this worker has not started jax yet)."""
+  from tapernorm_jax.cpu_kernels import allocator  # imports jax: only on the worker, like jax below
+  allocator.keep_freed_memory()
   import jax
   import ray
   cell = find_cell(study, name)
