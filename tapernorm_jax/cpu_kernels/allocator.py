@@ -1,9 +1,9 @@
 """glibc's malloc told to keep freed memory for reuse, so that XLA:CPU's per-step buffers stop costing page faults.
 
-XLA:CPU allocates each execution's scratch buffer afresh (305 MB for a 30M train step at 1 × 512; more at 9M,
-4 × 512) and frees it at the end. glibc serves a block that large with `mmap` and returns it with `munmap`, so
-every step touches a fresh mapping: tens of thousands of page faults, each page zeroed by the kernel (8–12% of
-a CPU step's cycles in `perf` on this project's machine; docs/benchmarks.md). With one arena, no `mmap` for
+XLA:CPU allocates each execution's scratch buffer afresh (305 MB for a 30M train step at 1 × 512) and frees it at
+the end. glibc serves a block that large with `mmap` and returns it with `munmap`, so every step touches a fresh
+mapping: tens of thousands of page faults, each page zeroed by the kernel (9–13% of a 9M or 30M CPU step's cycles
+under `perf` on this project's machine; docs/benchmarks.md). With one arena, no `mmap` for
 large blocks and no trimming, the freed block stays in the heap and the next step reuses it. The settings apply
 only to threads that have not allocated yet, so `keep_freed_memory()` runs before jax starts its backend
 (`cli.run` calls it first); `TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
