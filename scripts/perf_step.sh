@@ -4,7 +4,7 @@
 # Runs baseline train steps of CELL for a while, samples both cores with `perf record` for SECONDS, and prints the
 # share of cycles per library: XLA's runtime and YNNPACK products (libjax_common.so), XLA's generated fused kernels
 # ([JIT]), the fused CPU attention (attention_rows-*.so), the Linux kernel (page faults), libm and libc.
-# KEEP_FREED_MEMORY=0 runs with malloc as it is (cpu_kernels/allocator.py is what the entry points set). Last line:
+# KEEP_FREED_MEMORY=0 runs with malloc as it is (tapernorm_jax/allocator.py is what the entry points set). Last line:
 # the median step time while sampled; alternate KEEP_FREED_MEMORY=0 and 1 runs to compare the two side by side.
 set -euo pipefail
 CELL=${1:-9m:4x512}
@@ -16,8 +16,8 @@ trap 'rm -rf "$WORK"' EXIT
 
 TAPERNORM_KEEP_FREED_MEMORY=$KEEP "$PYTHON" - "$CELL" "$WORK/ready" "$WORK/stop" > "$WORK/steps.log" 2>&1 <<'EOF' &
 import os, sys, time
-from tapernorm_jax.cpu_kernels import allocator
-allocator.keep_freed_memory()  # before jax starts its backend, as cli.run does
+from tapernorm_jax import allocator
+allocator.keep_freed_memory()  # before jax is imported, as experiments/__init__.py does
 import jax, jax.numpy as jnp, numpy as np
 from tapernorm_jax.benchmarks import peer_train, train
 size, B, T = peer_train.parse_cell(sys.argv[1])

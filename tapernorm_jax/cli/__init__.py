@@ -2,7 +2,7 @@
 (`flags.py`). `run` reports a user's mistake as one line on stderr and exits 2, or 1 for a stopped run, without a
 traceback (what counts as which: `failures.py`); anything else is a bug and keeps its traceback, and `--verbose`
 shows it for mistakes too. `--check_only` checks the flags and config files, then exits. Before anything runs, glibc's
-malloc is told to keep freed memory (`cpu_kernels/allocator.py`: XLA:CPU's per-step buffers without page faults).
+malloc is told to keep freed memory (`tapernorm_jax/allocator.py`: XLA:CPU's per-step buffers without page faults).
 """
 
 import functools
@@ -12,17 +12,17 @@ from typing import Any
 
 from absl import app, logging
 
+from tapernorm_jax import allocator
 from tapernorm_jax.cli.failures import describe, exit_code, fail
 from tapernorm_jax.cli.flags import (check_only, define_config_file, define_flags, from_flags, parse_flags, settings,
                                      verbose)
-from tapernorm_jax.cpu_kernels import allocator
 
 __all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flags", "guard", "run", "settings", "train"]
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
   """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line;
-  malloc keeps freed memory for reuse (`cpu_kernels/allocator.py`), set before jax starts its backend."""
+  malloc keeps freed memory for reuse (`tapernorm_jax/allocator.py`; fully where jax has not started threads yet)."""
   allocator.keep_freed_memory()
   app.run(guard(main), flags_parser=parse_flags)
 

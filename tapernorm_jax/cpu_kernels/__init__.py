@@ -2,7 +2,6 @@
 
     few_rows.prepare(variables, cfg, rows)   decoding a few rows: variables and a projection (`projection=`)
     for_training(cfg)                        training: (projection, attend) for `Transformer(cfg, ...)`
-    allocator.keep_freed_memory()            before jax starts: XLA:CPU's per-step buffers reused, not re-faulted
 """
 
 import jax

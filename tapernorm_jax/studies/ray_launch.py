@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tapernorm_jax import allocator
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.files import is_url, workdir_path
 from tapernorm_jax.studies.grid import Cell, SweepError
@@ -90,7 +91,6 @@ def train_cell(study: str, name: str) -> CellStatus:
   """A Ray task: trains (or resumes) the cell `name` of the study in `study` on this worker's devices, its output
   in the cell's log.txt, as `python -m tapernorm_jax.studies.cell` would (malloc set as `cli.run` sets it, which
   takes hold where this worker has not started jax yet)."""
-  from tapernorm_jax.cpu_kernels import allocator  # imports jax: only on the worker, like jax below
   allocator.keep_freed_memory()
   import jax
   import ray
