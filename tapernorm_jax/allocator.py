@@ -7,8 +7,8 @@ under `perf` on this project's machine; docs/benchmarks.md). With one arena, no 
 trimming, the freed block stays in the heap and the next step reuses it. The settings apply only to threads that
 have not allocated yet, and jax 0.12 starts threads when it is imported, so
 `keep_freed_memory()` runs before jax is imported: `experiments/__init__.py` calls it, for every
-`python -m experiments.NAME`, and `cli.run` again for other entry points (there it holds fully only on jax lines
-that start their threads with the backend). This module imports nothing of jax. `TAPERNORM_KEEP_FREED_MEMORY=0`
+`python -m experiments.NAME`, `studies/cell.py` at its top, and `cli.run` again for any other entry point (there it
+holds fully only on jax lines that start their threads with the backend). This module imports nothing of jax. `TAPERNORM_KEEP_FREED_MEMORY=0`
 leaves malloc as it is.
 """
 

@@ -19,8 +19,7 @@ def huge_pages_always() -> bool:
     return False
 
 
-pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux) only"),
-              pytest.mark.skipif(huge_pages_always(), reason="transparent huge pages are always on: few faults anyway")]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux) only")
 
 # A jitted function with a 64 MiB intermediate (a product's output) in the scratch buffer XLA:CPU allocates at every
 # call; the minor page faults per call over five calls after warm-up.
@@ -49,6 +48,7 @@ def probe(keep: bool) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.skipif(huge_pages_always(), reason="transparent huge pages are always on: few faults anyway")
 def test_a_computations_scratch_buffer_is_reused_instead_of_faulted_in_again():
   kept, default = probe(keep=True), probe(keep=False)
   assert kept["why_not"] == "" and default["why_not"] == "turned off by TAPERNORM_KEEP_FREED_MEMORY=0"
@@ -57,3 +57,22 @@ def test_a_computations_scratch_buffer_is_reused_instead_of_faulted_in_again():
   # varying from run to run (cause not found; docs/benchmarks.md says so).
   share = 0.01 if tuple(int(p) for p in kept["jax"].split(".")[:2]) < (0, 11) else 0.6
   assert kept["faults_per_call"] < share * default["faults_per_call"], (kept, default)
+
+
+# Records, at each call of keep_freed_memory, whether jax was already imported; then imports an entry point.
+ORDER = """
+import json, sys
+from tapernorm_jax import allocator
+calls, setting = [], allocator.keep_freed_memory
+allocator.keep_freed_memory = lambda: calls.append("jax" in sys.modules) or setting()
+import {module}
+print(json.dumps(calls))
+"""
+
+
+@pytest.mark.parametrize("module", ["experiments.tinystories", "tapernorm_jax.studies.cell"])
+def test_entry_points_set_malloc_before_jax_is_imported(module):
+  out = subprocess.run([sys.executable, "-c", ORDER.format(module=module)], capture_output=True, text=True,
+                       timeout=300, check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  jax_already_imported = json.loads(out.stdout.strip().splitlines()[-1])
+  assert jax_already_imported and not jax_already_imported[0], jax_already_imported

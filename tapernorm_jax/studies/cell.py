@@ -8,13 +8,17 @@ reports its error in one line, as `experiments.tinystories` does; the traceback 
 
 import os
 
-import jax
-from absl import app, flags, logging
+from tapernorm_jax import allocator
 
-from tapernorm_jax import cli, files
-from tapernorm_jax.model import sharding
-from tapernorm_jax.studies import runner
-from tapernorm_jax.studies.manifest import find_cell
+allocator.keep_freed_memory()  # before jax is imported (allocator.py says why); cli.run sets it again, harmlessly
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from tapernorm_jax import cli, files  # noqa: E402
+from tapernorm_jax.model import sharding  # noqa: E402
+from tapernorm_jax.studies import runner  # noqa: E402
+from tapernorm_jax.studies.manifest import find_cell  # noqa: E402
 
 _STUDY = flags.DEFINE_string("study", None, "Study directory: the sweep's --workdir, which holds sweep.json.")
 _CELL = flags.DEFINE_string("cell", None, "The cell to train, <variant>-<size>-aux<0|1>-seed<N>, as sweep.json names "
