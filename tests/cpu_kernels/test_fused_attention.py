@@ -17,7 +17,10 @@ from kernels import needs_compiler
 
 
 @needs_compiler
-@pytest.mark.parametrize("B,T,H,K", [(2, 64, 4, 4), (1, 37, 2, 16), (3, 20, 1, 6), (1, 130, 2, 32), (1, 1, 1, 4)])
+# narrow heads (K = 4, 6: sums along keys) and wide ones (K = 16…64: along features, 8 or 4 query rows at a time),
+# with T below, at and past a multiple of those rows
+@pytest.mark.parametrize("B,T,H,K", [(2, 64, 4, 4), (1, 37, 2, 16), (3, 20, 1, 6), (1, 130, 2, 32), (1, 1, 1, 4),
+                                     (2, 3, 3, 16), (2, 45, 2, 64), (1, 19, 3, 48)])
 def test_outputs_and_gradients_match_the_reference(B, T, H, K):
   rng = np.random.default_rng(B * T + H * K)
   q, k, v, w = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(4))
