@@ -8,18 +8,18 @@ import jax
 import jax.numpy as jnp
 
 from tapernorm_jax.cpu_kernels import attention
-from tapernorm_jax.cpu_kernels.projection import einsum_explicit_backward
+from tapernorm_jax.cpu_kernels.projection import matrix_product
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.model.transformer import Attend, Projection, einsum
 
 
 def for_training(cfg: ModelConfig) -> tuple[Projection, Attend | None]:
   """The projection and attention a train step on this backend passes to `Transformer(cfg, projection=...,
-  attend=...)`: on CPU the einsum with a written-out backward (`projection.py`) and `attention_for(cfg)`;
-  elsewhere the model's own (einsum, None)."""
+  attend=...)`: on CPU every product as one matrix product with its backward written out (`projection.py`) and
+  `attention_for(cfg)`; elsewhere the model's own (einsum, None)."""
   if jax.default_backend() != "cpu":
     return einsum, None
-  return einsum_explicit_backward, attention_for(cfg)
+  return matrix_product, attention_for(cfg)
 
 
 def attention_for(cfg: ModelConfig) -> Attend | None:

@@ -1,5 +1,6 @@
-"""The einsum with a written-out backward (`cpu_kernels/projection.py`): every product of the model, forward and
-gradients, against the model's own einsum; and the choice `for_training` makes."""
+"""The products as 2-D matrix products with a written-out backward (`cpu_kernels/projection.py`): every product of
+the model, forward and gradients, against the model's own einsum; specs that are no matrix product; and the choice
+`for_training` makes."""
 
 import jax
 import jax.numpy as jnp
@@ -7,25 +8,28 @@ import numpy as np
 import pytest
 
 from tapernorm_jax import cpu_kernels
-from tapernorm_jax.cpu_kernels.projection import einsum_explicit_backward
+from tapernorm_jax.cpu_kernels.projection import matrix_form, matrix_product
 from tapernorm_jax.model import ModelConfig, Transformer, init
 from tapernorm_jax.model.transformer import einsum
 
 
-@pytest.mark.parametrize("family,tie", [("llama", True), ("llama", False), ("gpt2", True)])
-def test_gradients_of_every_product_equal_the_model_einsums(family, tie):
+@pytest.mark.parametrize("family,tie,value_gates", [("llama", True, False), ("llama", False, False),
+                                                    ("gpt2", True, False), ("gpt2", True, True)])
+def test_gradients_of_every_product_equal_the_model_einsums(family, tie, value_gates):
   cfg = ModelConfig(family=family, V=50, D=32, H=4, L=2, T=16, tie_embeddings=tie, internal_norm="taper",
                     final_norm="taper")
   variables = init(cfg, jax.random.key(0))
   tokens_BxT = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.V)
   w_BxTxV = jax.random.normal(jax.random.key(2), (2, 16, cfg.V))
+  # one gate per norm, then one per block for the value path: queries and keys, and values, from two projections
+  gate = jnp.linspace(0.2, 0.8, 3 * cfg.L + 1) if value_gates else jnp.float32(0.5)
 
   def loss_and_grads(projection):
     loss = lambda params: jnp.sum(w_BxTxV * Transformer(cfg, projection=projection).apply(
-        {**variables, "params": params}, tokens_BxT, jnp.float32(0.5)))
+        {**variables, "params": params}, tokens_BxT, gate))
     return jax.jit(jax.value_and_grad(loss))(variables["params"])
 
-  (loss, grads), (expected_loss, expected_grads) = loss_and_grads(einsum_explicit_backward), loss_and_grads(einsum)
+  (loss, grads), (expected_loss, expected_grads) = loss_and_grads(matrix_product), loss_and_grads(einsum)
   np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
   scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(expected_grads))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=0), grads, expected_grads)
@@ -33,4 +37,20 @@ def test_gradients_of_every_product_equal_the_model_einsums(family, tie):
 
 def test_training_on_cpu_takes_the_written_out_backward():
   projection, attend = cpu_kernels.for_training(ModelConfig(V=16, D=16, H=2, L=1, T=8, attention_impl="xla"))
-  assert jax.default_backend() == "cpu" and projection is einsum_explicit_backward and attend is None
+  assert jax.default_backend() == "cpu" and projection is matrix_product and attend is None
+
+
+@pytest.mark.parametrize("spec,form", [("bld,dthk->blthk", (6, 4, 36, True, (2, 3, 3, 3, 4))),
+                                       ("bthk,hkd->btd", (6, 12, 5, True, (2, 3, 5))),
+                                       ("bld,vd->blv", (6, 4, 7, False, (2, 3, 7)))])
+def test_matrix_form_of_the_models_specs(spec, form):
+  shapes = {"b": 2, "l": 3, "t": 3, "d": 4, "h": 3, "k": 4, "v": 7}
+  shapes = {**shapes, "d": 5} if spec.startswith("bthk") else shapes
+  x_shape, w_shape = (tuple(shapes[a] for a in axes) for axes in spec.split("->")[0].split(","))
+  assert tuple(matrix_form(spec, x_shape, w_shape)) == form
+
+
+@pytest.mark.parametrize("spec", ["bld,dlv->bv", "bdl,dv->blv", "bld,dv->bvl", "bhd,dh->bh"])
+def test_a_spec_that_is_no_matrix_product_is_named(spec):
+  with pytest.raises(ValueError, match=f"{spec!r} is not a matrix product"):
+    matrix_form(spec, (2, 3, 4), (4, 3, 5) if spec.startswith("bld,dlv") else (4, 5))
