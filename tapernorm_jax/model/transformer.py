@@ -138,8 +138,8 @@ class Attention(nn.Module):
       kv_BxTx2xHxK = heads(x_BxTxD, slice(1, 3))
       k_BxTxHxK, v_BxTxHxK = kv_BxTx2xHxK[:, :, 0], kv_BxTx2xHxK[:, :, 1]
     else:
-      qkv_BxTx3xHxK = heads(x_BxTxD, slice(0, 3))
-      q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+      # split, not three slices: its gradient is one concatenation, theirs three padded copies summed
+      q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (x[:, :, 0] for x in jnp.split(heads(x_BxTxD, slice(0, 3)), 3, axis=2))
     if cfg.family == "llama":
       q_BxTxHxK = rope(q_BxTxHxK, positions_BxT[:, -1:] if last_only else positions_BxT, cfg.rope_base)
       k_BxTxHxK = rope(k_BxTxHxK, positions_BxT, cfg.rope_base)
