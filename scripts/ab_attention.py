@@ -1,7 +1,8 @@
 """Two versions of the fused CPU attention side by side: forward and forward + backward, interleaved rounds.
 
     git show f3c0792~1:tapernorm_jax/cpu_kernels/attention_rows.cc > /tmp/old/attention_rows.cc
-    .venv/bin/python scripts/ab_attention.py 4,512,16,16 /tmp/old/attention_rows.cc tapernorm_jax/cpu_kernels/attention_rows.cc
+    .venv/bin/python scripts/ab_attention.py 4,512,16,16 /tmp/old/attention_rows.cc \
+        tapernorm_jax/cpu_kernels/attention_rows.cc
 
 Each source is built as cpu_kernels/build.py builds the package's own (cached) and registered under its own FFI
 target names, so both run in one process on the same inputs (B,T,H,K), checked to agree first. Prints the median
@@ -66,7 +67,8 @@ def main(shape: str, sources: list[str], rounds: int = 7) -> None:
     np.testing.assert_allclose(np.asarray(forward(q, k, v)), first, atol=1e-5)
   times = np.array([[(median_ms(f, q, k, v), median_ms(g, q, k, v, dout)) for f, g in versions]
                     for _ in range(rounds)])  # rounds × versions × (forward, forward + backward)
-  print(f"B,T,H,K = {shape}, {rounds} interleaved rounds (median ms; ratio = median of the rounds' ratios to the first)")
+  print(f"B,T,H,K = {shape}, {rounds} interleaved rounds (median ms; ratio = median of the rounds' ratios to the "
+        "first)")
   for i, source in enumerate(sources):
     ratio = np.median(times[:, 0] / times[:, i], axis=0)
     print(f"  {source}: forward {np.median(times[:, i, 0]):.2f} ms ({ratio[0]:.2f}x), "

@@ -8,8 +8,8 @@ trimming, the freed block stays in the heap and the next step reuses it. The set
 have not allocated yet, and jax 0.12 starts threads when it is imported, so
 `keep_freed_memory()` runs before jax is imported: `experiments/__init__.py` calls it, for every
 `python -m experiments.NAME`, `studies/cell.py` at its top, and `cli.run` again for any other entry point (there it
-holds fully only on jax lines that start their threads with the backend). This module imports nothing of jax. `TAPERNORM_KEEP_FREED_MEMORY=0`
-leaves malloc as it is.
+holds fully only on jax lines that start their threads with the backend). This module imports nothing of jax.
+`TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
 """
 
 import ctypes
