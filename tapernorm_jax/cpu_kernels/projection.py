@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
@@ -80,4 +81,5 @@ def matrix_product(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w:
                    part: slice | None = None) -> Array:
   """A `Projection` (model/transformer.py): `jnp.einsum(spec, x, w)` as one 2-D matrix product, its VJP two more."""
   del module, name, part  # the product needs only x, w and the spec
-  return _product(spec, x_BxTx___, w)
+  dtype = jnp.result_type(x_BxTx___, w)  # as einsum promotes; dot_general wants one dtype
+  return _product(spec, x_BxTx___.astype(dtype), w.astype(dtype))

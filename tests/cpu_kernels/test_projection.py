@@ -54,3 +54,13 @@ def test_matrix_form_of_the_models_specs(spec, form):
 def test_a_spec_that_is_no_matrix_product_is_named(spec):
   with pytest.raises(ValueError, match=f"{spec!r} is not a matrix product"):
     matrix_form(spec, (2, 3, 4), (4, 3, 5) if spec.startswith("bld,dlv") else (4, 5))
+
+
+def test_operands_of_two_dtypes_are_promoted_as_einsum_promotes():
+  x_BxTxD = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  w_DxF = jax.random.normal(jax.random.key(1), (4, 5)).astype(jnp.bfloat16)
+  got, expected = (f(None, "w", "btd,df->btf", x_BxTxD, w_DxF) for f in (matrix_product, einsum))
+  assert got.dtype == expected.dtype == jnp.float32
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+  dw = jax.grad(lambda w: jnp.sum(matrix_product(None, "w", "btd,df->btf", x_BxTxD, w)))(w_DxF)
+  assert dw.dtype == jnp.bfloat16
