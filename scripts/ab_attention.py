@@ -27,20 +27,7 @@ def attend_from(source: str, suffix: str):
   library = ctypes.cdll.LoadLibrary(str(build.library(Path(source), attention.FLAGS)))
   for target, symbol in attention.TARGETS.items():
     jax.ffi.register_ffi_target(target + suffix, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
-
-  def forward(q, k, v):
-    B, T, H, _ = q.shape
-    shapes = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T), jnp.float32))
-    out, lse = jax.ffi.ffi_call("tapernorm_attention_forward" + suffix, shapes)(q, k, v)
-    return out, (q, k, v, out, lse)
-
-  def backward(saved, dout):
-    shape = jax.ShapeDtypeStruct(dout.shape, jnp.float32)
-    return tuple(jax.ffi.ffi_call("tapernorm_attention_backward" + suffix, (shape,) * 3)(*saved, dout))
-
-  attend = jax.custom_vjp(lambda q, k, v: forward(q, k, v)[0])
-  attend.defvjp(forward, backward)
-  return lambda q, k, v: attend(q * jnp.float32(q.shape[-1] ** -0.5), k, v)
+  return lambda q, k, v: attention.attend_prescaled(q * jnp.float32(q.shape[-1] ** -0.5), k, v, suffix)
 
 
 def median_ms(f, *args, calls: int = 10) -> float:

@@ -5,10 +5,10 @@ the end. glibc serves a block that large with `mmap` and returns it with `munmap
 mapping: tens of thousands of page faults, each page zeroed by the kernel (9–13% of a 9M or 30M CPU step's cycles
 under `perf` on this project's machine; docs/benchmarks.md). With one arena, no `mmap` for large blocks and no
 trimming, the freed block stays in the heap and the next step reuses it. The settings apply only to threads that
-have not allocated yet, and jax 0.12 starts threads when it is imported, so
-`keep_freed_memory()` runs before jax is imported: `experiments/__init__.py` calls it, for every
-`python -m experiments.NAME`, `studies/cell.py` at its top, and `cli.run` again for any other entry point (there it
-holds fully only on jax lines that start their threads with the backend). This module imports nothing of jax.
+have not allocated yet, and jax 0.12 starts threads when it is imported, so `keep_freed_memory()` runs before jax
+is imported: `experiments/__init__.py` calls it, for every `python -m experiments.NAME`, `studies/cell.py` at its
+top, and `cli.run` again for any other entry point (there it holds fully only on jax lines that start their threads
+with the backend). This module imports nothing of jax.
 `TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
 """
 

@@ -52,27 +52,30 @@ def causal_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array) -> Ar
     raise ValueError(f"cpu_kernels.attention: float32 only, not {q_BxTxHxK.dtype}; use model.attention_impl")
   if not available():
     raise RuntimeError(f"cpu_kernels.attention: the kernels are not available ({reason()})")
-  return _attend(q_BxTxHxK * jnp.float32(q_BxTxHxK.shape[-1] ** -0.5), k_BxTxHxK, v_BxTxHxK)
+  return attend_prescaled(q_BxTxHxK * jnp.float32(q_BxTxHxK.shape[-1] ** -0.5), k_BxTxHxK, v_BxTxHxK, "")
 
 
-@jax.custom_vjp
-def _attend(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array) -> Array:
-  """Attention of pre-scaled queries."""
-  return _forward(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def attend_prescaled(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, suffix: str = "") -> Array:
+  """Attention of pre-scaled queries through the FFI targets `TARGETS` names, each followed by `suffix` (a second
+  build registered beside the package's, as scripts/ab_attention.py does; '' for the package's own)."""
+  return _forward(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, suffix)[0]
 
 
-def _forward(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array) -> tuple[Array, tuple]:
+def _forward(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, suffix: str) -> tuple[Array, tuple]:
   """The output, and what the backward needs: the inputs, the output and each row's log-sum-exp (B×H×T)."""
   B, T, H, _ = q_BxTxHxK.shape
   shapes = (jax.ShapeDtypeStruct(q_BxTxHxK.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T), jnp.float32))
-  out_BxTxHxK, lse_BxHxT = jax.ffi.ffi_call("tapernorm_attention_forward", shapes)(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
+  out_BxTxHxK, lse_BxHxT = jax.ffi.ffi_call("tapernorm_attention_forward" + suffix, shapes)(
+      q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
   return out_BxTxHxK, (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, out_BxTxHxK, lse_BxHxT)
 
 
-def _backward(saved: tuple, dout_BxTxHxK: Array) -> tuple[Array, Array, Array]:
+def _backward(suffix: str, saved: tuple, dout_BxTxHxK: Array) -> tuple[Array, Array, Array]:
   """(dq, dk, dv) from the saved forward and the output's cotangent."""
   shape = jax.ShapeDtypeStruct(dout_BxTxHxK.shape, jnp.float32)
-  return tuple(jax.ffi.ffi_call("tapernorm_attention_backward", (shape, shape, shape))(*saved, dout_BxTxHxK))
+  return tuple(jax.ffi.ffi_call("tapernorm_attention_backward" + suffix, (shape, shape, shape))(
+      *saved, dout_BxTxHxK))
 
 
-_attend.defvjp(_forward, _backward)
+attend_prescaled.defvjp(_forward, _backward)

@@ -335,18 +335,18 @@ struct Wide {
       const int64_t b = pair / s.H, h = pair % s.H, T = s.T, P = s.Padded(), TR = Rounded(T);
       scratch.assign(2 * K * P + 6 * TR * K + 2 * R * P + TR, 0.f);
       float *kT = scratch.data(), *vT = kT + K * P, *qr = vT + K * P, *kr = qr + TR * K, *dor = kr + TR * K;
-      float *dkr = dor + TR * K, *dvr = dkr + TR * K, *rows_ = dvr + TR * K, *p = rows_ + TR * K, *ds = p + R * P;
+      float *dkr = dor + TR * K, *dvr = dkr + TR * K, *staged = dvr + TR * K, *p = staged + TR * K, *ds = p + R * P;
       float* delta = ds + R * P;
       Rows(q, s, b, h, qr);
       Rows(k, s, b, h, kr);
       Rows(dout, s, b, h, dor);
       Transposed(kr, T, P, kT);
-      Rows(v, s, b, h, rows_);
-      Transposed(rows_, T, P, vT);
-      Rows(out, s, b, h, rows_);
+      Rows(v, s, b, h, staged);  // values, then outputs, staged as rows
+      Transposed(staged, T, P, vT);
+      Rows(out, s, b, h, staged);
       for (int64_t t = 0; t < T; ++t) {  // delta = dout . out, row by row
         Vec d{};
-        for (int c = 0; c < KV; ++c) d += Load(dor + t * K + kLanes * c) * Load(rows_ + t * K + kLanes * c);
+        for (int c = 0; c < KV; ++c) d += Load(dor + t * K + kLanes * c) * Load(staged + t * K + kLanes * c);
         delta[t] = Sum(d);
       }
       float ones[R];
