@@ -169,6 +169,17 @@ def status_lines(runs: Sequence[Run]) -> list[str]:
   return lines
 
 
+def generated_at() -> str:
+  """The report's time stamp, UTC: now, or SOURCE_DATE_EPOCH where set, so that two runs write the same bytes."""
+  epoch = os.environ.get("SOURCE_DATE_EPOCH")
+  if epoch is None:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+  if not epoch.strip().isdigit():
+    raise ValueError(f"SOURCE_DATE_EPOCH={epoch!r} is not a time: give whole seconds since 1970 (e.g. "
+                     f"SOURCE_DATE_EPOCH=$(date +%s)) or unset it to stamp the report with the current time")
+  return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(int(epoch)))
+
+
 def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], figures: Sequence[str],
                     dynamics: str) -> str:
   """report.md: status, setup, Table 2, the dynamics table and the figures."""
@@ -176,7 +187,7 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
   listed = manifest.read_manifest(workdir) or {}
   title = listed.get("name") or os.path.basename(os.path.abspath(workdir))
   parts = [f"# Study report: {title}", "",
-           (f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python -m experiments.report` from the run directories "
+           (f"Generated {generated_at()} by `python -m experiments.report` from the run directories "
             f"in `{os.path.basename(os.path.abspath(workdir))}/`; one row per run in `results.csv`."), "",
            "## Status", "", *status_lines(runs), "", "## Setup", "", *setup_lines(runs), "",
            "## Table 2 — validation loss at g = 0", "",
@@ -237,6 +248,7 @@ def copy_records(study: epath.Path, local: Path) -> None:
 
 def _write_report(workdir: str, out: str) -> dict[str, Any]:
   """`write_report` on local directories."""
+  generated_at()  # a bad SOURCE_DATE_EPOCH is named before any figure is drawn
   if not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir}: no such directory")
   runs = read_runs(workdir)

@@ -13,7 +13,8 @@ import kills
 
 STEPS, EVERY = 24, 6
 CELLS = ("baseline-cpu-aux0-seed0", "all_taper-cpu-aux1-seed0")
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"}
+ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+       "SOURCE_DATE_EPOCH": "1767225600"}  # reports stamped with one time, whenever their minute
 
 
 def sweep_file(tmp_path) -> str:

@@ -123,6 +123,17 @@ def test_table2_markdown_names_seeds_and_the_paper_only_in_its_setting(study):
   assert "Missing (in the sweep's grid, no run directory): `all_taper-1m-aux0` seed 2." in text
 
 
+def test_the_time_stamp_is_source_date_epoch_where_set_and_a_bad_one_is_named(study, monkeypatch, tmp_path):
+  monkeypatch.setenv("SOURCE_DATE_EPOCH", str(86_400 * 365 + 3_600 + 120))  # 1971-01-01 01:02 UTC
+  runs = run_rows.read_runs(study)
+  text = report.report_markdown(study, runs, aggregate.aggregate(runs), [], "")
+  assert "Generated 1971-01-01 01:02 UTC by `python -m experiments.report`" in text
+  monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+  with pytest.raises(ValueError, match="SOURCE_DATE_EPOCH='yesterday' is not a time") as raised:
+    report.write_report(study, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists(), raised  # named before anything is written
+
+
 def test_the_paper_column_appears_only_in_the_paper_setting():
   def run(steps: int, corpus: str = "tinystories") -> run_rows.Run:
     return run_rows.Run("baseline-1m-aux0-seed0", "baseline", 0, "1m", 0, "complete", steps=steps, corpus=corpus,
