@@ -37,8 +37,8 @@ def part(name: str, op: str) -> str:
     return "logits (head / tied embedding)"
   if "norm" in op:
     return "norms"
-  if "/attn/" in op:  # the qkv and output projections' einsums carry their weight's axes (dthk, hkd)
-    weights = "dot_general" in op and ("dthk" in op or "hkd" in op)
+  if "/attn/" in op:  # the projections: einsums carrying their weight's axes (dthk, hkd), or cpu matrix products
+    weights = "dot_general" in op and any(mark in op for mark in ("dthk", "hkd", "matrix_product"))
     return "attention projections (qkv, out)" if weights else "attention (scores, softmax, values)"
   if "/mlp/" in op:
     return "MLP products" if "dot_general" in op else "MLP activations"

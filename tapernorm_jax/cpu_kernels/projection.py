@@ -48,8 +48,9 @@ def matrix_form(spec: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -
 
 
 def _dot(a: Array, b: Array, a_axis: int, b_axis: int) -> Array:
-  """The matrix product of 2-D a and b contracting a's `a_axis` with b's `b_axis`."""
-  return lax.dot_general(a, b, (((a_axis,), (b_axis,)), ((), ())))
+  """The matrix product of 2-D a and b contracting a's `a_axis` with b's `b_axis`, named for profiles."""
+  with jax.named_scope("matrix_product"):
+    return lax.dot_general(a, b, (((a_axis,), (b_axis,)), ((), ())))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

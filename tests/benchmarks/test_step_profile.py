@@ -12,6 +12,7 @@ BLOCK = "jit(<lambda>)/transpose(jvp(Transformer))/Transformer.hidden/Transforme
     ("copy_bitcast_fusion.3", f"{BLOCK}/mlp/jit(silu)", "layout copies"),
     ("ynn_fusion.7", f"{BLOCK}/attn/bld,blthk->dthk/dot_general", "attention projections (qkv, out)"),
     ("ynn_fusion.8", f"{BLOCK}/attn/attn.project_out/bthk,hkd->btd/dot_general", "attention projections (qkv, out)"),
+    ("dot.3", f"{BLOCK}/attn/matrix_product/dot_general", "attention projections (qkv, out)"),
     ("custom-call.2", f"{BLOCK}/attn/ffi_call", "attention (scores, softmax, values)"),
     ("fusion.4", f"{BLOCK}/attn/sin", "attention (scores, softmax, values)"),
     ("ynn_fusion.9", f"{BLOCK}/mlp/btd,df->btf/dot_general", "MLP products"),
@@ -36,6 +37,7 @@ def test_a_traced_step_adds_up():
   assert sum(parts.values()) == pytest.approx(profile["ops_ms"])
   assert any(key.startswith("MLP products | backward") for key in parts)
   assert any(key.startswith("attention (scores, softmax, values)") for key in parts)
+  assert any(key.startswith("attention projections (qkv, out) | backward") for key in parts)  # not in attention
   assert 0 <= profile["idle_ms"] <= profile["wall_ms"]
   table = step_profile.markdown({"cpu:8x32": profile})
   assert "| MLP products |" in table and "| **step wall time** |" in table
