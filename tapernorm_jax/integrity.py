@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from etils import epath
 
+from tapernorm_jax import files
+
 MANIFEST = "manifest.json"
 VERSION = 1
 SEAL = "sha256"  # the key a sealed record keeps its own hash under
@@ -43,7 +45,8 @@ def record(directory: epath.Path) -> dict[str, dict]:
   """Writes DIR/manifest.json: {"version", "files": {relative path: {"size", "sha256"}}}; returns the files."""
   entries = {name: {"size": (directory / name).stat().length, "sha256": sha256(directory / name)}
              for name in _files(directory)}
-  (directory / MANIFEST).write_text(json.dumps({"version": VERSION, "files": entries}, indent=1, sort_keys=True))
+  files.write_text_atomically(directory / MANIFEST,  # whole or absent under its name, killed anywhere
+                              json.dumps({"version": VERSION, "files": entries}, indent=1, sort_keys=True))
   return entries
 
 

@@ -61,7 +61,7 @@ def is_export(directory: str | os.PathLike) -> bool:
 
 def interrupted(directory: epath.Path) -> bool:
   """Whether `directory` holds only what an interrupted `save` leaves: no config.json, nothing `save` does not write."""
-  written = (VARIABLES_DIR, SAFETENSORS_FILE, TOKENIZER_DIR, integrity.MANIFEST)
+  written = (VARIABLES_DIR, SAFETENSORS_FILE, TOKENIZER_DIR, integrity.MANIFEST, f"{CONFIG_FILE}.tmp-")
   names = [item.name for item in directory.iterdir()]
   return CONFIG_FILE not in names and all(name.startswith(written) for name in names)
 
@@ -106,7 +106,7 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
               tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
               **(extra or {}))
   integrity.record(directory)  # sizes and hashes of the files above; config.json, which marks the export, last
-  (directory / CONFIG_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+  files.write_json_atomically(directory / CONFIG_FILE, info)
   return directory
 
 
@@ -185,10 +185,13 @@ def load_tokenizer(exported: Exported) -> Any:
 
 
 def save_tokenizer(tokenizer: Any, directory: epath.Path) -> None:
-  """Writes the tokenizer's files into the new `directory` (through a local temporary one when it is remote)."""
+  """Writes the tokenizer's files into the new `directory`: into a temporary one renamed into place locally (whole or
+  absent under its name), through a local temporary one uploaded when it is remote."""
   if not files.is_url(directory):
-    directory.mkdir()
-    tokenizer.save(directory)
+    staging = directory.parent / f"{directory.name}.tmp-{os.getpid()}"
+    staging.mkdir()
+    tokenizer.save(staging)
+    staging.rename(directory)
     return
   with tempfile.TemporaryDirectory(prefix="tapernorm-tokenizer-") as local:
     tokenizer.save(pathlib.Path(local))

@@ -105,7 +105,7 @@ def check_whole(directory: str) -> None:
   opens, each metrics.jsonl has each step once and in order from 0, and every complete checkpoint or export matches its
   manifest."""
   for root, dirs, names in os.walk(directory):
-    if ".orbax-checkpoint-tmp" in root:
+    if ".orbax-checkpoint-tmp" in root or ".tmp-" in root:  # Orbax's and tapernorm's staging, not yet in place
       continue
     for name in names:
       path = os.path.join(root, name)
