@@ -69,6 +69,11 @@ def local_path(path: str | os.PathLike, field: str) -> pathlib.Path:
   return pathlib.Path(os.path.expanduser(text))
 
 
+def staging_path(path: str | os.PathLike) -> str:
+  """Where `path` is written before it is moved into place: beside it, named `PATH.tmp-PID`."""
+  return f"{path}.tmp-{os.getpid()}"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
   """A local temporary file to write (by any writer) that becomes `path` when the block succeeds: renamed into
@@ -77,7 +82,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     fd, tmp = tempfile.mkstemp(prefix="tapernorm-upload-")
     os.close(fd)
   else:
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = staging_path(path)
   try:
     yield tmp
     if is_url(path):

@@ -188,7 +188,7 @@ def save_tokenizer(tokenizer: Any, directory: epath.Path) -> None:
   """Writes the tokenizer's files into the new `directory`: into a temporary one renamed into place locally (whole or
   absent under its name), through a local temporary one uploaded when it is remote."""
   if not files.is_url(directory):
-    staging = directory.parent / f"{directory.name}.tmp-{os.getpid()}"
+    staging = epath.Path(files.staging_path(directory))
     staging.mkdir()
     tokenizer.save(staging)
     staging.rename(directory)

@@ -172,12 +172,10 @@ def status_lines(runs: Sequence[Run]) -> list[str]:
 def generated_at() -> str:
   """The report's time stamp, UTC: now, or SOURCE_DATE_EPOCH where set, so that two runs write the same bytes."""
   epoch = os.environ.get("SOURCE_DATE_EPOCH")
-  if epoch is None:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-  if not epoch.strip().isdigit():
+  if epoch is not None and not epoch.strip().isdigit():
     raise ValueError(f"SOURCE_DATE_EPOCH={epoch!r} is not a time: give whole seconds since 1970 (e.g. "
                      f"SOURCE_DATE_EPOCH=$(date +%s)) or unset it to stamp the report with the current time")
-  return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(int(epoch)))
+  return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(None if epoch is None else int(epoch)))
 
 
 def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], figures: Sequence[str],
