@@ -4,13 +4,16 @@ Each op the trace records (an XLA:CPU thunk, or a GPU/TPU kernel with the same H
 its HLO instruction in the compiled step, whose metadata names the JAX operation that made it
 (`.../block_3/mlp/btd,df->btf/dot_general`, `transpose(jvp(...))` for the backward). `part` sorts
 those names into the parts of a step; `profile` returns milliseconds per step for each, the step's
-wall time, and how much of it no op was running (host work, dispatch and waiting).
+wall time, and how much of it no op was running (host work, dispatch and waiting). The step is warmed up until
+three in a row run without page faults (the heap grows for a few steps), so that a trace times the steady state,
+and the page faults of the traced steps are reported beside it.
 """
 
 import collections
 import gzip
 import json
 import re
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -66,20 +69,44 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
   return total
 
 
-def profile(step_fn: Any, state: Any, batch: Any, steps: int = 3) -> dict[str, Any]:
-  """Traces `steps` calls of the jitted `step_fn(state, batch) -> (state, metrics)` (warmed up first): ms per step
-  per part, forward and backward, the wall time per step and the share of it when no op ran."""
+def minor_faults() -> int:
+  """Minor page faults of this process so far (each a fresh page the kernel mapped and zeroed)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def warm_up(call: Any, max_calls: int, steady: int = 3) -> int:
+  """Calls `call()` until `steady` calls in a row make no page faults, at most `max_calls` times; returns how many
+  calls ran (a single quiet call is not enough: a train step can fault again on the call after one that did not)."""
+  quiet = 0
+  for n in range(1, max_calls + 1):
+    before = minor_faults()
+    call()
+    quiet = quiet + 1 if minor_faults() == before else 0
+    if quiet == steady:
+      return n
+  return max_calls
+
+
+def profile(step_fn: Any, state: Any, batch: Any, steps: int = 3, max_warmup: int = 12) -> dict[str, Any]:
+  """Traces `steps` calls of the jitted `step_fn(state, batch) -> (state, metrics)`, warmed up until three steps in
+  a row make no page faults (at most `max_warmup` steps): ms per step per part, forward and backward, the wall time per
+  step, the share of it when no op ran, and the page faults per traced step."""
   step_fn = step_fn.lower(state, batch).compile()  # the executable the trace times, and its HLO's metadata
   ops = {m.group(1): m.group(2) for line in step_fn.as_text().splitlines() if (m := _INSTRUCTION.match(line))}
-  state, _ = step_fn(state, batch)
-  jax.block_until_ready(state)
+  box = [state]
+
+  def step():
+    box[0], _ = step_fn(box[0], batch)
+    jax.block_until_ready(box[0])
+
+  warmup_steps = warm_up(step, max_warmup)
   with tempfile.TemporaryDirectory(prefix="tapernorm-profile-") as directory:
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
-    t0 = time.perf_counter()
+    t0, faults0 = time.perf_counter(), minor_faults()
     for _ in range(steps):
-      state, _ = step_fn(state, batch)
-      jax.block_until_ready(state)
+      step()
     wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    faults_per_step = (minor_faults() - faults0) / steps
     jax.profiler.stop_trace()
     events = _events(Path(directory))
   parts: dict[str, float] = collections.Counter()
@@ -90,7 +117,8 @@ def profile(step_fn: Any, state: Any, batch: Any, steps: int = 3) -> dict[str, A
       parts[(part(e["name"], ops[e["name"]]), direction)] += e.get("dur", 0) / 1e3 / steps
       intervals.append((e["ts"], e["ts"] + e.get("dur", 0)))
   idle_ms = max(wall_ms - _busy_us(intervals) / 1e3 / steps, 0.0)
-  return {"wall_ms": wall_ms, "idle_ms": idle_ms, "ops_ms": sum(parts.values()),
+  return {"wall_ms": wall_ms, "idle_ms": idle_ms, "ops_ms": sum(parts.values()), "warmup_steps": warmup_steps,
+          "faults_per_step": faults_per_step,
           "parts": {f"{name} | {direction}": ms for (name, direction), ms in sorted(parts.items())}}
 
 
@@ -107,6 +135,8 @@ def markdown(profiles: dict[str, dict[str, Any]]) -> str:
                *(f"{profiles[c]['ops_ms']:,.0f}" for c in cells)])
   rows.append(["**step wall time**", *(f"{profiles[c]['wall_ms']:,.0f}" for c in cells)])
   rows.append(["no op running (host, dispatch, waits)", *(f"{profiles[c]['idle_ms']:,.0f}" for c in cells)])
+  rows.append(["page faults per step (after warm-up steps)",
+               *(f"{profiles[c]['faults_per_step']:,.0f} (after {profiles[c]['warmup_steps']})" for c in cells)])
   return markdown_table(["part (ms per step)", *cells], rows)
 
 

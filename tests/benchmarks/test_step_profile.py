@@ -1,6 +1,8 @@
 """Where a train step's time goes (`benchmarks/step_profile.py`): op names sorted into parts, the busy time of
 overlapping ops, and a traced step of the cpu preset whose parts add up."""
 
+import mmap
+
 import pytest
 
 from tapernorm_jax.benchmarks import step_profile
@@ -31,6 +33,19 @@ def test_busy_time_counts_overlapping_ops_once():
   assert step_profile._busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
 
 
+def test_warm_up_stops_at_the_first_call_without_page_faults():
+  regions = []
+
+  def touch_fresh_pages(calls_that_fault: int) -> None:  # 64 fresh pages on each of the first calls, then none
+    if len(regions) < calls_that_fault:
+      regions.append(mmap.mmap(-1, 64 * mmap.PAGESIZE))
+      regions[-1][::mmap.PAGESIZE] = b"x" * 64
+
+  assert step_profile.warm_up(lambda: touch_fresh_pages(3), max_calls=10) == 6  # three that fault, three quiet
+  regions.clear()
+  assert step_profile.warm_up(lambda: touch_fresh_pages(100), max_calls=5) == 5  # never steady: stops at the cap
+
+
 def test_a_traced_step_adds_up():
   profile = step_profile.profile_cell("cpu:8x32", steps=2)
   parts = profile["parts"]
@@ -39,5 +54,6 @@ def test_a_traced_step_adds_up():
   assert any(key.startswith("attention (scores, softmax, values)") for key in parts)
   assert any(key.startswith("attention projections (qkv, out) | backward") for key in parts)  # not in attention
   assert 0 <= profile["idle_ms"] <= profile["wall_ms"]
+  assert 1 <= profile["warmup_steps"] <= 12 and profile["faults_per_step"] >= 0
   table = step_profile.markdown({"cpu:8x32": profile})
-  assert "| MLP products |" in table and "| **step wall time** |" in table
+  assert "| MLP products |" in table and "| **step wall time** |" in table and "| page faults per step" in table
