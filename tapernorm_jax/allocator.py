@@ -18,7 +18,7 @@ import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # mallopt parameters (glibc's malloc.h)
-_NEVER_TRIM = 2**31 - 1  # bytes; mallopt takes an int
+_NEVER_TRIM = -1  # mallopt(3): -1 turns trimming off; 2**31 - 1, the largest int, still trims a free top over 2 GiB
 
 
 def keep_freed_memory() -> str:
