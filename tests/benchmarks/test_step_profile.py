@@ -33,7 +33,7 @@ def test_busy_time_counts_overlapping_ops_once():
   assert step_profile._busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
 
 
-def test_warm_up_stops_at_the_first_call_without_page_faults():
+def test_warm_up_stops_once_three_calls_in_a_row_make_no_page_faults():
   regions = []
 
   def touch_fresh_pages(calls_that_fault: int) -> None:  # 64 fresh pages on each of the first calls, then none
