@@ -10,7 +10,6 @@ turned off as above), so PyTorch's allocations and XLA:CPU's share it. A develop
 imports it.
 """
 
-import resource
 import sys
 import time
 
@@ -24,14 +23,10 @@ import torch  # noqa: E402
 
 from experiments.benchmark_peer import HuggingFaceTrainer  # noqa: E402
 from tapernorm_jax.benchmarks import peer, peer_train  # noqa: E402
+from tapernorm_jax.benchmarks.step_profile import minor_faults  # noqa: E402
 from tapernorm_jax.benchmarks import train as train_bench  # noqa: E402
 
 ROUNDS, OUR_STEPS = 4, 3
-
-
-def faults() -> int:
-  """Minor page faults of this process so far."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def resident_gb() -> float:
@@ -42,9 +37,9 @@ def resident_gb() -> float:
 
 def timed(call) -> tuple[float, int]:
   """(seconds, page faults) of one call."""
-  f0, t0 = faults(), time.perf_counter()
+  f0, t0 = minor_faults(), time.perf_counter()
   call()
-  return time.perf_counter() - t0, faults() - f0
+  return time.perf_counter() - t0, minor_faults() - f0
 
 
 def step_line(call) -> str:

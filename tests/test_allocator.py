@@ -40,11 +40,12 @@ print(json.dumps({"why_not": why_not, "faults_per_call": faults, "jax": jax.__ve
 """
 
 
-def probe(keep: bool) -> dict:
-  """The probe's report in a fresh process (malloc's settings must precede jax's import)."""
+def probe(keep: bool, source: str = PROBE, timeout: float = 300) -> dict:
+  """A probe's report in a fresh process (malloc's settings must precede jax's import)."""
   env = {**os.environ, "TAPERNORM_KEEP_FREED_MEMORY": "1" if keep else "0", "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": ""}  # one CPU device, as a run has (the suite's eight have thread pools of their own)
-  out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300, check=True)
+  out = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=timeout,
+                       check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -112,10 +113,7 @@ def available_bytes() -> int:
 @pytest.mark.skipif(available_bytes() < 4 * 2**30, reason="needs 4 GiB of free memory for a 2.25 GiB block")
 @pytest.mark.parametrize("keep", [True, False])
 def test_a_freed_block_over_2_gib_stays_in_the_heap(keep):
-  env = {**os.environ, "TAPERNORM_KEEP_FREED_MEMORY": "1" if keep else "0"}
-  out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env, capture_output=True, text=True, timeout=120,
-                       check=True)
-  report = json.loads(out.stdout.strip().splitlines()[-1])
+  report = probe(keep, TRIM_PROBE, timeout=120)
   assert report["held"] > 2 * 2**30, report
   if keep:  # a trim threshold of 2**31 - 1 bytes would hand this block back; -1 turns trimming off
     assert report["why_not"] == "" and report["after_free"] > 2 * 2**30, report
