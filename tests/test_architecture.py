@@ -62,3 +62,11 @@ def test_tokenizers_and_the_hub_client_import_without_jax():
                         timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == "[]"
+
+
+def test_the_model_never_asks_the_host_which_backend_it_has():
+  """Device choices follow the target (`ModelConfig.platform`, from the mesh), never `jax.default_backend()`."""
+  calls = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in (PACKAGE / "model").rglob("*.py")
+           for node in ast.walk(ast.parse(path.read_text()))
+           if isinstance(node, ast.Attribute) and node.attr in ("default_backend", "backend")]
+  assert calls == []

@@ -29,7 +29,7 @@ import jax
 from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks import train as train_bench
-from tapernorm_jax.model import attention
+from tapernorm_jax.model import attention, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout, if installed from one
 # The tests that say whether this backend computes what the CPU does: attention implementations against the
@@ -180,8 +180,8 @@ def run(s: Settings, out_dir: str) -> dict[str, Any]:
   results: dict[str, Any] = {
       "date": datetime.date.today().isoformat(), "hardware": hardware.describe(), "settings": dataclasses.asdict(s),
       "platform": backend, "part_seconds": {},
-      "attention": {"auto_bf16_T512": attention.resolve("auto", "bfloat16", 512),
-                    "auto_fp32_T512": attention.resolve("auto", "float32", 512)}}
+      "attention": {"auto_bf16_T512": attention.resolve("auto", "bfloat16", 512, sharding.platform_of(None)),
+                    "auto_fp32_T512": attention.resolve("auto", "float32", 512, sharding.platform_of(None))}}
   print(f"accelerator check on {hardware.one_line(results['hardware'])} ({backend}); attention auto → "
         f"{results['attention']['auto_bf16_T512']} (bf16)", flush=True)
   parts = [("tests", s.tests, lambda: run_tests(s, out_dir)),

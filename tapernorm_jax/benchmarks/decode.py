@@ -213,7 +213,7 @@ def run(s: Settings) -> dict[str, Any]:
   variables = forms_lib.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
   forms = forms_lib.forms(variables, cfg)
   results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
-                             "settings": dataclasses.asdict(s), "model": dataclasses.asdict(cfg),
+                             "settings": dataclasses.asdict(s), "model": cfg.to_dict(),
                              "params": param_count(forms["baseline"][0]["params"])}
   print(f"{s.size} {s.variant}: {results['params']:,} parameters, {s.dtype}, on {results['hardware']['device']}",
         flush=True)

@@ -214,7 +214,7 @@ def run(s: Settings, description: dict[str, Any], peer: Peer | None = None,
   t0 = time.time()
   if forms:
     forms = {name: in_dtype(v, cfg, s.dtype) for name, (v, cfg) in forms.items()}
-    results.update(model=dataclasses.asdict(forms["baseline"][1]), params=param_count(forms["baseline"][0]["params"]),
+    results.update(model=forms["baseline"][1].to_dict(), params=param_count(forms["baseline"][0]["params"]),
                    parity=checked)
     if "forward" in s.modes:
       results["forward"] = bench_forward(peer, forms, s)

@@ -39,9 +39,10 @@ INPUT_AXES = {param_paths.QKV: 1, param_paths.ATTN_OUT: 2, param_paths.WI_GATE: 
 
 
 def projection_for(cfg: ModelConfig, rows: int) -> Projection:
-  """The projection for decode steps of `rows` rows on this host: the kernel's where it is available (float32), else
-  one product per row on CPU; elsewhere, or past ROWWISE_MAX rows, the model's own einsum."""
-  if jax.default_backend() != "cpu" or rows > ROWWISE_MAX:
+  """The projection for decode steps of `rows` rows for `cfg`'s target: the kernel's where it is available
+  (float32), else one product per row for a CPU target; for other targets, or past ROWWISE_MAX rows, the model's
+  own einsum."""
+  if cfg.target_platform != "cpu" or rows > ROWWISE_MAX:
     return einsum
   if matvec.available() and jnp.dtype(cfg.compute_dtype) == jnp.float32 and rows <= matvec.MAX_ROWS:
     return kernel_projection

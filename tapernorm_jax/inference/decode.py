@@ -11,7 +11,8 @@ query at position p see slots ≤ p.
     tokens_BxN = generate(variables, cfg, prompt_BxP, lengths_B, key, max_new_tokens=N)
 
 Every function takes the model's `projection` (default: its own einsum); on CPU, decoding a few rows
-passes the one `tapernorm_jax/cpu_kernels/few_rows.py` prepares with its variables.
+passes the one `tapernorm_jax/cpu_kernels/few_rows.py` prepares with its variables. `mesh` (default: none)
+is the mesh a sharded program is compiled for: the rows stay split over it (`Transformer(mesh=...)`).
 
 Requests outside the model's domain are a ValueError naming the argument, raised while tracing
 (the shapes and sampling settings are static): `temperature` < 0, `top_k` outside [0, V],
@@ -28,6 +29,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax.sharding import Mesh
 
 from tapernorm_jax.model.kv_cache import LayerCache
 from tapernorm_jax.model.transformer import ModelConfig, Projection, Transformer, einsum
@@ -50,9 +53,10 @@ def cache_bytes(cache: Cache) -> int:
 
 
 def prefill(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: Array, cache: Cache,
-            gate: Array | float = 0.0, projection: Projection = einsum) -> tuple[Array, Cache]:
+            gate: Array | float = 0.0, projection: Projection = einsum, mesh: Mesh | None = None
+            ) -> tuple[Array, Cache]:
   """Runs the (right-padded) prompts into the cache; returns the logits after each row's last prompt token."""
-  model = Transformer(cfg, projection)
+  model = Transformer(cfg, projection, mesh=mesh)
   index_B = jnp.zeros(prompt_BxP.shape[0], jnp.int32)
   h_BxPxD, cache = model.apply(variables, prompt_BxP, cache, index_B, gate, from_start=True,
                                method=Transformer.decode)
@@ -61,9 +65,10 @@ def prefill(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: A
 
 
 def decode_step(variables: PyTree, cfg: ModelConfig, tokens_B: Array, index_B: Array, cache: Cache,
-                gate: Array | float = 0.0, projection: Projection = einsum) -> tuple[Array, Cache]:
+                gate: Array | float = 0.0, projection: Projection = einsum, mesh: Mesh | None = None
+                ) -> tuple[Array, Cache]:
   """One token per row at position `index_B`; returns its next-token logits B×V and the updated cache."""
-  model = Transformer(cfg, projection)
+  model = Transformer(cfg, projection, mesh=mesh)
   h_Bx1xD, cache = model.apply(variables, tokens_B[:, None], cache, index_B, gate, method=Transformer.decode)
   return model.apply(variables, h_Bx1xD, gate, method=Transformer.logits)[:, 0], cache
 

@@ -102,7 +102,7 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
     safetensors.flax.save_file(flatten(host), tmp, metadata={"format": FORMAT})
   if tokenizer is not None:  # anything with `kind` and `save(directory)`: SentencePiece or GPT2Tokenizer
     save_tokenizer(tokenizer, directory / TOKENIZER_DIR)
-  info = dict(format=FORMAT, version=VERSION, model=dataclasses.asdict(cfg), folded=folded,
+  info = dict(format=FORMAT, version=VERSION, model=cfg.to_dict(), folded=folded,
               tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
               **(extra or {}))
   integrity.record(directory)  # sizes and hashes of the files above; config.json, which marks the export, last

@@ -9,10 +9,14 @@
               differentiates; the CPU default.
     cudnn     cuDNN's fused kernel through `jax.nn.dot_product_attention` (GPU, bf16/fp16).
     splash    the Pallas splash-attention kernel that ships with jax (TPU), for lengths that are a
-              multiple of its 128-row blocks (others, e.g. short prefills, use xla). Off TPU it runs
-              in Pallas interpret mode, with a warning: correct and slow, which is how it is tested.
-    auto      blocked on CPU; cudnn on GPU for bf16/fp16 (else xla);
-              splash on TPU when T is a multiple of its 128-row blocks (else xla).
+              multiple of its 128-row blocks (others, e.g. short prefills, use xla). For a target
+              other than TPU it runs in Pallas interpret mode, with a warning: correct and slow, which
+              is how it is tested.
+    auto      blocked for a CPU target; cudnn for a GPU target in bf16/fp16 (else xla);
+              splash for a TPU target when T is a multiple of its 128-row blocks (else xla).
+
+Every choice follows the *target* platform (the devices the program is compiled for, `ModelConfig.platform`),
+never the host's backend: a program built for a TPU mesh on a CPU host is the TPU program.
 
 Every implementation takes and returns `B×T×H×K` arrays, computes the softmax in fp32 and is
 tested against `xla` (outputs and gradients) in tests/model/test_attention.py.
@@ -25,6 +29,9 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
+
+from tapernorm_jax.model import sharding
 
 Array = jax.Array
 IMPLS = ("auto", "xla", "blocked", "cudnn", "splash")
@@ -33,40 +40,42 @@ SCORES_BYTES = 2 * 2**20  # fp32 scores of one query block of `blocked`, all pai
 MAX_BLOCKS = 8  # query blocks per pair in `blocked` (each is a handful of ops; more cost more than they skip)
 
 
-def resolve(impl: str | None, dtype: jnp.dtype, T: int, backend: str | None = None) -> str:
-  """The implementation `auto` (or None) stands for on `backend` (default: jax's), for this dtype and length."""
+def resolve(impl: str | None, dtype: jnp.dtype, T: int, platform: str) -> str:
+  """The implementation `auto` (or None) stands for on a `platform` target (`cpu`, `gpu`, `tpu`), for this dtype
+  and length."""
   if impl not in (None, "auto"):
     return impl
-  backend = backend or jax.default_backend()
-  if backend == "cpu":
+  if platform == "cpu":
     return "blocked"
-  if backend in ("gpu", "cuda", "rocm"):
-    return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and backend != "rocm" else "xla"
-  if backend == "tpu":
+  if platform == "gpu":
+    return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+  if platform == "tpu":
     return "splash" if T % BLOCK == 0 else "xla"
   return "xla"
 
 
-def causal_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, impl: str | None = "auto") -> Array:
-  """Causal softmax attention of every position over the positions ≤ it, through `impl`."""
-  impl = resolve(impl, q_BxTxHxK.dtype, q_BxTxHxK.shape[1])
-  backend = jax.default_backend()
+def causal_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, impl: str | None, platform: str,
+                     mesh: Mesh | None = None) -> Array:
+  """Causal softmax attention of every position over the positions ≤ it, through `impl` on a `platform` target;
+  the splash kernel runs on each device's rows of `mesh` (a Mosaic call cannot be split by XLA)."""
+  impl = resolve(impl, q_BxTxHxK.dtype, q_BxTxHxK.shape[1], platform)
   if impl == "xla":
     return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True, implementation="xla")
   if impl == "blocked":
     return blocked_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
   if impl == "cudnn":
-    if backend != "gpu" or q_BxTxHxK.dtype not in (jnp.bfloat16, jnp.float16):
-      raise ValueError(f"model.attention_impl='cudnn' needs an NVIDIA GPU and bf16/fp16 activations, not {backend} "
-                       f"with {q_BxTxHxK.dtype}; use model.attention_impl=auto")
+    if platform != "gpu" or q_BxTxHxK.dtype not in (jnp.bfloat16, jnp.float16):
+      raise ValueError(f"model.attention_impl='cudnn' needs an NVIDIA GPU target and bf16/fp16 activations, not "
+                       f"{platform} with {q_BxTxHxK.dtype}; use model.attention_impl=auto")
     return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True, implementation="cudnn")
   if impl == "splash":
     if q_BxTxHxK.shape[1] % BLOCK:  # splash tiles whole 128-row blocks; shorter or ragged chunks (prefills) use xla
-      return causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, "xla")
-    if backend != "tpu":
-      warnings.warn(f"model.attention_impl='splash' on {backend}: running the TPU kernel in Pallas interpret mode "
-                    "(correct but slow; meant for tests)", stacklevel=2)
-    return splash_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, interpret=backend != "tpu")
+      return causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, "xla", platform)
+    if platform != "tpu":
+      warnings.warn(f"model.attention_impl='splash' for a {platform} target: running the TPU kernel in Pallas "
+                    "interpret mode (correct but slow; meant for tests)", stacklevel=2)
+    splash = functools.partial(splash_attention, interpret=platform != "tpu")
+    return sharding.per_device(splash, mesh)(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
   raise ValueError(f"model.attention_impl={impl!r}: choose one of {IMPLS}")
 
 

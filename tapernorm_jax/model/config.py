@@ -3,11 +3,10 @@
 import dataclasses
 from typing import Any, Mapping
 
-import jax
 import jax.numpy as jnp
 
 from tapernorm_jax.errors import deprecated
-from tapernorm_jax.model import attention, param_paths
+from tapernorm_jax.model import attention, param_paths, sharding
 from tapernorm_jax.model.norms import NORM_MODES, RENAMED_MODES
 
 FAMILIES = ("llama", "gpt2")
@@ -16,7 +15,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Model hyperparameters: V vocab, D width, H heads, L layers, F MLP width (0: family default), T max length."""
+  """Model hyperparameters: V vocab, D width, H heads, L layers, F MLP width (0: family default), T max length.
+
+  `platform` is the target, not part of the model: the platform of the devices the program is compiled for
+  (`cpu`, `gpu`, `tpu`), which decides what `dtype=auto` and `attention_impl=auto` stand for. Whoever builds a
+  program for a mesh sets it from the mesh (`for_devices`); left empty it means jax's default devices, where an
+  eager `Transformer(cfg).apply` runs. It is never saved with a run or an export (`to_dict`).
+  """
 
   family: str = "llama"
   V: int = 10_000
@@ -36,6 +41,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   attention_impl: str = "auto"
   remat: bool = False
+  platform: str = ""
 
   def __post_init__(self):
     for field in ("internal_norm", "final_norm"):
@@ -61,11 +67,28 @@ class ModelConfig:
     return round(8 * self.D / 3) if self.family == "llama" else 4 * self.D
 
   @property
+  def target_platform(self) -> str:
+    """The platform the model is compiled for: `platform`, or that of jax's default devices when it is empty."""
+    return self.platform or sharding.platform_of(None)
+
+  @property
   def compute_dtype(self) -> Any:
-    """The activation dtype; `auto` is bfloat16 on accelerators and float32 on CPU."""
+    """The activation dtype; `auto` is bfloat16 on accelerator targets and float32 on a CPU target."""
     if self.dtype == "auto":
-      return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+      return jnp.dtype(jnp.float32 if self.target_platform == "cpu" else jnp.bfloat16)
     return jnp.dtype(self.dtype)
+
+  def for_platform(self, platform: str) -> "ModelConfig":
+    """This model compiled for `platform` (`cpu`, `gpu`, `tpu`; '' for jax's default devices)."""
+    return self.replace(platform=platform)
+
+  def for_devices(self, devices: Any) -> "ModelConfig":
+    """This model compiled for `devices` (a mesh, an array or a list of devices): their platform."""
+    return self.for_platform(sharding.platform_of(devices))
+
+  def to_dict(self) -> dict[str, Any]:
+    """The model's fields, as a run or an export records them (without the target platform)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k != "platform"}
 
   @classmethod
   def from_config(cls, cfg: "ModelConfig | Mapping[str, Any]") -> "ModelConfig":
@@ -124,5 +147,7 @@ def validate(cfg: ModelConfig) -> None:
     fail("param_dtype", f"choose one of {DTYPES[1:]}")
   if cfg.attention_impl not in attention.IMPLS:
     fail("attention_impl", f"choose one of {attention.IMPLS} (docs/method.md §13)")
+  if cfg.platform not in ("", *sharding.PLATFORMS):
+    fail("platform", f"choose one of {sharding.PLATFORMS}, or '' for jax's default devices")
   if cfg.logits_bias and cfg.tie_embeddings:
     fail("logits_bias", "a logits bias comes with an untied head; set model.tie_embeddings=False")

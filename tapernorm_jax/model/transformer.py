@@ -18,7 +18,9 @@ states with the updated cache.
 
 Every linear map goes through one seam, `Transformer(cfg, projection=...)` (default: `einsum`), so a
 backend-specific product (a CPU kernel for decoding a few rows) is chosen by the caller and never by a
-backend check in here.
+backend check in here. What `dtype=auto` and `attention_impl=auto` stand for follows `cfg.platform`, the
+target the caller compiles for. `Transformer(cfg, mesh=...)` keeps the activations' batch split over
+every axis of the mesh at the block boundaries (`sharding.constrain`), so each device computes its rows.
 """
 
 from typing import Any, Protocol
@@ -28,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax.model import attention, param_paths
+from jax.sharding import Mesh
+
+from tapernorm_jax.model import attention, param_paths, sharding
 from tapernorm_jax.model.kv_cache import LayerCache, cached_attention, check_cache_write, write_cache
 from tapernorm_jax.model.config import ModelConfig
 from tapernorm_jax.model.norms import Norm, ScaleMonitor
@@ -104,6 +108,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
   projection: Projection = einsum
   attend: Attend | None = None
+  mesh: Mesh | None = None
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
@@ -149,8 +154,8 @@ class Attention(nn.Module):
     if last_only:  # the last position sees every key: no mask
       out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation="xla")
     elif cache is None or from_start:
-      out_BxTxHxK = (self.attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK) if self.attend else
-                     attention.causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, cfg.attention_impl))
+      out_BxTxHxK = (self.attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK) if self.attend else attention.causal_attention(
+          q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, cfg.attention_impl, cfg.target_platform, self.mesh))
     else:
       out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
     out_BxTxD = self.project_out(out_BxTxHxK)
@@ -190,6 +195,7 @@ class Block(nn.Module):
   cfg: ModelConfig
   projection: Projection = einsum
   attend: Attend | None = None
+  mesh: Mesh | None = None
 
   @nn.compact
   def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
@@ -209,7 +215,7 @@ class Block(nn.Module):
       x_BxTxD, x_v_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0], gates_2[2])
     else:
       x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
-    attn = Attention(cfg, self.projection, self.attend, name=param_paths.ATTN)(
+    attn = Attention(cfg, self.projection, self.attend, self.mesh, name=param_paths.ATTN)(
         x_BxTxD, positions_BxT, cache, index_B, from_start=from_start, last_only=last_only, x_v_BxTxD=x_v_BxTxD)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
@@ -224,6 +230,7 @@ class Transformer(nn.Module):
   cfg: Any
   projection: Projection = einsum  # the seam for backend-specific products (see Projection)
   attend: Attend | None = None  # the seam for a backend's own causal attention (see Attend)
+  mesh: Mesh | None = None  # the mesh the program is compiled for: activations keep their batch split over it
 
   def __post_init__(self):
     object.__setattr__(self, "cfg", ModelConfig.from_config(self.cfg))
@@ -238,7 +245,7 @@ class Transformer(nn.Module):
     if cfg.family == "gpt2":
       self.pos_embed = self.param(param_paths.POS_EMBED, nn.with_logical_partitioning(
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
-    self.blocks = [block(cfg, self.projection, self.attend, name=param_paths.block(i)) for i in range(cfg.L)]
+    self.blocks = [block(cfg, self.projection, self.attend, self.mesh, name=param_paths.block(i)) for i in range(cfg.L)]
     self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:
@@ -305,7 +312,12 @@ class Transformer(nn.Module):
     L = self.cfg.L
     with_value = gates.shape[0] > 2 * L + 1
     mine = gates[jnp.array([2 * i, 2 * i + 1, 2 * L + 1 + i])] if with_value else gates[2 * i:2 * i + 2]
-    return self.blocks[i](h_BxTxD, positions_BxT, mine, cache, index_B, from_start, last_only)
+    out = self.blocks[i](h_BxTxD, positions_BxT, mine, cache, index_B, from_start, last_only)
+    return self.shard(out) if cache is None else (self.shard(out[0]), out[1])
+
+  def shard(self, h_BxTxD: Array) -> Array:
+    """h with its batch split over every device of `mesh` (unchanged without one)."""
+    return sharding.constrain(h_BxTxD, sharding.HIDDEN_AXES, self.mesh)
 
   def embed_tokens(self, tokens_BxT: Array, positions_BxT: Array) -> Array:
     """Token embeddings (plus learned positions for gpt2) in the compute dtype."""
@@ -313,7 +325,7 @@ class Transformer(nn.Module):
     h_BxTxD = jnp.take(self.embed, tokens_BxT, axis=0).astype(cfg.compute_dtype)
     if cfg.family == "gpt2":
       h_BxTxD += jnp.take(self.pos_embed, positions_BxT, axis=0).astype(cfg.compute_dtype)
-    return h_BxTxD
+    return self.shard(h_BxTxD)
 
   def logits(self, h_BxTxD: Array, gate: Array | float = 1.0) -> Array:
     """Final norm and output head applied to the pre-logit state h; fp32 logits (fp64 for fp64 models)."""
@@ -327,7 +339,7 @@ class Transformer(nn.Module):
     logits_BxTxV = logits_BxTxV.astype(out_dt)
     if cfg.logits_bias:
       logits_BxTxV += self.logits_bias.astype(out_dt)
-    return logits_BxTxV
+    return sharding.constrain(logits_BxTxV, sharding.LOGITS_AXES, self.mesh)
 
 
 def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:

@@ -49,15 +49,22 @@ def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
       for weight in site.weights:
         _fold_norm(params, calib, cfg, site.norm, weight, site.bias)
       _drop_norm(params, calib, site.norm)
-  folded_cfg = cfg.replace(
-      internal_norm="identity" if internal else cfg.internal_norm,
-      final_norm="identity" if final else cfg.final_norm,
-      tie_embeddings=cfg.tie_embeddings and not final,
-      logits_bias=cfg.logits_bias or (final and cfg.norm_kind == "ln"))
+  folded_cfg = folded_config(cfg)
   folded = {"params": traverse_util.unflatten_dict(params), "calib": traverse_util.unflatten_dict(calib)}
   check_matches(folded, folded_cfg)
   folded = _place_like(folded, plain, folded_cfg)
   return (_rebox(folded, folded_cfg) if boxed else folded), folded_cfg
+
+
+def folded_config(model_cfg: Any) -> ModelConfig:
+  """The model `fold` turns `model_cfg` into: tapered norms become identities, a tapered final norm unties the head
+  (with a logits bias for LN)."""
+  cfg = ModelConfig.from_config(model_cfg)
+  internal, final = cfg.internal_norm in param_paths.CALIBRATED_MODES, cfg.final_norm in param_paths.CALIBRATED_MODES
+  return cfg.replace(internal_norm="identity" if internal else cfg.internal_norm,
+                     final_norm="identity" if final else cfg.final_norm,
+                     tie_embeddings=cfg.tie_embeddings and not final,
+                     logits_bias=cfg.logits_bias or (final and cfg.norm_kind == "ln"))
 
 
 def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tuple[jax.Array, jax.Array | None]:

@@ -5,6 +5,10 @@ calibration at the taper start (`calibration.calibrate`) and the aux-loss switch
 (`Trainer.aux_weight`) are all functions of the traced step (docs/method.md §3–§5). Once the
 gate has reached 0 the loop moves to a second compiled step whose tapered norms are in their
 `fixed` form (the same variables), so the normalized branch is no longer computed (§11).
+
+The mesh decides the target: the model is compiled for its devices' platform (`ModelConfig.for_devices`), so
+a trainer built over a TPU topology on a CPU host holds exactly the TPU programs, and the activations keep
+their batch split over the mesh (`Transformer(mesh=...)`).
 """
 
 import dataclasses
@@ -58,10 +62,10 @@ class Trainer:
   def __post_init__(self):
     cfg = self.cfg
     run_config.validate(cfg, self.mesh.size)
-    self.model_cfg = ModelConfig.from_config(cfg.model)
+    self.model_cfg = ModelConfig.from_config(cfg.model).for_devices(self.mesh)
     self.fixed_cfg = self.model_cfg.fixed_form()
-    # this backend's own products and attention (the model's own off CPU): cpu_kernels/ chooses, the model applies
-    self.projection, self.attend = (cpu_kernels.for_training(self.model_cfg) if self.backend_paths else
+    # the target's own products and attention (the model's own but for CPU): cpu_kernels/ chooses, the model applies
+    self.projection, self.attend = (cpu_kernels.for_training(self.model_cfg, self.mesh) if self.backend_paths else
                                     (einsum, None))
     self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg
     self.calibrated_norms = param_paths.norms_in(self.model_cfg)
@@ -109,8 +113,9 @@ class Trainer:
                         self.state_shardings)
 
   def model(self, model_cfg: ModelConfig) -> Transformer:
-    """The model the steps apply: `model_cfg` with this backend's projection and attention (`cpu_kernels`)."""
-    return Transformer(model_cfg, projection=self.projection, attend=self.attend)
+    """The model the steps apply: `model_cfg` with the target's projection and attention (`cpu_kernels`), its
+    activations split over the mesh."""
+    return Transformer(model_cfg, projection=self.projection, attend=self.attend, mesh=self.mesh)
 
   def uses_fixed_step(self, step: int) -> bool:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""

@@ -1,6 +1,8 @@
 """The fused CPU attention (`cpu_kernels/attention.py`): outputs and gradients against the model's reference
 attention, where the seam selects it, and a train step through it against one through `blocked`."""
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +26,7 @@ from kernels import needs_compiler
 def test_outputs_and_gradients_match_the_reference(B, T, H, K):
   rng = np.random.default_rng(B * T + H * K)
   q, k, v, w = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(4))
-  reference = lambda q, k, v: attention.causal_attention(q, k, v, "xla")
+  reference = lambda q, k, v: attention.causal_attention(q, k, v, "xla", "cpu")
   np.testing.assert_allclose(jax.jit(kernel.causal_attention)(q, k, v), reference(q, k, v), atol=2e-6, rtol=0)
   grads = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(w * f(*a)), argnums=(0, 1, 2)))(q, k, v)
   for got, expected in zip(grads(kernel.causal_attention), grads(reference), strict=True):
@@ -49,9 +51,11 @@ def test_float32_only_and_unavailable_kernels_are_named():
 
 
 @needs_compiler
-@pytest.mark.parametrize("changes,selected", [({}, True), ({"attention_impl": "blocked"}, False),
-                                              ({"attention_impl": "xla"}, False), ({"dtype": "bfloat16"}, False)])
-def test_the_seam_selects_the_kernel_only_for_auto_float32_on_cpu(changes, selected):
+@pytest.mark.parametrize("changes,selected", [
+    ({}, True), ({"platform": "cpu"}, True), ({"attention_impl": "blocked"}, False),
+    ({"attention_impl": "xla"}, False), ({"dtype": "bfloat16"}, False),
+    ({"platform": "tpu", "dtype": "float32"}, False), ({"platform": "gpu", "dtype": "float32"}, False)])
+def test_the_seam_selects_the_kernel_only_for_auto_float32_for_a_cpu_target(changes, selected):
   cfg = ModelConfig(V=16, D=16, H=2, L=1, T=8, **changes)
   assert (cpu_kernels.attention_for(cfg) is kernel.causal_attention) == selected
 
@@ -81,7 +85,7 @@ def step_of(attention_impl: str) -> tuple[Trainer, dict, dict]:
 def test_a_train_step_through_the_kernel_equals_one_through_blocked():
   fused_trainer, fused, fused_metrics = step_of("auto")
   blocked_trainer, blocked, blocked_metrics = step_of("blocked")
-  assert fused_trainer.attend is kernel.causal_attention and blocked_trainer.attend is None
+  assert inspect.unwrap(fused_trainer.attend) is kernel.causal_attention and blocked_trainer.attend is None
   assert all(f"tapernorm_attention_{part}" in fused_metrics["hlo"] for part in ("forward", "backward"))
   assert "tapernorm_attention" not in blocked_metrics["hlo"]
   np.testing.assert_allclose(fused_metrics["loss"], blocked_metrics["loss"], rtol=1e-6)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from tapernorm_jax.inference import decode, forms
-from tapernorm_jax.model import ModelConfig, Transformer, attention, init
+from tapernorm_jax.model import ModelConfig, Transformer, attention, init, sharding
+
+HERE = sharding.platform_of(None)  # the platform these tests run on (the target of every call below)
 
 
 def qkv(B: int, T: int, H: int, K: int, seed: int = 0) -> tuple[jax.Array, ...]:
@@ -21,7 +23,7 @@ def qkv(B: int, T: int, H: int, K: int, seed: int = 0) -> tuple[jax.Array, ...]:
 def loss_and_grads(impl: str, q, k, v):
   """A weighted sum of the attention output and its gradients with respect to q, k and v."""
   w = jax.random.normal(jax.random.key(9), q.shape)
-  f = lambda q, k, v: jnp.sum(w * attention.causal_attention(q, k, v, impl))
+  f = lambda q, k, v: jnp.sum(w * attention.causal_attention(q, k, v, impl, HERE))
   return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
 
@@ -33,7 +35,7 @@ def loss_and_grads(impl: str, q, k, v):
 def test_blocked_attention_matches_the_reference_with_gradients(B, T, H, K, block, heads_per_step):
   q, k, v = qkv(B, T, H, K)
   blocked = functools.partial(attention.blocked_attention, block=block, heads_per_step=heads_per_step)
-  np.testing.assert_allclose(jax.jit(blocked)(q, k, v), attention.causal_attention(q, k, v, "xla"), atol=2e-6,
+  np.testing.assert_allclose(jax.jit(blocked)(q, k, v), attention.causal_attention(q, k, v, "xla", HERE), atol=2e-6,
                              rtol=1e-5)
   w = jax.random.normal(jax.random.key(9), q.shape)
   got = jax.jit(jax.grad(lambda *a: jnp.sum(w * blocked(*a)), argnums=(0, 1, 2)))(q, k, v)
@@ -79,22 +81,22 @@ def test_splash_kernel_in_interpret_mode_matches_the_reference_with_gradients():
 
 def test_splash_falls_back_to_xla_for_lengths_it_cannot_tile():
   q, k, v = qkv(2, 40, 2, 8)
-  np.testing.assert_array_equal(attention.causal_attention(q, k, v, "splash"), attention.causal_attention(q, k, v,
-                                                                                                          "xla"))
+  np.testing.assert_array_equal(attention.causal_attention(q, k, v, "splash", HERE),
+                                attention.causal_attention(q, k, v, "xla", HERE))
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_matches_the_reference_in_bf16():
   q, k, v = (x.astype(jnp.bfloat16) for x in qkv(2, 256, 4, 64))
-  got = attention.causal_attention(q, k, v, "cudnn").astype(jnp.float32)
-  want = attention.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)), "xla")
+  got = attention.causal_attention(q, k, v, "cudnn", HERE).astype(jnp.float32)
+  want = attention.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)), "xla", HERE)
   np.testing.assert_allclose(got, want, atol=3e-2)
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the message given off GPU")
 def test_cudnn_off_gpu_is_named():
   with pytest.raises(ValueError, match="attention_impl='cudnn' needs an NVIDIA GPU"):
-    attention.causal_attention(*qkv(1, 8, 2, 4), "cudnn")
+    attention.causal_attention(*qkv(1, 8, 2, 4), "cudnn", HERE)
 
 
 @pytest.mark.parametrize("backend,dtype,T,want", [

@@ -33,6 +33,17 @@ def test_fsdp_shards_embed_axis_and_matches_single_device_forward():
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_the_target_platform_decides_what_auto_stands_for_and_is_never_saved():
+  cfg = CFG.replace(dtype="auto")
+  assert [cfg.for_platform(p).compute_dtype for p in ("cpu", "gpu", "tpu")] == [jnp.float32, jnp.bfloat16,
+                                                                               jnp.bfloat16]
+  assert cfg.platform == "" and cfg.target_platform == sharding.platform_of(jax.devices())  # an eager apply's devices
+  assert cfg.for_devices(sharding.make_mesh()).platform == cfg.target_platform
+  assert "platform" not in cfg.for_platform("tpu").to_dict() and ModelConfig(**cfg.to_dict()) == cfg
+  with pytest.raises(ValueError, match=r"model\.platform='TPU': choose one of \('cpu', 'gpu', 'tpu'\)"):
+    cfg.for_platform("TPU")
+
+
 @pytest.mark.parametrize("data,fsdp,field", [(3, 1, "mesh.data"), (1, 3, "mesh.fsdp"), (-1, 0, "mesh.fsdp")])
 def test_bad_mesh_shapes_are_named(data, fsdp, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
