@@ -34,6 +34,10 @@ if [ ! -x "$venv/bin/python" ] || [ pyproject.toml -nt "$venv/.installed" ] || [
   touch "$venv/.installed"
 fi
 
+# The venv's jaxlib is the CPU one, beside libtpu (the TPU compiler, for compile checks of TPU programs): jax runs
+# on this CPU, and is not left to probe for a TPU at every start (on a host without one, libtpu says so at length).
+export JAX_PLATFORMS=${JAX_PLATFORMS-cpu}
+
 task=${1:-train}; shift || true
 case "$task" in
   train) exec "$venv/bin/python" -m experiments.tinystories --config=configs/all_taper.py:size=cpu "$@" ;;

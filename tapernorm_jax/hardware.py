@@ -61,8 +61,13 @@ def measured_gemm_flops(n: int = 2048, repeats: int = 5) -> float:
 
 
 def train_flops_per_token(params: int, L: int, D: int, T: int) -> float:
-  """Training FLOPs per token, 6·N + 12·L·D·T (PaLM's estimate, attention included)."""
-  return 6.0 * params + 12.0 * L * D * T
+  """Training FLOPs per token, 6·N + 12·L·D·T (PaLM's estimate, attention included): three forward passes' worth."""
+  return 3.0 * forward_flops_per_token(params, L, D, T)
+
+
+def forward_flops_per_token(params: int, L: int, D: int, context: int) -> float:
+  """Forward FLOPs per token attending over `context` positions, 2·N + 4·L·D·context."""
+  return 2.0 * params + 4.0 * L * D * context
 
 
 def mfu(tokens_per_s: float | None, flops_per_token: float, peak: float | None) -> float | None:

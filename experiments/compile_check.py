@@ -1,0 +1,64 @@
+"""Compile every program of a run for a TPU topology, on any machine, and say whether and how it fits.
+
+    python -m experiments.compile_check --topology=v5e:4x4 [--slices=2] --config=configs/all_taper.py:size=30m \
+        [--config.mesh.fsdp=16 --config.train.batch_size=256] [--suggest]
+
+Needs the TPU compiler (`pip install -e '.[tpu]'`); nothing runs and no TPU is needed. Prints a table (per-chip
+memory, FLOPs beside the analytic count, collectives, kernels, compile time, a roofline estimate) and writes
+results.json and report.md under --out. A run that does not fit is one line naming the need, the chip's HBM and
+the settings that would fit. docs/tpu.md explains the numbers.
+"""
+
+import os
+import shlex
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compiles only: never takes (or probes) this host's accelerator
+
+from absl import app, flags  # noqa: E402
+
+from tapernorm_jax import cli  # noqa: E402
+
+_CONFIG = cli.define_config_file("config", "configs/all_taper.py", "The run's config file (any variant, "
+                                 "configs/gpt2.py too), with --config.x.y= overrides.", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU generation and shape: v4:2x2x1, v5e:4x4, v5p:2x2x2, "
+                                "v6e:2x4, ...")
+_SLICES = flags.DEFINE_integer("slices", 1, "Slices of that topology joined over DCN (mesh.data crosses them).")
+_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 0, "Rows decoded at once (0: one per chip).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 0, "Prompt length of the prefill (0: half of model.T).")
+_PROGRAMS = flags.DEFINE_list("programs", [], "Only these programs (default: all of the run's: train_step, "
+                              "fixed_step, eval_step, diagnostics, fold, prefill, decode_step).")
+_SUGGEST = flags.DEFINE_bool("suggest", False, "Also compile other meshes and microbatch counts and rank those that "
+                             "fit by estimated step time.")
+_SUGGEST_LIMIT = flags.DEFINE_integer("suggest_limit", 8, "At most this many extra compiles for --suggest and for "
+                                      "the settings a run that does not fit is told to use.")
+_OUT = flags.DEFINE_string("out", None, "Output directory (default: runs/compile_check/<topology>-<variant>-<size>).")
+
+
+def main(argv: list[str]) -> None:
+  """Compiles, prints the table, writes the report; a run that does not fit ends in one line (exit 2)."""
+  from tapernorm_jax.aot import check, report
+  from tapernorm_jax.files import write_report
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cfg, target = _CONFIG.value, check.Target(_TOPOLOGY.value, _SLICES.value)
+  only = tuple(_PROGRAMS.value)
+  inference = not only or bool(set(only) & {"fold", "prefill", "decode_step"})
+  decoding = check.default_decoding(cfg, target, _DECODE_BATCH.value, _PROMPT_LEN.value) if inference else None
+  results = check.check(cfg, target, decoding, only=only)
+  fails = check.verdict(results) is not None
+  if _SUGGEST.value or (fails and _SUGGEST_LIMIT.value > 0):
+    results["suggestions"] = check.suggestions(cfg, target, _SUGGEST_LIMIT.value, enough=3 if fails else None)
+  command = "python -m experiments.compile_check " + shlex.join(sys.argv[1:])
+  page = report.markdown(results, command)
+  out = _OUT.value or os.path.join("runs", "compile_check", f"{target.topology.replace(':', '-')}"
+                                   f"{f'x{target.slices}' if target.slices > 1 else ''}-{cfg.variant}-{cfg.size}")
+  print("\n" + page)
+  write_report(out, {**results, "command": command}, page, name="report.md")
+  print(f"\nresults: {out}/results.json, {out}/report.md")
+  if fails:
+    raise check.DoesNotFit(check.verdict(results))
+
+
+if __name__ == "__main__":
+  cli.run(main)

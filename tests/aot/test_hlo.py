@@ -1,0 +1,135 @@
+"""Reading optimised HLO (`aot/hlo.py`): products' FLOPs against closed forms and against XLA running the same
+convolution, loop trip counts, multi-line instructions, replica groups in XLA's three spellings, and collectives
+over a mesh that spans two (pretend) slices."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from tapernorm_jax.aot import hlo
+
+
+def compiled(fn, *args):
+  """The optimised module of `fn` compiled for these (abstract) arguments, with XLA's cost analysis."""
+  c = jax.jit(fn).lower(*args).compile()
+  cost = c.cost_analysis()
+  return hlo.parse(c.as_text()), (cost[0] if isinstance(cost, list) else cost)
+
+
+def test_a_matrix_product_counts_two_flops_per_multiply_add_like_xla():
+  module, cost = compiled(lambda x, w: x @ w, jax.ShapeDtypeStruct((24, 40), jnp.float32),
+                          jax.ShapeDtypeStruct((40, 56), jnp.float32))
+  counts = hlo.Counts.of(module)
+  assert hlo.product_flops(module, counts.runs) == 2 * 24 * 40 * 56 == cost["flops"]
+  assert hlo.hbm_bytes(module, counts, counts.runs) == 4 * (24 * 40 + 40 * 56 + 24 * 56) == cost["bytes accessed"]
+
+
+@pytest.mark.parametrize("trips", [1, 3, 8])
+def test_a_scanned_product_counts_once_per_trip_where_xla_counts_it_once(trips):
+  def scanned(x, w):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=trips)[0]
+
+  module, cost = compiled(scanned, jax.ShapeDtypeStruct((16, 32), jnp.float32), jax.ShapeDtypeStruct((32, 32),
+                                                                                                     jnp.float32))
+  counts = hlo.Counts.of(module)
+  one = 2 * 16 * 32 * 32
+  assert counts.unknown_loops == 0
+  assert hlo.product_flops(module, counts.runs) == trips * one
+  assert cost["flops"] < 2 * one  # XLA's own count sees the body once
+  assert hlo.product_flops(module, counts.repeats()) == (trips - 1) * one  # what the compile check adds to it
+
+
+@pytest.mark.parametrize("window,stride,padding,lhs_dilation,rhs_dilation", [
+    ((3, 4), (1, 1), ((2, 2), (3, 3)), (1, 1), (1, 1)),  # how the TPU compiler writes a product: taps on padding
+    ((16, 1), (15, 1), ((0, 0), (0, 0)), (16, 1), (1, 1)),  # a batched product: one tap per output on a dilated axis
+    ((3, 2), (2, 1), ((1, 0), (0, 1)), (1, 2), (2, 1)),
+])
+def test_convolution_flops_count_only_taps_that_land_on_input(window, stride, padding, lhs_dilation, rhs_dilation):
+  """Against XLA itself: convolving all-ones gives, at each output, the number of taps on real input times the
+  input features, so twice the output's sum is the multiply-adds that count."""
+  B, H, W, I, O = 2, 5, 16, 3, 4
+  lhs, rhs = jnp.ones((B, H, W, I)), jnp.ones(window + (I, O))
+  out = jax.lax.conv_general_dilated(lhs, rhs, stride, padding, lhs_dilation, rhs_dilation,
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  hlo_window = (f"size={window[0]}x{window[1]} stride={stride[0]}x{stride[1]} "
+                f"pad={padding[0][0]}_{padding[0][1]}x{padding[1][0]}_{padding[1][1]} "
+                f"lhs_dilate={lhs_dilation[0]}x{lhs_dilation[1]} rhs_dilate={rhs_dilation[0]}x{rhs_dilation[1]}")
+  want = 2 * float(jnp.sum(out))
+  attributes = f"window={{{hlo_window}}}, dim_labels=b01f_01io->b01f"
+  assert hlo._convolution_flops(list(lhs.shape), list(rhs.shape), list(out.shape), attributes) == want
+  # the same convolution with the input's spatial axes stored the other way round: the window still lists 0, 1
+  swapped = f"window={{{hlo_window}}}, dim_labels=b10f_01io->b01f"
+  assert hlo._convolution_flops([B, W, H, I], list(rhs.shape), list(out.shape), swapped) == want
+
+
+def test_an_instruction_over_several_lines_stays_in_its_computation():
+  text = """HloModule m
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]) parameter(0)
+  %x = f32[4] get-tuple-element(%p), index=1
+  %k = f32[4] custom-call(%x), custom_call_target="tpu_custom_call", backend_config={"meta":"{\\"a\\": 1,
+}"}
+  %y = f32[4,4] dot(%k, %x), lhs_contracting_dims={}, rhs_contracting_dims={}
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %t = (s32[], f32[4]) tuple(%i, %x)
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4]) tuple(%zero, %a)
+  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[4] get-tuple-element(%w), index=1
+}
+"""
+  module = hlo.parse(text)
+  assert [i.opcode for i in module.computations["body"]] == ["parameter", "get-tuple-element", "custom-call", "dot",
+                                                             "get-tuple-element", "tuple"]
+  counts = hlo.Counts.of(module)
+  assert counts.runs["body"] == 5 and counts.runs["cond"] == 6 and counts.unknown_loops == 0
+  assert hlo.product_flops(module, counts.runs) == 5 * 2 * 16
+  assert hlo.custom_calls(module, counts) == {"k": 5.0}
+
+
+@pytest.mark.parametrize("attributes,groups", [
+    ("replica_groups={{0,2},{1,3}}, dimensions={0}", [[0, 2], [1, 3]]),
+    ("replica_groups=[2,4]<=[8]", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("replica_groups=[4,2]<=[2,4]T(1,0)", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ("replica_groups=mesh['a'=2,'b'=4] {'a'}", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ("replica_groups=mesh['a'=2,'b'=4] {'b'}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("source_target_pairs={{0,1},{1,0}}", [[0, 1], [1, 0]]),
+    ("replica_groups={}", [list(range(8))]),
+])
+def test_replica_groups_in_every_spelling(attributes, groups):
+  assert hlo.replica_groups(attributes, 8) == groups
+
+
+def test_a_reduction_across_slices_is_counted_as_crossing_them():
+  """A psum over the mesh axis whose devices sit in different (pretend) slices crosses them; one within a slice
+  does not. Each device sends 2(n−1)/n of its bytes in a ring all-reduce."""
+  devices = np.asarray(jax.devices()[:8]).reshape(2, 4)
+  mesh = Mesh(devices, ("across", "within"))
+  slices = [0] * 4 + [1] * 4  # the mesh's first axis runs across slices
+
+  def total(axis):
+    return jax.shard_map(functools.partial(jax.lax.psum, axis_name=axis), mesh=mesh, in_specs=P("across", "within"),
+                         out_specs=P("across", "within"))
+
+  x = jax.ShapeDtypeStruct((2 * 64, 4 * 32), jnp.float32)
+  for axis, n, crosses in (("across", 2, True), ("within", 4, False)):
+    module, _ = compiled(total(axis), x)
+    found = [c for c in hlo.collectives(module, hlo.Counts.of(module), slices) if c.kind == "all-reduce"]
+    assert [(c.group, c.crosses_slices) for c in found] == [(n, crosses)]
+    assert found[0].bytes_sent == pytest.approx(2 * (n - 1) / n * 64 * 32 * 4)
