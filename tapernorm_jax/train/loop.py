@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import data, files, hardware, integrity
+from tapernorm_jax import compilation_cache, data, files, hardware, integrity
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
@@ -121,11 +121,13 @@ class StepReporter:
   """Step metrics read one step behind (step k is fetched once step k + 1 is dispatched), so the host never idles
   the device; writes every record, updates the progress bar, stops on a non-finite loss."""
 
-  def __init__(self, writer: MetricsWriter, ckpt: Checkpointer, bar: tqdm, tokens_per_step: int, log_every: int):
+  def __init__(self, writer: MetricsWriter, ckpt: Checkpointer, bar: tqdm, tokens_per_step: int, log_every: int,
+               started: float):
     self.writer, self.ckpt, self.bar = writer, ckpt, bar
     self.tokens_per_step, self.log_every = tokens_per_step, log_every
     self.pending: list[tuple[int, dict]] = []
-    self.last_read = time.time()
+    self.last_read, self.started = time.time(), started
+    self.first_step_s: float | None = None  # from the run's start to its first step's metrics (compiling included)
     self.data_wait_s = 0.0
     self.rates: list[float] = []  # tokens/s of each step read
 
@@ -143,6 +145,9 @@ class StepReporter:
   def _read(self, step: int, metrics: dict) -> None:
     m = jax.device_get(metrics)
     now = time.time()
+    if self.first_step_s is None:
+      self.first_step_s = now - self.started
+      log(f"first step done {self.first_step_s:.1f} s after the start (compiling included)")
     elapsed = max(now - self.last_read, 1e-9)
     rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0)}
     self.last_read, self.data_wait_s = now, 0.0
@@ -272,6 +277,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   """Trains (or resumes) the run in `workdir`; returns the results also written to `results.json`."""
   t_start = time.time()
   rundir = RunDir(workdir)
+  compilation_cache.use(cfg.train.get("compilation_cache", "auto"))  # before anything of the run compiles
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
   trainer = Trainer(cfg, mesh)  # validates the config before anything compiles
   rundir.check_config(cfg)
@@ -291,7 +297,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
       f"{jax.default_backend()} devices, writing to {rundir.path}")
   bar = tqdm(total=steps, initial=start, disable=jax.process_index() != 0, mininterval=1.0, dynamic_ncols=True,
              desc=f"{cfg.variant} [{prepared.name}]")
-  reporter = StepReporter(writer, ckpt, bar, B * T, cfg.train.log_every)
+  reporter = StepReporter(writer, ckpt, bar, B * T, cfg.train.log_every, t_start)
   profiler = Profiler(rundir.file("profile"), cfg.train.profile_start, cfg.train.profile_steps)
   state, evaluated = train_steps(trainer, state, start, train_it, eval_sets, reporter, profiler, stop_after)
   reporter.drain()
@@ -302,7 +308,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   if evaluated["step"] != done:
     evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
   results = {**results_of(cfg, prepared.name, state, evaluated["losses"]), "wall_time_s": time.time() - t_start,
-             "resumed_from": start, "devices": mesh.size, "backend": jax.default_backend(),
+             "resumed_from": start, "time_to_first_step_s": reporter.first_step_s, "devices": mesh.size,
+             "backend": jax.default_backend(),
              "device_kind": mesh.devices.flat[0].device_kind,
              **throughput(cfg, param_count(state["params"]), reporter.rates)}
   if results["complete"]:

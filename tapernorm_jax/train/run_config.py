@@ -59,7 +59,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.seed = seed
 
   c.model = ml_collections.ConfigDict(dict(
-      family="llama", V=2_000 if cpu else 10_000, D=SIZES[size]["D"], H=16, L=2 if cpu else 8, F=0,
+      family="llama", V=2_000 if cpu else 10_000, D=SIZES[size]["D"], H=16, L=SIZES[size].get("L", 8), F=0,
       T=128 if cpu else 512, internal_norm=internal, final_norm=final, eps=1e-5, rope_base=10_000.0,
       tie_embeddings=True, logits_bias=False, init_std=0.02, param_dtype="float32",
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
@@ -80,7 +80,8 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       eval_batches=8 if cpu else 64, microbatches=1,  # > 1: gradient accumulation inside the jitted step
       profile_steps=0,  # > 0: trace this many steps with jax.profiler into <workdir>/profile (TensorBoard/Perfetto)
       profile_start=10,  # the first traced step (past compilation)
-      fixed_step=True))  # once every gate is 0 for good: a second compiled step with the norms in their g = 0 form
+      fixed_step=True,  # once every gate is 0 for good: a second compiled step with the norms in their g = 0 form
+      compilation_cache="auto"))  # jax's persistent cache: auto (<cache dir>/xla), off, or a directory or URL
 
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, distributed=False,  # distributed: call jax.distributed.initialize (one process per host)
