@@ -100,13 +100,16 @@ def verdict(results: dict[str, Any]) -> str | None:
   if failed is None:
     return None
   capacity = failed["memory"].get("capacity", results["chip"]["hbm_bytes"])
-  fixes = [s["flags"] for s in results.get("suggestions", []) if s["fits"]][:3]
+  tried = results.get("suggestions")
+  fixes = [s["flags"] for s in tried or [] if s["fits"]][:3]
   if failed["program"] in ("prefill", "decode_step"):
     fix = "a smaller --decode_batch or --prompt_len"
   elif fixes:
     fix = "it fits with " + " or ".join(fixes)
+  elif tried is None:
+    fix = "--suggest_limit=N compiles N other splits of the batch and the parameters to find one that fits"
   else:
-    fix = ("no split of this batch over these chips fits: a larger topology, a smaller train.batch_size or "
+    fix = (f"none of the {len(tried)} other splits tried fits: a larger topology, a smaller train.batch_size or "
            "model.remat=True")
   return (f"{failed['program']} does not fit: it needs {failed['memory']['total'] / GIB:.2f} GiB per chip, a "
           f"{results['chip']['name']} chip has {capacity / GIB:.2f} GiB; {fix}")

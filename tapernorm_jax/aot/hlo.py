@@ -43,6 +43,7 @@ class Instruction:
   opcode: str
   operands: list[str]
   attributes: str
+  root: bool = False
 
 
 @dataclasses.dataclass
@@ -54,10 +55,19 @@ class Module:
 
   def shape_of(self, computation: str, name: str) -> str:
     """The result shape of instruction `name` in `computation` ('' when unknown)."""
-    return self._shapes[computation].get(name, "")
+    found = self.instruction(computation, name)
+    return found.shape if found else ""
+
+  def instruction(self, computation: str, name: str) -> Instruction | None:
+    """Instruction `name` of `computation` (None when there is none)."""
+    return self._by_name.get(computation, {}).get(name)
+
+  def root(self, computation: str) -> Instruction | None:
+    """The instruction a computation returns."""
+    return next((i for i in self.computations.get(computation, []) if i.root), None)
 
   def __post_init__(self):
-    self._shapes = {c: {i.name: i.shape for i in body} for c, body in self.computations.items()}
+    self._by_name = {c: {i.name: i for i in body} for c, body in self.computations.items()}
 
 
 def _balanced(text: str, start: int) -> int:
@@ -87,7 +97,7 @@ def _split_top(text: str) -> list[str]:
 
 def _instruction(line: str) -> Instruction | None:
   """The instruction on `line`, or None for anything else."""
-  m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*", line)
+  m = re.match(r"\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*", line)
   if not m:
     return None
   rest = line[m.end():]
@@ -100,7 +110,7 @@ def _instruction(line: str) -> Instruction | None:
     return None
   close = _balanced(rest, op.end() - 1)
   operands = [p.split()[-1].lstrip("%") for p in _split_top(rest[op.end():close - 1])]
-  return Instruction(m.group(1), shape, op.group(1), operands, rest[close:].lstrip(", "))
+  return Instruction(m.group(2), shape, op.group(1), operands, rest[close:].lstrip(", "), bool(m.group(1)))
 
 
 def parse(text: str) -> Module:
@@ -183,7 +193,7 @@ class Counts:
       for instruction in module.computations[name]:
         trip = None
         if instruction.opcode == "while":
-          trip = trip_count(module, instruction)
+          trip = trip_count(module, name, instruction)
           unknown += trip is None
         for attribute, callee in callees(instruction):
           if attribute == "to_apply" and instruction.opcode != "call":  # a reducer's scalar body
@@ -194,23 +204,70 @@ class Counts:
     return cls(dict(runs), control, unknown)
 
 
-def trip_count(module: Module, loop: Instruction) -> int | None:
-  """A while loop's trip count: XLA's `known_trip_count`, else N from a condition `i < N` (i from 0); None if
-  neither can be read."""
+def trip_count(module: Module, computation: str, loop: Instruction) -> int | None:
+  """A while loop's trip count: XLA's `known_trip_count`, else from a condition `i < N` (or `N > i`) on a counter
+  that the body steps by a constant (1 and a start of 0 when that cannot be read, as jax's loops do; XLA's
+  windowed matrix products step by 2); None if no bound can be read."""
   known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attributes)
   if known:
     return int(known.group(1))
-  condition = dict(callees(loop)).get("condition")
-  body = module.computations.get(condition or "", [])
-  constants = {i.name: i.operands[0] for i in body if i.opcode == "constant" and i.operands}
-  for instruction in body:
-    direction = re.search(r"direction=(LT|GT)", instruction.attributes)
-    if instruction.opcode != "compare" or not direction or len(instruction.operands) != 2:
+  called = dict(callees(loop))
+  condition, body = called.get("condition", ""), called.get("body", "")
+  for compare in module.computations.get(condition, []):
+    direction = re.search(r"direction=(LT|GT)", compare.attributes)
+    if compare.opcode != "compare" or not direction or len(compare.operands) != 2:
       continue
-    bound = constants.get(instruction.operands[1 if direction.group(1) == "LT" else 0], "")
-    if re.fullmatch(r"-?\d+", bound):
-      return int(bound)
+    counter_name, bound_name = compare.operands if direction.group(1) == "LT" else compare.operands[::-1]
+    bound = _constant(module, condition, bound_name)
+    if bound is None:
+      continue
+    counter = module.instruction(condition, counter_name)
+    index = _tuple_index(counter)
+    step = _counter_step(module, body, index) if index is not None else None
+    start = _constant_element(module, computation, loop.operands[0], index) if index is not None else None
+    step, start = step or 1, start or 0
+    return max(0, -(-(bound - start) // step))
   return None
+
+
+def _constant(module: Module, computation: str, name: str) -> int | None:
+  """The integer value of a scalar constant (through copies), or None."""
+  instruction = module.instruction(computation, name)
+  while instruction is not None and instruction.opcode == "copy":
+    instruction = module.instruction(computation, instruction.operands[0])
+  if instruction is None or instruction.opcode != "constant" or not instruction.operands:
+    return None
+  return int(instruction.operands[0]) if re.fullmatch(r"-?\d+", instruction.operands[0]) else None
+
+
+def _tuple_index(instruction: Instruction | None) -> int | None:
+  """k of a `get-tuple-element(..., index=k)`, or None."""
+  if instruction is None or instruction.opcode != "get-tuple-element":
+    return None
+  found = re.search(r"index=(\d+)", instruction.attributes)
+  return int(found.group(1)) if found else None
+
+
+def _counter_step(module: Module, body: str, index: int) -> int | None:
+  """c where the loop body returns element `index` as `element + c`, or None."""
+  root = module.root(body)
+  if root is None or root.opcode != "tuple" or index >= len(root.operands):
+    return None
+  update = module.instruction(body, root.operands[index])
+  if update is None or update.opcode != "add":
+    return None
+  for this, other in (update.operands, update.operands[::-1]):
+    if _tuple_index(module.instruction(body, this)) == index and (c := _constant(module, body, other)) is not None:
+      return c
+  return None
+
+
+def _constant_element(module: Module, computation: str, tuple_name: str, index: int) -> int | None:
+  """The constant a `tuple(...)` instruction puts at `index`, or None."""
+  made = module.instruction(computation, tuple_name)
+  if made is None or made.opcode != "tuple" or index >= len(made.operands):
+    return None
+  return _constant(module, computation, made.operands[index])
 
 
 def product_flops(module: Module, runs: dict[str, float]) -> float:

@@ -16,7 +16,8 @@ compiler's count can be read against it. The inference programs keep the trainin
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,9 +52,9 @@ class Decoding:
   prompt_len: int
 
 
-def abstract(shape: tuple[int, ...], dtype: Any, sharding_: NamedSharding) -> jax.ShapeDtypeStruct:
+def abstract(shape: tuple[int, ...], dtype: Any, placement: NamedSharding) -> jax.ShapeDtypeStruct:
   """An argument that exists only as its shape, dtype and placement."""
-  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding_)
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=placement)
 
 
 def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:

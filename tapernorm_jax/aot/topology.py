@@ -49,6 +49,9 @@ def devices(topology: str, slices: int = 1) -> tuple[Any, ...]:
   if slices < 1:
     raise ValueError(f"--slices={slices}: must be >= 1 (the number of slices joined over DCN)")
   check_installed()
+  # libtpu lets one process at a time load it (a lock file in /tmp) so that two cannot both take the chips; these
+  # devices take none, so compile checks, test workers and a training process on the same host may share it
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
   with captured_stderr() as said:  # libtpu warns on stderr that this host has no TPU, which it need not have
     try:

@@ -103,6 +103,40 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   assert hlo.custom_calls(module, counts) == {"k": 5.0}
 
 
+@pytest.mark.parametrize("start,step,bound,trips", [(0, 1, 5, 5), (0, 2, 8, 4), (3, 2, 8, 3), (0, 3, 8, 3)])
+def test_a_loop_counter_read_with_its_start_and_step(start, step, bound, trips):
+  """XLA's windowed matrix products count i = 0, 2, 4, … < N: the trips are the counter's, not N."""
+  text = f"""HloModule m
+
+%cond (p: (s32[], f32[4])) -> pred[] {{
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant({bound})
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {{
+  %p = (s32[], f32[4]) parameter(0)
+  %x = f32[4] get-tuple-element(%p), index=1
+  %i = s32[] get-tuple-element(%p), index=0
+  %c = s32[] constant({step})
+  %next = s32[] add(%i, %c)
+  %y = f32[4,4] dot(%x, %x), lhs_contracting_dims={{}}, rhs_contracting_dims={{}}
+  ROOT %t = (s32[], f32[4]) tuple(%next, %x)
+}}
+
+ENTRY %main (a: f32[4]) -> f32[4] {{
+  %a = f32[4] parameter(0)
+  %zero = s32[] constant({start})
+  %first = s32[] copy(%zero)
+  %init = (s32[], f32[4]) tuple(%first, %a)
+  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[4] get-tuple-element(%w), index=1
+}}
+"""
+  assert hlo.Counts.of(hlo.parse(text)).runs["body"] == trips
+
+
 @pytest.mark.parametrize("attributes,groups", [
     ("replica_groups={{0,2},{1,3}}, dimensions={0}", [[0, 2], [1, 3]]),
     ("replica_groups=[2,4]<=[8]", [[0, 1, 2, 3], [4, 5, 6, 7]]),
