@@ -1,4 +1,4 @@
-"""The paper's `internal_taper` variant (docs/method.md §7); arguments: size=1m|3m|9m|30m|cpu, aux=0|1, seed=N."""
+"""The paper's `internal_taper` variant (docs/method.md §7); arguments: size=1m|3m|9m|30m|1b|cpu, aux=0|1, seed=N."""
 
 from configs import base
 

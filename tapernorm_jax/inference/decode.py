@@ -29,7 +29,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.sharding import Mesh
 
 from tapernorm_jax.model.kv_cache import LayerCache

@@ -29,7 +29,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.sharding import Mesh
 
 from tapernorm_jax.model import attention, param_paths, sharding

@@ -1,12 +1,14 @@
 """The paper's model sizes and variants: which norms taper, and whether the scale loss is on (docs/method.md §7–8)."""
 
-# The paper's widths and step counts (docs/method.md §8); `cpu` is a preset that trains in minutes on 2 cores.
+# The paper's widths and step counts (docs/method.md §8), all 8 layers deep; `cpu` is a preset that trains in minutes
+# on 2 cores (2 layers); `1b` goes beyond the paper, for TPU pods (docs/tpu.md): 24 layers of width 2048, 1.2B.
 SIZES = {
     "1m": dict(D=64, steps=500_000),
     "3m": dict(D=128, steps=500_000),
     "9m": dict(D=256, steps=750_000),
     "30m": dict(D=512, steps=1_000_000),
-    "cpu": dict(D=64, steps=300),
+    "1b": dict(D=2048, L=24, steps=1_000_000),
+    "cpu": dict(D=64, L=2, steps=300),
 }
 VARIANTS = {  # (internal norm, final norm, aux loss on by default)
     "baseline": ("plain", "plain", False),
