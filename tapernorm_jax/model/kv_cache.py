@@ -1,11 +1,15 @@
 """The KV cache's layout and mechanics: one `{"k": BH×K×S, "v": BH×S×K}` dict per layer, written in place per row,
 read by attention that masks the slots a query may not see (`Transformer.decode` uses them; slot = position)."""
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
+
+from tapernorm_jax.model import sharding
 
 Array = jax.Array
 # {"k": BH×K×S, "v": BH×S×K}, rows BH = B·H (row b, head h at b·H + h); slot s holds position s. This is
@@ -16,8 +20,16 @@ Array = jax.Array
 LayerCache = dict[str, Array]
 
 
-def write_cache(cache: Array, new_BxTxHxK: Array, index_B: Array, keys: bool) -> Array:
-  """Writes row b's T entries at slots index_B[b] … + T − 1 of a key (BH×K×S) or value (BH×S×K) cache."""
+def write_cache(cache: Array, new_BxTxHxK: Array, index_B: Array, keys: bool, mesh: Mesh | None = None) -> Array:
+  """Writes row b's T entries at slots index_B[b] … + T − 1 of a key (BH×K×S) or value (BH×S×K) cache; on `mesh`,
+  each device writes its own rows (a per-row update of a split cache would otherwise move every row between
+  devices: one collective per row and layer, and a compile whose size grows with rows × devices)."""
+  write = functools.partial(_write_rows, keys=keys)
+  return sharding.per_device(write, mesh)(new_BxTxHxK, index_B, cache)
+
+
+def _write_rows(new_BxTxHxK: Array, index_B: Array, cache: Array, keys: bool) -> Array:
+  """`write_cache` on one device's rows."""
   B, T, H, K = new_BxTxHxK.shape
   new_BxHxLxK = jnp.swapaxes(new_BxTxHxK, 1, 2).astype(cache.dtype)
   zero = jnp.zeros((), index_B.dtype)

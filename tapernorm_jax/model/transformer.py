@@ -148,8 +148,8 @@ class Attention(nn.Module):
       q_BxTxHxK = rope(q_BxTxHxK, positions_BxT[:, -1:] if last_only else positions_BxT, cfg.rope_base)
       k_BxTxHxK = rope(k_BxTxHxK, positions_BxT, cfg.rope_base)
     if cache is not None:
-      cache = {"k": write_cache(cache["k"], k_BxTxHxK, index_B, keys=True),
-               "v": write_cache(cache["v"], v_BxTxHxK, index_B, keys=False)}
+      cache = {"k": write_cache(cache["k"], k_BxTxHxK, index_B, keys=True, mesh=self.mesh),
+               "v": write_cache(cache["v"], v_BxTxHxK, index_B, keys=False, mesh=self.mesh)}
     if last_only:  # the last position sees every key: no mask
       out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation="xla")
     elif cache is None or from_start:

@@ -72,6 +72,17 @@ def test_decoding_for_a_tpu_mesh_keeps_bf16_and_no_cpu_kernel():
   assert any("splash" in k for k in by_name["prefill"][0].kernels)  # 128-token prompts tile
 
 
+def test_data_parallel_decoding_moves_nothing_between_chips():
+  """Whole weights on every chip and each chip's own rows of prompt, cache and tokens: nothing to exchange (the
+  cache's per-row writes once moved every row across chips, one collective per row and layer)."""
+  cfg = small_config(1, 8, T=256, D=256, H=2, V=1024, L=2)
+  trainer = Trainer(cfg, sharding.make_mesh(-1, 1, list(topology.devices("v5e:2x2"))))
+  inference = programs.inference(trainer, programs.Decoding(batch=8, prompt_len=128))
+  for program in (p for p in inference if p.name in ("prefill", "decode_step")):
+    figures = analysis.compile_program(program, V5E, [0] * 4)
+    assert figures.collectives == {}, (program.name, figures.collectives)
+
+
 def test_a_mesh_over_two_slices_puts_the_data_axis_across_them():
   devices = list(topology.devices("v5e:2x2", slices=2))
   mesh = sharding.make_mesh(-1, 4, devices)

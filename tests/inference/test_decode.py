@@ -1,5 +1,7 @@
 """KV-cache decoding: step-by-step logits equal the full forward; ragged prefill; the jitted sampling loop."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ from tapernorm_jax.benchmarks import decode as bench
 from tapernorm_jax.benchmarks.timing import read_bandwidth
 from tapernorm_jax.inference import decode
 from tapernorm_jax.inference import forms as forms_lib
-from tapernorm_jax.model import ModelConfig, init
+from tapernorm_jax.model import ModelConfig, abstract_variables, init, sharding
 from tapernorm_jax.taper.fold import fold
 from model_helpers import logits_at, perturbed_variables
 
@@ -57,6 +59,29 @@ def test_ragged_prefill_then_decode_matches_the_forward_of_each_prompt(family):
   for b, p in enumerate(prompts):
     assert _rel_err(full_BxPxV[b, len(p) - 1], logits_BxV[b]) < 1e-5
     assert _rel_err(full_BxPxV[b, len(p)], logits2_BxV[b]) < 1e-5
+
+
+@pytest.mark.parametrize("data,fsdp", [(8, 1), (4, 2)])
+def test_decoding_on_a_mesh_matches_one_device(data, fsdp):
+  """Prompts, cache and tokens split over 8 devices (each writing its own cache rows), weights whole or FSDP-split."""
+  variables, cfg = _model("llama", "folded", D=64)
+  prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3, 5, 8, 9], [2, 7]] * 2
+  prompt_BxP, lengths_B = decode.pad_prompts(prompts, pad_id=60)
+  mesh = sharding.make_mesh(data, fsdp)
+  placed = jax.device_put(variables, sharding.shardings(abstract_variables(cfg), mesh))
+  assert (fsdp > 1) == any(x.sharding.shard_shape(x.shape) != x.shape for x in jax.tree.leaves(placed))
+
+  def run(variables, mesh, cache):
+    first_BxV, cache = jax.jit(functools.partial(decode.prefill, cfg=cfg, mesh=mesh))(
+        variables, prompt_BxP=prompt_BxP, lengths_B=lengths_B, cache=cache)
+    second_BxV, _ = jax.jit(functools.partial(decode.decode_step, cfg=cfg, mesh=mesh))(
+        variables, tokens_B=jnp.arange(8, dtype=jnp.int32), index_B=jnp.asarray(lengths_B), cache=cache)
+    return first_BxV, second_BxV
+
+  cache = decode.init_cache(cfg, 8, 12)
+  split = run(placed, mesh, jax.device_put(cache, sharding.batch_sharding(mesh)))
+  for one_BxV, split_BxV in zip(run(variables, None, cache), split):
+    assert _rel_err(one_BxV, split_BxV) < 1e-5
 
 
 def _greedy_by_full_forward(variables, cfg, prompts, n):
