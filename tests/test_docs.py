@@ -83,3 +83,8 @@ def dev_train_arguments() -> list[str]:
   """The arguments `./dev.sh train` passes to experiments.tinystories."""
   line = next(line for line in (ROOT / "dev.sh").read_text().splitlines() if "experiments.tinystories" in line)
   return [arg for arg in shlex.split(line.split("experiments.tinystories", 1)[1]) if arg.startswith("--")]
+
+
+def test_the_chip_table_in_the_tpu_page_is_the_package_s():
+  from tapernorm_jax.aot import chips
+  assert chips.table_markdown() in (ROOT / "docs" / "tpu.md").read_text()
