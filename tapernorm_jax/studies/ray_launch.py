@@ -8,11 +8,14 @@ runner records it, and is not retried until the next launch. Ray is imported onl
     run(cells, workdir, address=…)    every cell that is not complete, as tasks; progress lines as the local runner's
 """
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tapernorm_jax import allocator
@@ -147,13 +150,31 @@ def _starts(pending: Mapping[Any, Cell], progress: Progress, workdir: str) -> li
   return lines
 
 
+@contextlib.contextmanager
+def ctrl_c_noted() -> Iterator[threading.Event]:
+  """Within the block, Ctrl-C (SIGINT) only sets the event, for the caller to act on between waits: a
+  KeyboardInterrupt raised inside Ray's waits can be lost (seen on a loaded machine), a noted signal cannot."""
+  pressed = threading.Event()
+  if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+    yield pressed
+    return
+  previous = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+  try:
+    yield pressed
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
 def _follow(ray: Any, pending: dict[Any, Cell], progress: Progress, workdir: str, progress_every: float,
-            echo: Callable[[str], None]) -> None:
+            echo: Callable[[str], None], pressed: threading.Event) -> None:
   """Waits for the tasks in `pending` (emptying it), echoing each cell's start and end and a progress line every
-  `progress_every` seconds; a task Ray gave up on is recorded as failed."""
+  `progress_every` seconds; a task Ray gave up on is recorded as failed. Raises KeyboardInterrupt within one look
+  of `pressed` being set."""
   last_line = time.time()
   look_every = 10.0 if is_url(workdir) else 2.0  # each look reads every pending cell's cell.json: few, on a bucket
   while pending:
+    if pressed.is_set():
+      raise KeyboardInterrupt
     ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(progress_every, look_every))
     for line in _starts(pending, progress, workdir):
       echo(line)
@@ -190,7 +211,8 @@ def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Ma
   task = ray.remote(train_cell).options(**task_options(request, max_retries))
   pending = {task.remote(workdir, cell.name): cell for cell in todo}
   try:
-    _follow(ray, pending, progress, workdir, progress_every, echo)
+    with ctrl_c_noted() as pressed:
+      _follow(ray, pending, progress, workdir, progress_every, echo, pressed)
   except KeyboardInterrupt:
     for ref in pending:
       ray.cancel(ref, force=True)  # as Ray would when this driver exits; said here so the user sees it

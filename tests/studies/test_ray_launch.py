@@ -31,6 +31,29 @@ def node(cpus: float = 0, alive: bool = True, **resources: float) -> dict:
           {"memory": 1e9, **resources}}
 
 
+def test_ctrl_c_stops_the_driver_even_where_a_wait_swallows_the_interrupt(monkeypatch):
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers are set in the main thread only")
+  waits = []
+
+  def wait(refs, num_returns, timeout):  # Ctrl-C lands inside the wait, which swallows the KeyboardInterrupt
+    waits.append(refs)
+    try:
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.05)
+    except KeyboardInterrupt:
+      pass
+    assert len(waits) < 3, "the driver went on waiting after Ctrl-C"
+    return [], refs
+
+  monkeypatch.setattr(ray_launch, "_starts", lambda pending, progress, workdir: [])
+  before = signal.getsignal(signal.SIGINT)
+  with pytest.raises(KeyboardInterrupt):
+    with ray_launch.ctrl_c_noted() as pressed:
+      ray_launch._follow(types.SimpleNamespace(wait=wait), {"ref": None}, None, "dir", 30.0, quiet, pressed)
+  assert len(waits) == 1 and signal.getsignal(signal.SIGINT) is before  # stopped at the next look; handler back
+
+
 def test_a_cell_asks_for_one_accelerator_of_the_clusters_kind_else_one_nodes_cpus():
   assert ray_launch.cell_request([node(), node(8, GPU=4), node(8, GPU=4)]) == {"GPU": 1}
   assert ray_launch.cell_request([node(96, TPU=4, **{"TPU-v4-8-head": 1}), node(96, TPU=4)]) == {"TPU": 4}
