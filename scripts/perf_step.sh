@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
 # Where a CPU train step's cycles go, by library, from Linux `perf` (needs linux-perf; run from the repo root):
-#   scripts/perf_step.sh [CELL=9m:4x512] [SECONDS=15] [KEEP_FREED_MEMORY=1] [BACKEND_PATHS=1]
+#   scripts/perf_step.sh [CELL=9m:4x512] [SECONDS=15] [KEEP_FREED_MEMORY=1] [CPU_PATHS=auto]
 # Runs baseline train steps of CELL for a while, samples both cores with `perf record` for SECONDS, and prints the
 # share of cycles per library: XLA's runtime and YNNPACK products (libjax_common.so), XLA's generated fused kernels
 # ([JIT]), the fused CPU attention (attention_rows-*.so), the Linux kernel (page faults), libm and libc.
 # KEEP_FREED_MEMORY=0 runs with malloc as it is (tapernorm_jax/allocator.py is what the entry points set). Last line:
 # the median step time while sampled; alternate KEEP_FREED_MEMORY=0 and 1 runs to compare the two side by side.
-# BACKEND_PATHS=0 runs the model's own einsum and attention instead of cpu_kernels.for_training's (as the
-# trainer's backend_paths=False does).
+# CPU_PATHS forces the products and attention as train.cpu_paths does (xla: the model's own; kernels: the CPU kernels).
 set -euo pipefail
 CELL=${1:-9m:4x512}
 SECONDS_SAMPLED=${2:-15}
 KEEP=${3:-1}
-BACKEND_PATHS=${4:-1}
+CPU_PATHS=${4:-auto}
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-TAPERNORM_KEEP_FREED_MEMORY=$KEEP "$PYTHON" - "$CELL" "$WORK/ready" "$WORK/stop" "$BACKEND_PATHS" > "$WORK/steps.log" 2>&1 <<'EOF' &
+TAPERNORM_KEEP_FREED_MEMORY=$KEEP "$PYTHON" - "$CELL" "$WORK/ready" "$WORK/stop" "$CPU_PATHS" > "$WORK/steps.log" 2>&1 <<'EOF' &
 import os, sys, time
 from tapernorm_jax import allocator
 allocator.keep_freed_memory()  # before jax is imported, as experiments/__init__.py does
 import jax, jax.numpy as jnp, numpy as np
 from tapernorm_jax.benchmarks import peer_train, train
 size, B, T = peer_train.parse_cell(sys.argv[1])
-trainer = train.make_trainer("baseline", size, B, T, backend_paths=sys.argv[4] == "1")
+trainer = train.make_trainer("baseline", size, B, T, cpu_paths=sys.argv[4])
 state = trainer.init_state(0)
 batch = jnp.asarray(np.random.default_rng(0).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32))
 times = []

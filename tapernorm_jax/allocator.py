@@ -6,9 +6,10 @@ mapping: tens of thousands of page faults, each page zeroed by the kernel (9–1
 under `perf` on this project's machine; docs/benchmarks.md). With one arena, no `mmap` for large blocks and no
 trimming, the freed block stays in the heap and the next step reuses it. The settings apply only to threads that
 have not allocated yet, and jax 0.12 starts threads when it is imported, so `keep_freed_memory()` runs before jax
-is imported: `experiments/__init__.py` calls it, for every `python -m experiments.NAME`, `studies/cell.py` at its
-top, and `cli.run` again for any other entry point (there it holds fully only on jax lines that start their threads
-with the backend). This module imports nothing of jax.
+is imported: `import tapernorm_jax` calls it (so a notebook or script that imports the package before jax trains as
+fast as `python -m experiments.NAME`), and `cli.run` again for any entry point (there it holds fully only on jax
+lines that start their threads with the backend). `in_effect()` says what holds; results.json records it. This
+module imports nothing of jax.
 `TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
 """
 
@@ -21,9 +22,29 @@ M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # mallopt parameters (gl
 _NEVER_TRIM = -1  # mallopt(3): -1 turns trimming off; 2**31 - 1, the largest int, still trims a free top over 2 GiB
 
 
+_FIRST: dict[str, object] = {}  # the first call's outcome: what the threads started since then were given
+
+
 def keep_freed_memory() -> str:
   """Sets glibc's malloc to one arena, no `mmap` and no trimming; '' when set, else why not (not glibc, or turned
   off). The process keeps its peak heap until it exits, as it would for a long run anyway."""
+  why_not = _set()
+  _FIRST.setdefault("why_not", why_not)
+  _FIRST.setdefault("before_jax", "jax" not in sys.modules)
+  return why_not
+
+
+def in_effect() -> dict[str, object]:
+  """What malloc runs with: `keeps_freed_memory`, and `set_before_jax` (false: jax's first threads kept the default
+  arenas), or the reason it was not set."""
+  if not _FIRST:
+    return {"keeps_freed_memory": False, "why_not": "never set (tapernorm_jax was not imported)"}
+  return {"keeps_freed_memory": not _FIRST["why_not"], "why_not": _FIRST["why_not"],
+          "set_before_jax": _FIRST["before_jax"]}
+
+
+def _set() -> str:
+  """mallopt's settings; '' when set, else why not."""
   if os.environ.get("TAPERNORM_KEEP_FREED_MEMORY", "1") == "0":
     return "turned off by TAPERNORM_KEEP_FREED_MEMORY=0"
   if not sys.platform.startswith("linux"):

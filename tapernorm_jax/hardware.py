@@ -83,13 +83,22 @@ def describe() -> dict[str, Any]:
           "device_count": jax.device_count(), "process_count": jax.process_count(),
           "cpu": _read_first("/proc/cpuinfo", "model name") or platform.machine(), "cpu_count": os.cpu_count(),
           "l3_cache": _read_first("/sys/devices/system/cpu/cpu0/cache/index3/size"), "jax": jax.__version__,
-          "python": platform.python_version()}
+          "python": platform.python_version(), "isa_limit": isa_limit()}
+
+
+def isa_limit() -> str:
+  """The instruction set XLA and the CPU kernels are held to (`--xla_cpu_max_isa`, `TAPERNORM_KERNEL_MARCH`), or ''."""
+  limits = [flag.split("=", 1)[1] for flag in os.environ.get("XLA_FLAGS", "").split()
+            if flag.startswith("--xla_cpu_max_isa=")]
+  march = os.environ.get("TAPERNORM_KERNEL_MARCH", "native")
+  return ", ".join([*(f"XLA {x}" for x in limits), *([f"kernels -march={march}"] if march != "native" else [])])
 
 
 def one_line(hw: dict[str, Any]) -> str:
   """`Intel Xeon, 2 cores, L3 256M` on CPU; `NVIDIA H100 × 8 (gpu)` elsewhere."""
   if hw["backend"] == "cpu":
-    return f"{hw['cpu']}, {hw['cpu_count']} cores, L3 {hw.get('l3_cache') or '?'}"
+    limit = f", limited to {hw['isa_limit']}" if hw.get("isa_limit") else ""
+    return f"{hw['cpu']}, {hw['cpu_count']} cores, L3 {hw.get('l3_cache') or '?'}{limit}"
   return f"{hw['device']} × {hw['device_count']} ({hw['backend']})"
 
 

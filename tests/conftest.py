@@ -7,12 +7,17 @@ kept). With `TAPERNORM_TEST_DEVICES_DIR` set, every test process (each xdist wor
 writes the devices it ran on there, one JSON file per process: the accelerator check reads them to prove
 where its tests ran.
 
+Tests pin the CPU paths a Trainer runs to the kernels (`TAPERNORM_CPU_PATHS=kernels`: the most code, and numbers
+that do not depend on a host's timing); tests/cpu_kernels/test_autotune.py tests the timing that `auto` does.
+
 Every test process keeps its cache (`TAPERNORM_CACHE`: prepared corpora, the compiled decode kernel) in its
 own pytest temporary directory, so no test writes to ~/.cache.
 """
 
 import json
 import os
+
+os.environ.setdefault("TAPERNORM_CPU_PATHS", "kernels")
 
 BACKEND = os.environ.get("TAPERNORM_TEST_BACKEND", "")
 if not BACKEND:

@@ -119,3 +119,36 @@ def test_a_freed_block_over_2_gib_stays_in_the_heap(keep):
     assert report["why_not"] == "" and report["after_free"] > 2 * 2**30, report
   else:  # glibc's default maps a block this large on its own and unmaps it at free
     assert report["after_free"] < 2**30, report
+
+
+# A library user's script: imports the package (not an entry point), builds a Trainer as a notebook would.
+LIBRARY = """
+import json, sys
+import tapernorm_jax
+from configs import base
+from tapernorm_jax import allocator
+from tapernorm_jax.model import sharding
+from tapernorm_jax.train.trainer import Trainer
+cfg = base.override(base.get_config("baseline"), json.loads(sys.argv[1]))
+trainer = Trainer(cfg, sharding.make_mesh())
+print(json.dumps({"malloc": allocator.in_effect(), "cpu_paths": trainer.paths_choice.record()}))
+"""
+
+
+def test_a_library_user_gets_the_malloc_settings_and_paths_an_entry_point_gets(tmp_path):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  tiny = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 2,
+          "train.batch_size": 8, "train.eval_batches": 1, "data.data_dir": str(tmp_path / "data"),
+          "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}
+  env = {**os.environ, "TAPERNORM_CPU_PATHS": "auto", "TAPERNORM_CACHE": str(tmp_path / "cache"),
+         "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # one CPU device both ways, paths timed (not the suite's pin)
+  subprocess.run([sys.executable, "-m", "experiments.tinystories", "--config=configs/baseline.py",
+                  f"--workdir={tmp_path / 'run'}", *[f"--config.{k}={v}" for k, v in tiny.items()]],
+                 cwd=root, env=env, check=True, capture_output=True, timeout=600)
+  entry = json.loads((tmp_path / "run" / "results.json").read_text())
+  out = subprocess.run([sys.executable, "-c", LIBRARY, json.dumps(tiny)], cwd=root, env=env, check=True,
+                       capture_output=True, text=True, timeout=600)
+  library = json.loads(out.stdout.strip().splitlines()[-1])
+  assert entry["malloc"] == library["malloc"] and library["malloc"]["set_before_jax"], (entry, library)
+  assert entry["cpu_paths"]["how"] == "measured" and library["cpu_paths"]["how"] == "cached"
+  assert library["cpu_paths"]["name"] == entry["cpu_paths"]["name"]

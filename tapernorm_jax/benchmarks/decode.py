@@ -179,8 +179,9 @@ def bench_decode(forms: dict, s: Settings) -> list[dict]:
     prefill_samples = time_interleaved(prefills, s.repeats, s.warmup, s.min_sample_s)
     loop_samples = time_interleaved(loops, s.repeats, s.warmup, s.min_sample_s)
     bandwidth = summary(loop_samples.pop("read"), step_bytes / 1e9)
+    auto = few_rows.choose(*forms["folded"], B)  # what `generate` picks here for B rows (timed once, cached)
     row = {"B": B, "prompt": P, "new_tokens": N, "read_gb_s": bandwidth,
-           "projection": projection_name(runs["folded"][1]), "forms": {}}
+           "projection": projection_name(runs["folded"][1]), "auto_paths": auto.record(), "forms": {}}
     for name in runs:
       stats = summary(loop_samples[name], B * (N - 1))  # the first new token comes from the prefill
       form_bytes = traffic[name]["weights"] + traffic[name]["cache"]
@@ -191,7 +192,7 @@ def bench_decode(forms: dict, s: Settings) -> list[dict]:
       row["forms"][name] = stats
     rows.append(row)
     log_row(f"decode B={B} P={P} N={N} (read bandwidth {bandwidth['median']:.1f} GB/s over "
-            f"{step_bytes / 1e6:.0f} MB)", row, "tok/s")
+            f"{step_bytes / 1e6:.0f} MB; generate's path here: {auto.describe()})", row, "tok/s")
   return rows
 
 

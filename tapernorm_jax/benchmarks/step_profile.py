@@ -141,13 +141,12 @@ def markdown(profiles: dict[str, dict[str, Any]]) -> str:
 
 
 def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0,
-                 backend_paths: bool = True) -> dict[str, Any]:
-  """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm;
-  `backend_paths=False` profiles the model's own einsum and attention instead of `cpu_kernels.for_training`'s."""
+                 cpu_paths: str = "auto") -> dict[str, Any]:
+  """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm,
+  through the products and attention `cpu_paths` names (auto: what a run picks here; train/paths.py)."""
   size, B, T = peer_train.parse_cell(cell)
-  trainer = train_bench.make_trainer(variant, size, B, T, backend_paths=backend_paths)
+  trainer = train_bench.make_trainer(variant, size, B, T, cpu_paths=cpu_paths)
   state = train_bench.mid_taper(trainer, trainer.init_state(seed))
   batch_BxT1 = np.random.default_rng(seed).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32)
   result = profile(trainer.train_step, state, jax.device_put(batch_BxT1, trainer.batch_sharding), steps)
-  return {"cell": cell, "variant": variant, "backend_paths": backend_paths,
-          "attention": "fused CPU kernel" if trainer.attend else trainer.model_cfg.attention_impl, **result}
+  return {"cell": cell, "variant": variant, "paths": trainer.paths_choice.record(), **result}

@@ -9,19 +9,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import data, hardware
+from tapernorm_jax import cpu_kernels, data, hardware
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, seconds_per_batch
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.model import ModelConfig, param_count, sharding
 from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
 
-CASES = (  # (label, variant, which step, the backend's own paths: cpu_kernels.for_training)
-    ("baseline", "baseline", "train_step", True),
-    ("all_taper, 0 < g < 1", "all_taper", "train_step", True),
-    ("all_taper, g = 0 fixed step", "all_taper", "fixed_train_step", True),
-    ("baseline, model's own einsum and attention", "baseline", "train_step", False),
+CASES = (  # (label, variant, which step, train.cpu_paths: auto is what a run picks here; the others force one)
+    ("baseline", "baseline", "train_step", "auto"),
+    ("all_taper, 0 < g < 1", "all_taper", "train_step", "auto"),
+    ("all_taper, g = 0 fixed step", "all_taper", "fixed_train_step", "auto"),
+    ("baseline, CPU kernels", "baseline", "train_step", cpu_kernels.KERNELS),
+    ("baseline, XLA's own products and attention", "baseline", "train_step", cpu_kernels.XLA),
 )
 
 
@@ -43,13 +44,13 @@ class Settings:
 
 
 def make_trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float] | None = None,
-                 backend_paths: bool = True, mesh: Any = None) -> Trainer:
-  """A Trainer of `variant` at `size` on B × T batches, with optimiser hyperparameters `opt` overridden (and the
-  backend's own products and attention, `cpu_kernels.for_training`, unless `backend_paths` is False)."""
+                 cpu_paths: str = "auto", mesh: Any = None) -> Trainer:
+  """A Trainer of `variant` at `size` on B × T batches, with optimiser hyperparameters `opt` overridden, its products
+  and attention `cpu_paths` (auto: timed here, as a run does; train/paths.py)."""
   cfg = run_config.get_config(variant, f"size={size}")
   cfg.model.T, cfg.train.batch_size = T, B
   cfg.opt.update(opt or {})
-  return Trainer(cfg, mesh or sharding.make_mesh(), backend_paths)
+  return Trainer(cfg, mesh or sharding.make_mesh(), cpu_paths)
 
 
 def mid_taper(trainer: Trainer, state: dict) -> dict:
@@ -73,8 +74,12 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
   """All cases at one size, states placed mid-taper, timed in interleaved rounds; each case's speed relative to
   the baseline is the median (and min–max) over rounds of that round's ratio, and MFU is against `hardware.peak`."""
   cases, peak = [], hardware.peak()
-  for label, variant, which, backend_paths in CASES:
-    trainer = make_trainer(variant, size, s.batch, s.seq, backend_paths=backend_paths, mesh=mesh)
+  offered = cpu_kernels.training_paths(ModelConfig.from_config(run_config.get_config("baseline").model)
+                                       .for_devices(mesh), mesh)
+  for label, variant, which, cpu_paths in CASES:
+    if cpu_paths not in ("auto", *offered):
+      continue  # a CPU kernel on another target
+    trainer = make_trainer(variant, size, s.batch, s.seq, cpu_paths=cpu_paths, mesh=mesh)
     cfg = trainer.cfg
     state = mid_taper(trainer, trainer.init_state(0))
     batch = jax.device_put(np.random.default_rng(0).integers(0, cfg.model.V, (s.batch, s.seq + 1), dtype=np.int32),
@@ -83,7 +88,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
     _, state, _ = run_steps(step_fn, state, batch, 1)  # compile and warm up
     flops = hardware.train_flops_per_token(param_count(state["params"]), cfg.model.L, cfg.model.D, s.seq)
     cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": [], "rounds": [],
-                  "flops": flops})
+                  "flops": flops, "paths": trainer.paths_choice.record()})
   for _ in range(s.repeats):  # interleaved, so machine noise hits every case alike
     for case in cases:
       seconds, case["state"], case["metrics"] = run_steps(case["fn"], case["state"], case["batch"], s.steps)
@@ -93,7 +98,8 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
   for case in cases:
     med = statistics.median(case["times"])
     tokens_per_s = s.batch * s.seq / med
-    rows.append({"size": size, "case": case["label"], "gate": float(case["metrics"]["gate"]), "step_s": med,
+    rows.append({"size": size, "case": case["label"], "paths": case["paths"],
+                 "gate": float(case["metrics"]["gate"]), "step_s": med,
                  "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))),
                  "tokens_per_s": tokens_per_s, "compilations": case["fn"]._cache_size(),
                  "flops_per_token": case["flops"], "vs_baseline": paired_ratio(case["rounds"], cases[0]["rounds"]),
@@ -125,8 +131,9 @@ def markdown(results: dict[str, Any]) -> str:
   """The table of step times, ratios to the baseline (round by round), MFU, and the loader's share of a step."""
   s, rows, loader_s = results["settings"], results["rows"], results["loader_s_per_batch"]
   ratio = lambda r: f"{r['median']:.3f}× ({r['min']:.3f}–{r['max']:.3f})"
-  table = markdown_table(["size", "step", "gate", "ms/step", "tokens/s", "vs baseline", "MFU"], [
-      [r["size"], r["case"], f"{r['gate']:.2f}", f"{r['step_s'] * 1e3:.1f} ± {r['spread_s'] * 1e3:.1f}",
+  table = markdown_table(["size", "step", "paths", "gate", "ms/step", "tokens/s", "vs baseline", "MFU"], [
+      [r["size"], r["case"], f"{r['paths']['name']} ({r['paths']['how']})", f"{r['gate']:.2f}",
+       f"{r['step_s'] * 1e3:.1f} ± {r['spread_s'] * 1e3:.1f}",
        f"{r['tokens_per_s']:.0f}", ratio(r["vs_baseline"]),
        "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"] for r in rows])
   slowest_share = max(loader_s / (loader_s + r["step_s"]) for r in rows)

@@ -26,7 +26,8 @@ from tapernorm_jax import files, integrity
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+MARCH = os.environ.get("TAPERNORM_KERNEL_MARCH", "native")  # e.g. haswell: AVX2 and FMA only, as XLA's max_isa=AVX2
+FLAGS = ("-O3", f"-march={MARCH}", "-std=c++17", "-shared", "-fPIC")
 
 
 def cache_dir() -> Path:

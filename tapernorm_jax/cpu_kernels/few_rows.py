@@ -14,9 +14,12 @@ so batched decode pays that copy for every weight at every step. Two projections
     variables, projection = few_rows.prepare(variables, cfg, rows=B)
     decode.generate(variables, cfg, ..., projection=projection)
 
-Off CPU, or for more rows, `prepare` returns the variables unchanged and the model's own projection.
+Off CPU, or for more rows, `prepare` returns the variables unchanged and the model's own projection. On CPU it
+times the candidates (`decode_paths`: XLA's einsum, the kernel or row by row) once per host and shape
+(`autotune.choose`) unless `cpu_paths` forces one.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -25,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from tapernorm_jax.cpu_kernels import matvec
+from tapernorm_jax.cpu_kernels import autotune, matvec
+from tapernorm_jax.cpu_kernels.autotune import KERNELS, XLA
 from tapernorm_jax.model import ModelConfig, param_paths
 from tapernorm_jax.model.transformer import Projection, einsum
 
@@ -49,11 +53,48 @@ def projection_for(cfg: ModelConfig, rows: int) -> Projection:
   return rowwise_projection
 
 
-def prepare(variables: PyTree, cfg: ModelConfig, rows: int) -> tuple[PyTree, Projection]:
-  """`projection_for(cfg, rows)` with the variables it reads: `variables` plus the kernel's weight copies where the
-  kernel runs, `variables` unchanged otherwise."""
-  projection = projection_for(cfg, rows)
+def decode_paths(cfg: ModelConfig, rows: int) -> dict[str, Projection]:
+  """The projections a decode step of `rows` rows can use, by name: `xla` (the model's einsum) always; where the CPU
+  offers more, `kernels` (`projection_for`) and, when that is the kernel, `rowwise` too."""
+  kernels = projection_for(cfg, rows)
+  if kernels is einsum:
+    return {XLA: einsum}
+  return {XLA: einsum, KERNELS: kernels, **({"rowwise": rowwise_projection} if kernels is kernel_projection else {})}
+
+
+def prepare(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "auto"
+            ) -> tuple[PyTree, Projection]:
+  """The projection for decode steps of `rows` rows (`cpu_paths`, or timed here: `choose`) with the variables it
+  reads: `variables` plus the kernel's weight copies where the kernel runs, `variables` unchanged otherwise."""
+  projection = decode_paths(cfg, rows)[choose(variables, cfg, rows, cpu_paths).name]
   return (with_matvec_weights(variables, cfg) if projection is kernel_projection else variables), projection
+
+
+def choose(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "auto") -> autotune.Choice:
+  """Which of `decode_paths` runs: `cpu_paths` unless auto, else the fastest at every projection of the model for
+  `rows` rows (timed once per host and shape, `autotune.choose`)."""
+  candidates = decode_paths(cfg, rows)
+  shape = {"model": repr(cfg), "rows": rows}
+  weights = functools.cache(lambda: with_matvec_weights(variables, cfg))
+  builders = {name: (lambda p=p: timed_projections(weights(), p, rows)) for name, p in candidates.items()}
+  return autotune.choose("decode_paths", f"D={cfg.D} L={cfg.L} V={cfg.V}, {rows} row(s)", shape, builders,
+                         prefer=XLA, forced=cpu_paths)
+
+
+def timed_projections(variables: PyTree, projection: Projection, rows: int) -> autotune.Run:
+  """One call of every projection of a decode step (each weight against `rows` rows) through `projection`."""
+  mats = [(path, w_OxK) for path, w_OxK in traverse_util.flatten_dict(variables[MATVEC]).items()]
+  mats = [(path, w_OxK.reshape(-1, w_OxK.shape[-1])) for path, w_OxK in mats]
+  x_1xRxK = [jnp.ones((1, rows, w_OxK.shape[1]), jnp.float32) for _, w_OxK in mats]
+  w_KxO = [jnp.asarray(w_OxK.T) for _, w_OxK in mats]
+
+  def step(x_1xRxK: list[Array], w_OxK: list[Array], w_KxO: list[Array]) -> list[Array]:
+    if projection is kernel_projection:
+      return [matvec.rows(x[0], w) for x, w in zip(x_1xRxK, w_OxK)]
+    return [projection(None, "", "btk,ko->bto", x, w) for x, w in zip(x_1xRxK, w_KxO)]
+
+  fn = jax.jit(step).lower(x_1xRxK, [w for _, w in mats], w_KxO).compile()
+  return lambda: jax.block_until_ready(fn(x_1xRxK, [w for _, w in mats], w_KxO))
 
 
 def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:

@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import compilation_cache, data, files, hardware, integrity
+from tapernorm_jax import allocator, compilation_cache, data, files, hardware, integrity
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
@@ -32,6 +32,7 @@ from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl
 from tapernorm_jax.train.trainer import State, Trainer
 
+PATHS_FILE = "cpu_paths.json"  # the CPU paths a run started with (train/paths.py)
 RESULTS_SCHEMA = 1  # bump when results.json changes meaning; the study tools read it
 
 
@@ -78,6 +79,16 @@ class RunDir:
     path = self.file("metrics.jsonl")
     if self.writer and path.exists():
       write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] < step))
+
+  def started_paths(self) -> str | None:
+    """The CPU paths this run started with (`cpu_paths.json`), which a resume keeps; None for a new run."""
+    path = self.file(PATHS_FILE)
+    return json.loads(path.read_text())["name"] if path.exists() else None
+
+  def write_paths(self, choice: dict[str, Any]) -> None:
+    """Records the CPU paths a new run starts with (train/paths.py)."""
+    if self.writer and not self.file(PATHS_FILE).exists():
+      write_json_atomically(self.file(PATHS_FILE), choice)
 
   def write_results(self, results: dict[str, Any]) -> None:
     """Writes results.json atomically, sealed with the hash of its content (integrity.seal)."""
@@ -279,12 +290,16 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   rundir = RunDir(workdir)
   compilation_cache.use(cfg.train.get("compilation_cache", "auto"))  # before anything of the run compiles
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
-  trainer = Trainer(cfg, mesh)  # validates the config before anything compiles
   rundir.check_config(cfg)
+  started = rundir.started_paths() if cfg.train.get("cpu_paths", "auto") == "auto" else None
+  trainer = Trainer(cfg, mesh, started)  # validates the config before anything compiles; times the CPU paths
+  if started:
+    log(f"resuming with the CPU paths this run started with: {started} ({PATHS_FILE})")
   rundir.path.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
   state, start, data_state = restore_or_init(trainer, ckpt, cfg)  # before the data: a damaged checkpoint fails fast
   rundir.write_config(cfg)
+  rundir.write_paths(trainer.paths_choice.record())
   prepared = data.prepare(cfg.data)
   T, B, steps = cfg.model.T, cfg.train.batch_size, cfg.train.steps
   train_it = data.train_iterator(prepared, batch_size=B, seq_len=T, seed=cfg.seed)
@@ -310,7 +325,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   results = {**results_of(cfg, prepared.name, state, evaluated["losses"]), "wall_time_s": time.time() - t_start,
              "resumed_from": start, "time_to_first_step_s": reporter.first_step_s, "devices": mesh.size,
              "backend": jax.default_backend(),
-             "device_kind": mesh.devices.flat[0].device_kind,
+             "device_kind": mesh.devices.flat[0].device_kind, "cpu_paths": trainer.paths_choice.record(),
+             "malloc": allocator.in_effect(),
              **throughput(cfg, param_count(state["params"]), reporter.rates)}
   if results["complete"]:
     rundir.write_results(results)

@@ -81,7 +81,8 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       profile_steps=0,  # > 0: trace this many steps with jax.profiler into <workdir>/profile (TensorBoard/Perfetto)
       profile_start=10,  # the first traced step (past compilation)
       fixed_step=True,  # once every gate is 0 for good: a second compiled step with the norms in their g = 0 form
-      compilation_cache="auto"))  # jax's persistent cache: auto (<cache dir>/xla), off, or a directory or URL
+      compilation_cache="auto",  # jax's persistent cache: auto (<cache dir>/xla), off, or a directory or URL
+      cpu_paths="auto"))  # the products and attention: auto (timed on this host, cached), or one to force (paths.py)
 
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, distributed=False,  # distributed: call jax.distributed.initialize (one process per host)

@@ -22,13 +22,11 @@ import optax
 from flax import traverse_util
 from jax.sharding import Mesh
 
-from tapernorm_jax import cpu_kernels
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
-from tapernorm_jax.model.transformer import einsum
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
-from tapernorm_jax.train import run_config
+from tapernorm_jax.train import paths, run_config
 
 PyTree = Any
 State = dict[str, Any]  # {"params", "opt_state", "calib", "step"}
@@ -57,16 +55,13 @@ class Trainer:
 
   cfg: ml_collections.ConfigDict
   mesh: Mesh
-  backend_paths: bool = True  # False: the model's own einsum and attention_impl even where cpu_kernels has faster
+  cpu_paths: str | None = None  # overrides train.cpu_paths: auto, xla, kernels, ... (paths.py)
 
   def __post_init__(self):
     cfg = self.cfg
     run_config.validate(cfg, self.mesh.size)
     self.model_cfg = ModelConfig.from_config(cfg.model).for_devices(self.mesh)
     self.fixed_cfg = self.model_cfg.fixed_form()
-    # the target's own products and attention (the model's own but for CPU): cpu_kernels/ chooses, the model applies
-    self.projection, self.attend = (cpu_kernels.for_training(self.model_cfg, self.mesh) if self.backend_paths else
-                                    (einsum, None))
     self.has_fixed_step = bool(cfg.train.fixed_step) and self.fixed_cfg != self.model_cfg
     self.calibrated_norms = param_paths.norms_in(self.model_cfg)
     self.phases = schedules.Phases.from_config(cfg)
@@ -76,6 +71,9 @@ class Trainer:
     boxed = jax.eval_shape(self._boxed_state, jax.random.key(0))
     self.state_shardings = sharding.shardings(boxed, self.mesh)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
+    # the target's products and attention (candidates beyond the model's own for CPU only), timed here unless forced
+    self.paths_choice, (self.projection, self.attend) = paths.choose(
+        self, self.cpu_paths if self.cpu_paths is not None else cfg.train.get("cpu_paths", "auto"))
     replicated = sharding.replicated(self.mesh)
     step = lambda fixed: jax.jit(lambda s, b: self._train_step(s, b, fixed),
                                 in_shardings=(self.state_shardings, self.batch_sharding),
@@ -112,20 +110,21 @@ class Trainer:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
                         self.state_shardings)
 
-  def model(self, model_cfg: ModelConfig) -> Transformer:
-    """The model the steps apply: `model_cfg` with the target's projection and attention (`cpu_kernels`), its
-    activations split over the mesh."""
-    return Transformer(model_cfg, projection=self.projection, attend=self.attend, mesh=self.mesh)
+  def model(self, model_cfg: ModelConfig, candidate: paths.Paths | None = None) -> Transformer:
+    """The model the steps apply: `model_cfg` with the chosen projection and attention (or a `candidate` pair being
+    timed, `paths.py`), its activations split over the mesh."""
+    projection, attend = candidate or (self.projection, self.attend)
+    return Transformer(model_cfg, projection=projection, attend=attend, mesh=self.mesh)
 
   def uses_fixed_step(self, step: int) -> bool:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
     return self.has_fixed_step and step >= self.method.off_step
 
-  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
-            model_cfg: ModelConfig, record: bool) -> tuple[jax.Array, tuple]:
+  def loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
+           model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[jax.Array, tuple]:
     """CE + λ·L_aux on a batch of windows; returns (loss, (ce, aux, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
-    (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg).apply(
+    (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg, candidate).apply(
         {"params": params, CALIB: calib}, inputs_BxT, gate, return_hidden=True, mutable=[CALIB_STATS] if record else [])
     ce = losses.cross_entropy(logits_BxTxV, targets_BxT)
     aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step, inputs_BxT)
@@ -135,7 +134,7 @@ class Trainer:
              model_cfg: ModelConfig, record: bool) -> tuple[tuple, PyTree]:
     """((loss, (ce, aux, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every group of
     k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
-    loss_fn = lambda p, batch: self._loss(p, calib, batch, gate, step, model_cfg, record)
+    loss_fn = lambda p, batch: self.loss(p, calib, batch, gate, step, model_cfg, record)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if self.cfg.train.microbatches == 1:
       return grad_fn(params, batch_BxT1)
@@ -175,7 +174,7 @@ class Trainer:
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there), one microbatch at a time."""
-    ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
+    ce_of = lambda micro_MxT1: self.loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
                                           state["step"], self.fixed_cfg, False)[1][0]
     return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
 

@@ -35,9 +35,9 @@ def test_gradients_of_every_product_equal_the_model_einsums(family, tie, value_g
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=0), grads, expected_grads)
 
 
-def test_training_on_cpu_takes_the_written_out_backward():
-  projection, attend = cpu_kernels.for_training(ModelConfig(V=16, D=16, H=2, L=1, T=8, attention_impl="xla"))
-  assert jax.default_backend() == "cpu" and projection is matrix_product and attend is None
+def test_training_on_cpu_is_offered_the_written_out_backward():
+  paths = cpu_kernels.training_paths(ModelConfig(V=16, D=16, H=2, L=1, T=8, attention_impl="xla"))
+  assert jax.default_backend() == "cpu" and paths == {"xla": (einsum, None), "kernels": (matrix_product, None)}
 
 
 @pytest.mark.parametrize("spec,form", [("bld,dthk->blthk", (6, 4, 36, True, (2, 3, 3, 3, 4))),

@@ -1,0 +1,139 @@
+"""Paths chosen by timing: the fastest candidate wins, near-ties keep the preferred one, the choice is cached per host
+and shape, a forced path is never timed, and a Trainer whose kernels are slow on this host trains through XLA's."""
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from configs import base
+from tapernorm_jax import cpu_kernels
+from tapernorm_jax.cpu_kernels import autotune, few_rows
+from tapernorm_jax.model import ModelConfig, Transformer, sharding
+from tapernorm_jax.train import loop
+from tapernorm_jax.train.trainer import Trainer
+
+TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
+        "train.steps": 12, "train.log_every": 4, "train.diag_every": 6, "train.eval_batches": 1, "checkpoint.every": 6,
+        "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}
+
+
+@pytest.fixture(autouse=True)
+def auto(monkeypatch, tmp_path):
+  """`auto` means measure (the suite pins the kernels), with a cache of this test's own."""
+  monkeypatch.setenv(autotune.ENV, "auto")
+  monkeypatch.setenv("TAPERNORM_CACHE", str(tmp_path / "cache"))
+
+
+def sleeper(seconds: float, built: list[str], name: str):
+  """A candidate builder whose calls take `seconds`; records that it was built."""
+  def build():
+    built.append(name)
+    return lambda: time.sleep(seconds)
+  return build
+
+
+def test_the_fastest_candidate_is_chosen_and_cached_for_this_host_and_shape():
+  built = []
+  candidates = {"xla": sleeper(0.02, built, "xla"), "fast": sleeper(0.002, built, "fast"),
+                "slow": sleeper(0.05, built, "slow")}
+  choice = autotune.choose("t", "tiny", {"D": 8}, candidates, prefer="xla")
+  assert (choice.name, choice.how) == ("fast", "measured") and sorted(built) == ["fast", "slow", "xla"]
+  assert choice.seconds["fast"] < choice.seconds["xla"] < choice.seconds["slow"]
+  again = autotune.choose("t", "tiny", {"D": 8}, candidates, prefer="xla")
+  assert (again.name, again.how) == ("fast", "cached") and len(built) == 3  # nothing built again
+  other_shape = autotune.choose("t", "tiny", {"D": 16}, candidates, prefer="xla")
+  assert other_shape.how == "measured" and len(built) == 6
+
+
+def test_a_near_tie_keeps_the_preferred_candidate():
+  candidates = {"xla": sleeper(0.010, [], "xla"), "kernels": sleeper(0.0099, [], "kernels")}  # 1% faster
+  assert autotune.choose("t", "tie", {}, candidates, prefer="xla").name == "xla"
+
+
+def test_a_damaged_cache_entry_is_measured_again():
+  candidates = {"xla": sleeper(0.01, [], "xla"), "fast": sleeper(0.001, [], "fast")}
+  path = autotune.cache_file("t", {"n": 1})
+  path.parent.mkdir(parents=True)
+  path.write_text("{not json")
+  assert autotune.choose("t", "damaged", {"n": 1}, candidates, prefer="xla").how == "measured"
+  assert json.loads(path.read_text())["name"] == "fast"
+
+
+def test_a_forced_path_is_not_timed_and_an_unknown_one_is_named(monkeypatch):
+  built = []
+  candidates = {"xla": sleeper(0.01, built, "xla"), "kernels": sleeper(0.001, built, "kernels")}
+  assert autotune.choose("t", "forced", {}, candidates, prefer="xla", forced="xla") == autotune.Choice("xla", "forced")
+  monkeypatch.setenv(autotune.ENV, "kernels")  # what `auto` stands for in this process
+  assert autotune.choose("t", "env", {}, candidates, prefer="xla").name == "kernels" and not built
+  with pytest.raises(ValueError, match="'fused' is not available here; choose auto or one of xla, kernels"):
+    autotune.choose("t", "forced", {}, candidates, prefer="xla", forced="fused")
+
+
+def test_the_host_signature_names_the_cpu_and_what_limits_it(monkeypatch):
+  signature = autotune.host_signature()
+  assert signature["cores"] >= 1 and signature["jaxlib"] and signature["devices"] == jax.device_count()
+  before = autotune.cache_file("t", {})
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")  # another ISA is another host
+  assert autotune.cache_file("t", {}) != before
+
+
+def config(data_dir, **changes):
+  return base.override(base.get_config("all_taper"), {**TINY, "data.data_dir": str(data_dir), **changes})
+
+
+def slowed(paths):
+  """`paths` whose attention does its work 20 times over (a kernel that loses on this host)."""
+  projection, _ = paths
+
+  def attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK):
+    out = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True)
+    for _ in range(20):
+      out = jax.lax.optimization_barrier(out) + 0 * jax.nn.dot_product_attention(
+          jax.lax.optimization_barrier(q_BxTxHxK), k_BxTxHxK, v_BxTxHxK, is_causal=True)
+    return out
+
+  return projection, attend
+
+
+def test_a_trainer_whose_kernels_lose_here_trains_through_xla_without_being_told(monkeypatch, tmp_path):
+  offered = cpu_kernels.training_paths
+  monkeypatch.setattr(cpu_kernels, "training_paths", lambda cfg, mesh=None: {
+      "xla": offered(cfg, mesh)["xla"], "kernels": slowed(offered(cfg, mesh)["xla"])})
+  trainer = Trainer(config(tmp_path), sharding.make_mesh())
+  choice = trainer.paths_choice
+  assert (choice.name, choice.how) == ("xla", "measured") and choice.seconds["kernels"] > choice.seconds["xla"]
+  assert trainer.attend is None  # XLA's own attention, as `xla` means
+  assert Trainer(config(tmp_path), sharding.make_mesh()).paths_choice.how == "cached"
+
+
+def test_a_config_field_forces_the_paths_and_a_bad_one_is_named(tmp_path):
+  trainer = Trainer(config(tmp_path, **{"train.cpu_paths": "kernel_products"}), sharding.make_mesh())
+  assert trainer.paths_choice == autotune.Choice("kernel_products", "forced") and trainer.attend is None
+  with pytest.raises(ValueError, match=r"train.cpu_paths='fastest': choose auto or one of xla, kernels"):
+    Trainer(config(tmp_path, **{"train.cpu_paths": "fastest"}), sharding.make_mesh())
+
+
+def test_a_run_records_its_paths_and_a_resume_keeps_them(tmp_path, monkeypatch):
+  workdir = tmp_path / "run"
+  first = loop.run(config(tmp_path), workdir, stop_after=6)
+  started = json.loads((workdir / loop.PATHS_FILE).read_text())
+  assert first["cpu_paths"] == started and started["how"] == "measured"
+  monkeypatch.setenv("TAPERNORM_CACHE", str(tmp_path / "another cache"))  # a resume must not time afresh
+  resumed = loop.run(config(tmp_path), workdir)
+  assert resumed["cpu_paths"]["name"] == started["name"] and resumed["cpu_paths"]["how"] == "forced"
+  assert json.loads((workdir / "results.json").read_text())["cpu_paths"]["name"] == started["name"]
+
+
+def test_decoding_a_few_rows_chooses_among_xla_the_kernel_and_row_by_row():
+  cfg = ModelConfig(V=300, D=64, H=4, L=2, T=32, platform="cpu")
+  variables = Transformer(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  offered = few_rows.decode_paths(cfg, rows=4)
+  choice = few_rows.choose(variables, cfg, rows=4)
+  assert choice.how == "measured" and set(choice.seconds) <= set(offered) and choice.name in offered
+  variables_out, projection = few_rows.prepare(variables, cfg, rows=4)
+  assert projection is offered[choice.name]
+  assert (few_rows.MATVEC in variables_out) == (projection is few_rows.kernel_projection)
+  assert few_rows.decode_paths(cfg, rows=9) == {"xla": few_rows.einsum}  # past 8 rows: XLA's GEMM only
