@@ -2,11 +2,11 @@
 
 A kernel tuned on one CPU can lose on another (the fused attention and matrix products were tuned on AVX-512 hosts and
 cost a third of a 9M step on an AVX2-only one), so where the project has more than one implementation of a path,
-`choose` builds each candidate, times them in alternated rounds (a bounded cost: one compile per candidate, then
-`ROUNDS` rounds of at least `SAMPLE_S` each, the clearly slower dropped after the first), logs what it measured, and
-keeps the fastest. The result is cached like an autotuner's, as one JSON file per host signature and shape under
-`$TAPERNORM_CACHE/autotune/`, so a host measures each shape once. A preferred candidate (the model's own) is kept unless
-another beats it by `MARGIN`, so noise does not flip a choice between near-equal paths.
+`choose` builds each candidate, times them in alternated rounds (a bounded cost: one compile and one untimed call per
+candidate, then `ROUNDS` rounds of at least `SAMPLE_S` each, the clearly slower dropped after the first), logs what it
+measured, and keeps the fastest. The result is cached like an autotuner's, as one JSON file per host signature and shape
+under `$TAPERNORM_CACHE/autotune/`, so a host measures each shape once. A preferred candidate (the model's own) is kept
+unless another beats it by `MARGIN`, so noise does not flip a choice between near-equal paths.
 """
 
 import dataclasses
@@ -141,6 +141,8 @@ def measure(what: str, label: str, candidates: dict[str, Callable[[], Run]], pre
   log.warning("%s at %s: timing %d paths on this CPU (once for this host and shape): %s", what, label,
               len(candidates), ", ".join(candidates))
   runs = {name: build() for name, build in candidates.items()}  # compiling: most of the cost
+  for run in runs.values():
+    run()  # one untimed call each: first-call allocations are no candidate's speed
   samples: dict[str, list[float]] = {name: [] for name in runs}
   names = list(runs)
   for r in range(ROUNDS):

@@ -57,12 +57,17 @@ def perturbed(variables: PyTree, key: jax.Array, c_range: tuple[float, float] = 
   return traverse_util.unflatten_dict(out)
 
 
-def last_token_logits(cfg: ModelConfig) -> Any:
-  """A jitted last-token-logits forward (B×V): every block but the last on all positions, the rest on the last."""
+def last_token_logits(cfg: ModelConfig, every_position: bool = False) -> Any:
+  """A jitted last-token-logits forward (B×V): every block but the last on all positions, the rest on the last;
+  `every_position`: every block on every position, only the head on the last (what Hugging Face's
+  `logits_to_keep=1` does)."""
   model = Transformer(cfg)
 
   def forward(variables: PyTree, tokens_BxT: jax.Array) -> jax.Array:
-    h_Bx1xD = model.apply(variables, tokens_BxT, 0.0, method=Transformer.last_hidden)
+    if every_position:
+      h_Bx1xD = model.apply(variables, tokens_BxT, 0.0, method=Transformer.hidden)[:, -1:]
+    else:
+      h_Bx1xD = model.apply(variables, tokens_BxT, 0.0, method=Transformer.last_hidden)
     return model.apply(variables, h_Bx1xD, 0.0, method=Transformer.logits)[:, 0]
 
   return jax.jit(forward)

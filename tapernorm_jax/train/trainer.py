@@ -131,10 +131,10 @@ class Trainer:
     return ce + aux_weight * aux, (ce, aux, mutated.get(CALIB_STATS, {}))
 
   def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
-             model_cfg: ModelConfig, record: bool) -> tuple[tuple, PyTree]:
+             model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[tuple, PyTree]:
     """((loss, (ce, aux, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every group of
     k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
-    loss_fn = lambda p, batch: self.loss(p, calib, batch, gate, step, model_cfg, record)
+    loss_fn = lambda p, batch: self.loss(p, calib, batch, gate, step, model_cfg, record, candidate)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if self.cfg.train.microbatches == 1:
       return grad_fn(params, batch_BxT1)
@@ -155,14 +155,17 @@ class Trainer:
     B, T1 = batch_BxT1.shape
     return jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
 
-  def _train_step(self, state: State, batch_BxT1: jax.Array, fixed: bool) -> tuple[State, dict]:
-    """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run."""
+  def _train_step(self, state: State, batch_BxT1: jax.Array, fixed: bool,
+                  candidate: paths.Paths | None = None) -> tuple[State, dict]:
+    """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run
+    (through a `candidate` pair of paths while they are timed, `paths.py`)."""
     step, params, calib = state["step"], state["params"], state["calib"]
     gate = jnp.float32(0.0) if fixed else self.method.gates(step)
     if not fixed:
       params, calib = self.method.calibrate(params, calib, step)
     model_cfg = self.fixed_cfg if fixed else self.model_cfg
-    (loss, (ce, aux, stats)), grads = self._grads(params, calib, batch_BxT1, gate, step, model_cfg, not fixed)
+    (loss, (ce, aux, stats)), grads = self._grads(params, calib, batch_BxT1, gate, step, model_cfg, not fixed,
+                                                  candidate)
     if not fixed:
       calib = calibration.ema_update(calib, stats, self.method.mu, active=self.method.stats_active(step))
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)

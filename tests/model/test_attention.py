@@ -169,3 +169,5 @@ def test_last_token_forward_equals_the_full_forward(family, remat):
   tokens_BxT = jax.random.randint(jax.random.key(4), (3, 57), 0, cfg.V)
   full_BxTxV = jax.jit(Transformer(cfg).apply)(variables, tokens_BxT, 0.0)
   np.testing.assert_allclose(forms.last_token_logits(cfg)(variables, tokens_BxT), full_BxTxV[:, -1], atol=2e-6)
+  every_position = forms.last_token_logits(cfg, every_position=True)(variables, tokens_BxT)
+  np.testing.assert_allclose(every_position, full_BxTxV[:, -1], atol=2e-6)
