@@ -1,6 +1,7 @@
-"""Inference throughput against PyTorch: Hugging Face transformers' Llama and this project on the same weights.
+"""Throughput against PyTorch: Hugging Face transformers' Llama and this project on the same weights (inference, and
+a train step).
 
-    pip install -e '.[peer]' -c constraints.txt     # torch and transformers: used by this script only
+    pip install -e '.[peer]' -c constraints.txt     # torch and transformers: this script and its workers
     python -m experiments.benchmark_peer            # the paper's grid at 30M: forward and decode
     python -m experiments.benchmark_peer --quick    # a 1M-model smoke run
     python -m experiments.benchmark_peer --modes=forward --batches=1 --lengths=128,256 --nocompile
@@ -14,14 +15,18 @@ in float32, or nothing is timed. Then, per cell and interleaved in this one proc
 `torch.compile` (reported `n/a` with the reason where it fails), and this project's jitted
 baseline and folded forms; for decode, `generate` (compiled: with a static cache) against
 `decode.generate`. PyTorch runs on the GPU when jax does and CUDA is there, else on the CPU with
-every core. `train` times one optimiser step of this project's baseline and TaperNorm mid-taper
-against LlamaForCausalLM + torch.optim.AdamW (eager, and the loss under torch.compile) on the
-baseline's initial weights, after their first losses agree. What is timed and how:
-tapernorm_jax/benchmarks/peer.py and peer_train.py. Writes results.json and table.md under --out.
+every core. `train` times one optimiser step of this project's baseline and TaperNorm mid-taper against
+LlamaForCausalLM + torch.optim.AdamW (eager with fused AdamW, and the whole step under torch.compile), every
+contender in a worker process of its own (experiments/peer_train_worker.py), sampled in turn round by round, each
+cell once with every process at malloc's defaults and once with the project's allocator settings; the peer starts
+from the baseline's initial weights in the same dtypes, and must match its first loss and its parameters after one
+step before anything is timed. What is timed and how: tapernorm_jax/benchmarks/peer.py and peer_train.py. Writes
+results.json and table.md under --out.
 """
 
 import dataclasses
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -42,15 +47,20 @@ import numpy as np  # noqa: E402
 from tapernorm_jax.hf import llama  # noqa: E402
 from tapernorm_jax.benchmarks import decode as decode_bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
+from tapernorm_jax.benchmarks import peer_train  # noqa: E402
 from tapernorm_jax.files import write_report  # noqa: E402
 
 _SETTINGS = cli.define_flags(bench.Settings, {
     **decode_bench.FLAG_HELP, "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
     "threads": "PyTorch's intra-op threads (0: every core).",
     "modes": "forward, decode and/or train.",
-    "train_cells": "Cells of the train mode, SIZE:BATCHxT (default: 1m:16x512,9m:4x512,30m:1x512)."})
-_QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")
+    "train_cells": "Cells of the train mode, SIZE:BATCHxT (default: 1m:16x512,9m:4x512,30m:1x512).",
+    "dtype": "Compute and weight dtype of forward and decode; the train mode's compute dtype, weights float32, the "
+             "peer under autocast where they differ (default: float32 on CPU, else bfloat16)."})
+_QUICK = flags.DEFINE_bool("quick", False,
+                           "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens; train: 1m:2x64.")
 _OUT = flags.DEFINE_string("out", "runs/benchmark_peer", "Output directory for results.json and table.md.")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: where the train workers start
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -152,58 +162,6 @@ class HuggingFacePeer:
     return {"hf_eager": self.synced(generate), "hf_compiled": first_call(compiled, self.compile)}
 
 
-class HuggingFaceTrainer:
-  """LlamaForCausalLM on a Trainer's initial weights with torch.optim.AdamW and global-norm clipping as the Trainer's
-  optimiser is configured (weight decay on matrices only): an eager step, and one whose loss is torch.compile'd."""
-
-  def __init__(self, trainer: Any, s: bench.Settings):
-    self.device = torch_device()
-    state = jax.device_get(trainer.init_state(s.seed))
-    with tempfile.TemporaryDirectory(prefix="tapernorm-hf-llama-") as directory:
-      llama.save_llama({"params": state["params"], "calib": state["calib"]}, trainer.model_cfg, directory)
-      self.model = load_llama(directory, self.device).train()
-    opt = trainer.cfg.opt
-    params = list(self.model.parameters())
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.b1, opt.b2), eps=opt.eps)
-    self.clip, self.compile = opt.clip, s.compile
-
-  def loss(self, ids_BxT: torch.Tensor, targets_BxT: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy."""
-    logits_BxTxV = self.model(ids_BxT, use_cache=False).logits
-    return torch.nn.functional.cross_entropy(logits_BxTxV.flatten(0, 1).float(), targets_BxT.flatten())
-
-  def batch(self, batch_BxT1: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of B × (T + 1) windows on the model's device."""
-    ids = torch.from_numpy(np.asarray(batch_BxT1, np.int64)).to(self.device)
-    return ids[:, :-1], ids[:, 1:]
-
-  def first_loss(self, batch_BxT1: np.ndarray) -> float:
-    """The loss at the current (initial) weights, without a step."""
-    with torch.no_grad():
-      return float(self.loss(*self.batch(batch_BxT1)))
-
-  def train_calls(self, batch_BxT1: np.ndarray) -> bench.Calls:
-    """One optimiser step each: eager, and with the loss (forward and backward graph) under torch.compile."""
-    inputs = self.batch(batch_BxT1)
-
-    def step(loss_fn: Any) -> Any:
-      def call() -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(*inputs)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
-        synchronize(self.device)
-        return loss.detach()
-
-      return call
-
-    compiled = step(torch.compile(self.loss, dynamic=False)) if self.compile else None
-    return {"hf_eager": step(self.loss), "hf_compiled": first_call(compiled, self.compile)}
-
-
 def describe(device: str) -> dict[str, Any]:
   """Versions, device and threads of the peer."""
   name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
@@ -216,6 +174,8 @@ def main(argv: list[str]) -> None:
   s = cli.settings(argv, bench.Settings, _SETTINGS)
   if _QUICK.value:
     s = dataclasses.replace(s, **bench.QUICK)
+  if "train" in s.modes:  # the train workers' jax share this process's accelerator: none takes most of its memory
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   torch.set_num_threads(s.threads or os.cpu_count())
   device = torch_device()
   peer, forms, checked = None, None, None
@@ -232,7 +192,8 @@ def main(argv: list[str]) -> None:
           f"{checked['tolerance']:g}); timing in {s.dtype} on torch {device} ({torch.get_num_threads()} thread(s)) "
           f"and jax {jax.default_backend()}", flush=True)
     peer.to(s.dtype)
-  results = bench.run(s, describe(device), peer, forms, checked, lambda trainer: HuggingFaceTrainer(trainer, s))
+  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=ROOT)
+  results = bench.run(s, describe(device), peer, forms, checked, spawn)
   table = bench.markdown(results)
   path = write_report(_OUT.value, results, table)
   print("\n" + table)

@@ -1,6 +1,7 @@
 """Page faults of this project's train step beside PyTorch's in one process, the way `benchmark_peer --modes=train`
-runs them (from the repository root): a few of our steps alone, then rounds of HF eager steps (at least 3 s) each
-followed by a few of ours; each step's time and minor page faults, and the process's resident memory, printed.
+ran them before each contender got a process of its own (from the repository root): a few of our steps alone, then
+rounds of HF eager steps (at least 3 s) each followed by a few of ours; each step's time and minor page faults, and
+the process's resident memory, printed.
 
     /path/to/peer-venv/bin/python -m scripts.peer_heap_faults 1m:16x512
     TAPERNORM_KEEP_FREED_MEMORY=0 /path/to/peer-venv/bin/python -m scripts.peer_heap_faults 1m:16x512
@@ -11,20 +12,18 @@ imports it.
 """
 
 import sys
+import tempfile
 import time
 
 from tapernorm_jax import allocator
 
 allocator.keep_freed_memory()  # as the entry points set malloc, before jax starts
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from experiments.benchmark_peer import HuggingFaceTrainer  # noqa: E402
-from tapernorm_jax.benchmarks import peer, peer_train  # noqa: E402
+from experiments.peer_train_hf import HuggingFaceStep  # noqa: E402
+from tapernorm_jax.benchmarks import peer_train  # noqa: E402
 from tapernorm_jax.benchmarks.step_profile import minor_faults  # noqa: E402
-from tapernorm_jax.benchmarks import train as train_bench  # noqa: E402
 
 ROUNDS, OUR_STEPS = 4, 3
 
@@ -50,17 +49,16 @@ def step_line(call) -> str:
 
 def main(cell: str) -> None:
   """Our steps alone, then rounds of HF eager steps each followed by our steps; one line per step."""
-  size, B, T = peer_train.parse_cell(cell)
   torch.set_num_threads(2)
-  trainer = train_bench.make_trainer("baseline", size, B, T, {"lr": 1e-4})
-  batch_BxT1 = np.random.default_rng(0).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32)
-  hf = HuggingFaceTrainer(trainer, peer.Settings(compile=False)).train_calls(batch_BxT1)["hf_eager"]
-  batch = jax.device_put(batch_BxT1, trainer.batch_sharding)
-  box = [trainer.init_state(0)]
-
-  def ours() -> None:
-    box[0], _ = trainer.train_step(box[0], batch)
-    jax.block_until_ready(box[0])
+  directory = tempfile.mkdtemp(prefix="tapernorm-peer-heap-")
+  spec = {"cell": cell, "seed": 0, "dtype": "float32", "directory": directory, "threads": 2, "device": "cpu"}
+  step = peer_train.OurStep({**spec, "contender": "baseline"})  # writes the weights and batch the peer loads
+  described = step.describe()
+  peer = HuggingFaceStep({**spec, "contender": "hf_eager", "optimizer": described["optimizer"],
+                          "dtypes": described["dtypes"]})
+  peer.check()  # the first step picks the form (eager, fused AdamW)
+  hf = lambda: peer.wait(peer.step())
+  ours = lambda: step.wait(step.step())
 
   print(f"{cell}, malloc: {allocator.keep_freed_memory() or 'keeps freed memory'}", flush=True)
   for i in range(6):

@@ -1,50 +1,84 @@
-"""This project's train step next to a peer's (Hugging Face Llama + torch AdamW) on the same initial weights.
+"""This project's train step next to a peer's (Hugging Face Llama + torch AdamW), each contender in its own process.
 
-`python -m experiments.benchmark_peer --modes=train` times, per cell (size, batch × T), one full
-optimiser step — forward, backward, global-norm clipping, AdamW — of this project's `baseline` and
-of TaperNorm (`all_taper`) mid-taper, against the peer's eager and `torch.compile`d steps. The
-peer loads the baseline's initial weights (written as a Llama checkpoint) and must agree on the
-first step's loss before anything is timed. Contenders run round-robin (`timing.time_interleaved`);
-every ratio is taken round by round (`timing.paired_ratio`), so load drifts slower than a round
-cancel. This module needs no PyTorch: the peer comes in through `TrainPeer`.
+`python -m experiments.benchmark_peer --modes=train` times, per cell (size, batch × T), one full optimiser step —
+forward, backward, global-norm clipping, AdamW — of four contenders: Hugging Face `LlamaForCausalLM` with torch's
+AdamW, eager (`hf_eager`, AdamW `fused=True`) and with the whole step as one function under `torch.compile`
+(`hf_compiled`), and this project's jitted `baseline` and TaperNorm (`all_taper`) mid-taper
+(experiments/peer_train_hf.py and `OurStep`). Every contender runs in a long-lived worker process of its own
+(experiments/peer_train_worker.py, which keeps its compiled step and its state); the coordinator asks the workers in
+turn for one timed sample each per round (`workers.py`'s line protocol), so rounds interleave and every ratio is taken
+round by round (`timing.paired_ratio`): load drifts slower than a round cancel. The whole set runs twice per cell:
+every worker with glibc malloc's defaults, then every worker with the project's settings (`allocator.keep_freed_memory`,
+set before torch or jax is imported); each worker reports what it runs with, and a row whose workers differ stops.
+
+Before anything is timed, per cell and allocator row: the peer loads the baseline's initial weights (a Llama
+checkpoint, hf/llama.py) and steps at the baseline's learning rate; both sides must compute in the same dtypes
+(float32 on a CPU; bf16 compute on float32 weights on accelerators, the peer under autocast) or the run stops; each
+peer contender's first loss must be the baseline's, and its parameters after that first step must be the baseline's
+(`compare_params`, on the Llama checkpoint's names). This module needs no PyTorch.
 """
 
+import json
+import os
 import re
+import tempfile
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+import safetensors.numpy
 
 from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks import train as train_bench
-from tapernorm_jax.benchmarks.timing import paired_ratio, summary, time_interleaved
+from tapernorm_jax.benchmarks import workers
+from tapernorm_jax.benchmarks.timing import paired_ratio, summary
 from tapernorm_jax.errors import UserError
+from tapernorm_jax.hf import llama
+from tapernorm_jax.hf.hub import WEIGHTS_FILE
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.model import param_count
+from tapernorm_jax.model import param_count, sharding
 from tapernorm_jax.taper.variants import SIZES
+from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
 
 PyTree = Any
 CELLS = ("1m:16x512", "9m:4x512", "30m:1x512")  # the issue's grid: a step of about the same cost on 2 cores
 OURS = {"baseline": "baseline", "taper": "all_taper"}  # contender → variant
+PEERS = ("hf_eager", "hf_compiled")  # experiments/peer_train_hf.py
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
           "taper": "ours all_taper, 0 < g < 1"}
-LOSS_TOLERANCE = 1e-4  # relative difference of the first step's loss, float32
+ALLOCATORS = {"default": "0", "project settings": "1"}  # row → TAPERNORM_KEEP_FREED_MEMORY in every worker
+OPT = {"lr": 1e-4, "weight_decay": 0.1}  # every contender's; decay > 0 so the one-step check covers its mask
+# Measured on this project's 2-core CPU (docs/benchmarks.md), the tolerances with room above them. First loss, relative
+# difference: float32 0 to 6e-8, bf16 (autocast on CPU) 1e-5.
+LOSS_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
+# After one step, the worst tensor's max |difference| ÷ its max |parameter|: float32 2e-6 (cpu), 8e-6 (1m), 5e-4
+# (9m, 30m), bf16 1e-2. Adam's first update is lr·g/(|g| + eps), so where |g| is near eps float32's rounding moves
+# it by up to ~0.1·lr, and bf16's can flip its sign (2·lr): the bound is lr-sized, not a relative precision.
+PARAM_TOLERANCE = {"float32": 2e-3, "bfloat16": 5e-2, "float16": 5e-2}
+# The update itself, ‖Δours − Δpeer‖ ÷ ‖Δours‖ per tensor: float32 ≤ 5e-4 up to 30m, so a 10% error in the learning
+# rate or weight decay (or decay on a gain) fails it; bf16 0.3 (sign flips), not checked.
+UPDATE_TOLERANCE = {"float32": 1e-2, "bfloat16": None, "float16": None}
+Spawn = Callable[[str, dict[str, Any], str], Any]  # (contender, spec, allocator row) → a ready workers.WorkerProcess
 
 
 class LossMismatchError(UserError, ValueError):
   """The peer's first loss is not ours on the same weights and batch: a timing would compare two computations."""
 
 
-class TrainPeer(Protocol):
-  """The other implementation's train step on one model, built from a Llama checkpoint directory."""
+class ParamMismatchError(UserError, ValueError):
+  """The peer's parameters after one step are not ours: its optimiser is not the one being compared."""
 
-  def train_calls(self, batch_BxT1: np.ndarray) -> dict[str, Callable[[], Any] | str]:
-    """One optimiser step on `batch_BxT1` per contender (hf_eager, hf_compiled), or the reason it cannot run."""
 
-  def first_loss(self, batch_BxT1: np.ndarray) -> float:
-    """Mean next-token cross-entropy of the batch at the initial weights (no update)."""
+class DtypeMismatchError(UserError, ValueError):
+  """The peer would compute in other dtypes than ours: the timing would compare two precisions."""
+
+
+class AllocatorMismatchError(UserError, RuntimeError):
+  """The workers of one row run with different malloc settings: the row would not compare like with like."""
 
 
 def parse_cell(cell: str) -> tuple[str, int, int]:
@@ -56,68 +90,249 @@ def parse_cell(cell: str) -> tuple[str, int, int]:
   return m.group(1), int(m.group(2)), int(m.group(3))
 
 
-def our_calls(trainers: dict[str, Trainer], batch_BxT1: np.ndarray, seed: int) -> dict[str, Callable[[], Any]]:
-  """One jitted train step per contender, each on its own state; TaperNorm's placed mid-taper (0 < g < 1)."""
-  calls = {}
-  for name, tr in trainers.items():
-    state = train_bench.mid_taper(tr, tr.init_state(seed)) if name == "taper" else tr.init_state(seed)
-    box, batch = [state], jax.device_put(batch_BxT1, tr.batch_sharding)
-
-    def step(tr=tr, box=box, batch=batch):
-      box[0], metrics = tr.train_step(box[0], batch)
-      return metrics["loss"]
-
-    calls[name] = step
-  return calls
+def make_trainer(variant: str, cell: str, dtype: str) -> Trainer:
+  """A Trainer of `variant` on the cell's size and B × T batches, computing in `dtype`, with OPT's optimiser."""
+  size, B, T = parse_cell(cell)
+  cfg = run_config.get_config(variant, f"size={size}")
+  cfg.model.T, cfg.model.dtype, cfg.train.batch_size = T, dtype, B
+  cfg.opt.update(OPT)
+  return Trainer(cfg, sharding.make_mesh())
 
 
-def check_loss(ours: float, theirs: float, tolerance: float = LOSS_TOLERANCE) -> dict[str, float]:
+def dtypes(trainer: Trainer) -> dict[str, str]:
+  """The trainer's weight and compute dtypes by name."""
+  cfg = trainer.model_cfg
+  return {"param": jnp.dtype(cfg.param_dtype).name, "compute": jnp.dtype(cfg.compute_dtype).name}
+
+
+class OurStep:
+  """This project's jitted train step of one contender (baseline or taper) in a worker (`workers.Contender`). The
+  baseline writes what the peers start from: its initial weights as a Llama checkpoint (`DIR/llama`) and the batch
+  (`DIR/batch.npy`); it steps at the peak of its learning rate, TaperNorm mid-taper (0 < g < 1)."""
+
+  def __init__(self, spec: dict[str, Any]):
+    self.name, directory = spec["contender"], spec["directory"]
+    self.trainer = tr = make_trainer(OURS[self.name], spec["cell"], spec["dtype"])
+    state = tr.init_state(spec["seed"])
+    self.params_path = os.path.join(directory, f"{self.name}.npz")
+    if self.name == "baseline":
+      _, B, T = parse_cell(spec["cell"])
+      llama.save_llama({"params": state["params"], "calib": state["calib"]}, tr.model_cfg,
+                       os.path.join(directory, "llama"))
+      batch_BxT1 = np.random.default_rng(spec["seed"]).integers(0, tr.model_cfg.V, (B, T + 1), dtype=np.int32)
+      np.save(os.path.join(directory, "batch.npy"), batch_BxT1)
+      state = placed(state, tr.phases.lr_warmup)  # lr(step) = the peak: what the peer steps with
+    else:
+      batch_BxT1 = np.load(os.path.join(directory, "batch.npy"))
+      state = train_bench.mid_taper(tr, state)
+    self.state, self.batch_BxT1 = state, jax.device_put(batch_BxT1, tr.batch_sharding)
+
+  def describe(self) -> dict[str, Any]:
+    """Backend, dtypes, size and the optimiser as the peer must configure its own."""
+    tr, opt = self.trainer, self.trainer.cfg.opt
+    step = int(self.state["step"])
+    return {"backend": jax.default_backend(), "dtypes": dtypes(tr), "step": step, "cpu_paths": tr.paths_choice.record(),
+            "params": param_count(self.state["params"]), "L": tr.model_cfg.L, "D": tr.model_cfg.D,
+            "optimizer": {"lr": float(tr.lr(step)), "b1": opt.b1, "b2": opt.b2, "eps": opt.eps,
+                          "weight_decay": opt.weight_decay, "clip": opt.clip}}
+
+  def check(self) -> dict[str, Any]:
+    """The first step (it compiles): its loss; the baseline's parameters after it, under the Llama names."""
+    self.state, metrics = self.trainer.train_step(self.state, self.batch_BxT1)
+    out = {"loss": float(metrics["loss"]), "gate": float(metrics["gate"]), "lr": float(metrics["lr"])}
+    if self.name == "baseline":
+      np.savez(self.params_path, **llama.llama_tensors({"params": self.state["params"]}, self.trainer.model_cfg))
+      out["params"] = self.params_path
+    return out
+
+  def step(self) -> jax.Array:
+    """One step, dispatched."""
+    self.state, metrics = self.trainer.train_step(self.state, self.batch_BxT1)
+    return metrics["loss"]
+
+  def wait(self, out: jax.Array) -> None:
+    """Until the step (and the new state) is done."""
+    jax.block_until_ready((out, self.state))
+
+
+def placed(state: dict, step: int) -> dict:
+  """`state` at `step` for the schedules: its step counter and the learning-rate schedule's own count (optax's), while
+  Adam's count stays, so the next update is Adam's first, as a fresh peer's is, at the learning rate of `step`."""
+  at = lambda count: jax.device_put(jnp.asarray(step, count.dtype), count.sharding)
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  opt_state = jax.tree.map(lambda x: x._replace(count=at(x.count)) if is_schedule(x) else x, state["opt_state"],
+                           is_leaf=is_schedule)
+  return {**state, "step": at(state["step"]), "opt_state": opt_state}
+
+
+def check_loss(ours: float, theirs: float, tolerance: float = LOSS_TOLERANCE["float32"]) -> dict[str, float]:
   """The two first losses and their relative difference; LossMismatchError above `tolerance`."""
   rel = abs(ours - theirs) / max(abs(ours), 1e-12)
   if not rel <= tolerance:
     raise LossMismatchError(f"the peer's first-step loss {theirs:.6f} differs from this project's {ours:.6f} by "
                             f"{rel:.2e} (tolerance {tolerance:g}): the Llama checkpoint is not the same model, so "
                             "no timing is reported")
-  return {"ours": ours, "peer": theirs, "relative_difference": rel}
+  return {"ours": ours, "peer": theirs, "relative_difference": rel, "tolerance": tolerance}
 
 
-def bench_cell(cell: str, make_peer: Callable[[Trainer], TrainPeer], s: Any) -> dict[str, Any]:
-  """One cell: the loss check, then every contender's step timed round-robin, with ratios and MFU."""
-  size, B, T = parse_cell(cell)
-  opt = {"lr": 1e-4}  # every contender's learning rate (the schedule's warm-up would start the peer at 0)
-  trainers = {name: train_bench.make_trainer(variant, size, B, T, opt) for name, variant in OURS.items()}
-  base = trainers["baseline"]
-  batch_BxT1 = np.random.default_rng(s.seed).integers(0, base.model_cfg.V, (B, T + 1), dtype=np.int32)
-  peer = make_peer(base)
-  calls = our_calls(trainers, batch_BxT1, s.seed)
-  loss = check_loss(float(calls["baseline"]()), peer.first_loss(batch_BxT1))
-  calls = {**peer.train_calls(batch_BxT1), **calls}
-  runnable = {name: fn for name, fn in calls.items() if callable(fn)}
-  samples = time_interleaved(runnable, s.repeats, s.warmup, s.min_sample_s)
-  params = param_count(base.abstract_state()["params"])
-  flops = hardware.train_flops_per_token(params, base.model_cfg.L, base.model_cfg.D, T)
-  peak = hardware.peak()
-  contenders = {}
-  for name, fn in calls.items():
-    if name not in samples:
-      contenders[name] = {"na": fn}
+def compare_params(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
+                   initial: dict[str, np.ndarray] | None = None, tolerance: float = PARAM_TOLERANCE["float32"],
+                   update_tolerance: float | None = UPDATE_TOLERANCE["float32"]) -> dict[str, Any]:
+  """Parameters of the two sides after the same step, by Llama checkpoint name (ours: `llama.llama_tensors`; the
+  peer's: its state_dict as numpy, which may hold more): the worst tensor's max |difference| ÷ its max |parameter|
+  and, given the `initial` weights, the worst relative L2 difference of the update itself; ParamMismatchError above
+  `tolerance` or `update_tolerance` (None: not checked), or where a name is missing or a shape differs."""
+  missing = sorted(set(ours) - set(theirs))
+  if missing:
+    raise ParamMismatchError(f"the peer has no parameters {missing[:3]}{' ...' * (len(missing) > 3)}")
+  out: dict[str, Any] = {"tolerance": tolerance, "update_tolerance": update_tolerance, "relative": 0.0,
+                         "worst": None, "max_abs_diff": 0.0}
+  for name, a in ours.items():
+    a, b = np.asarray(a, np.float64), np.asarray(theirs[name], np.float64)
+    if a.shape != b.shape:
+      raise ParamMismatchError(f"the peer's {name} has shape {b.shape}, ours {a.shape}")
+    diff = float(np.abs(a - b).max(initial=0.0))
+    rel = diff / max(float(np.abs(a).max(initial=0.0)), 1e-12)
+    if rel >= out["relative"]:
+      out.update(relative=rel, worst=name, max_abs_diff=diff)
+    if initial is not None:
+      update = a - np.asarray(initial[name], np.float64)
+      update_rel = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(update)), 1e-30))
+      if update_rel >= out.get("update_relative_l2", 0.0):
+        out.update(update_relative_l2=update_rel, worst_update=name)
+  if not out["relative"] <= tolerance:
+    raise ParamMismatchError(f"after one optimiser step the peer's {out['worst']} differs from this project's by "
+                             f"{out['relative']:.2e} of its largest entry (tolerance {tolerance:g}): the optimisers "
+                             "(AdamW, clipping, weight decay, learning rate) differ, so no timing is reported")
+  if update_tolerance is not None and not out.get("update_relative_l2", 0.0) <= update_tolerance:
+    raise ParamMismatchError(f"the peer's first update of {out['worst_update']} differs from this project's by "
+                             f"{out['update_relative_l2']:.2e} of its norm (tolerance {update_tolerance:g}): the "
+                             "optimisers (AdamW, weight decay, learning rate) differ, so no timing is reported")
+  return out
+
+
+def check_dtypes(ours: dict[str, str], theirs: dict[str, str]) -> dict[str, dict[str, str]]:
+  """Both sides' weight and compute dtypes; DtypeMismatchError where they differ."""
+  if ours != theirs:
+    raise DtypeMismatchError(f"the peer would run with {theirs['param']} weights and {theirs['compute']} compute, "
+                             f"this project with {ours['param']} and {ours['compute']}: a timing would compare two "
+                             "precisions, so none is reported")
+  return {"ours": ours, "peer": theirs}
+
+
+def check_allocators(requested: str, described: dict[str, dict[str, Any]]) -> dict[str, Any]:
+  """The malloc setting every worker of a row reports (`requested` is the row); AllocatorMismatchError where two
+  differ."""
+  seen = {name: d["allocator"]["setting"] for name, d in described.items()}
+  if len(set(seen.values())) > 1:
+    raise AllocatorMismatchError(f"allocator row {requested!r}: the workers run with different malloc settings "
+                                 f"({', '.join(f'{n}: {v}' for n, v in seen.items())}); no timing is reported")
+  return next(iter(described.values()))["allocator"]
+
+
+def process_spawner(command: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> Spawn:
+  """Starts workers as `command + [SPEC as JSON]` (e.g. python -m experiments.peer_train_worker) with the row's
+  TAPERNORM_KEEP_FREED_MEMORY, no preallocation of a GPU's memory by jax (several processes share it), and their
+  stderr in the cell's directory."""
+  def spawn(name: str, spec: dict[str, Any], allocator: str) -> workers.WorkerProcess:
+    environ = {**os.environ, **(env or {}), "TAPERNORM_KEEP_FREED_MEMORY": ALLOCATORS[allocator],
+               "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    log = os.path.join(spec["directory"], f"{name}.log")
+    return workers.WorkerProcess(name, [*command, json.dumps({**spec, "contender": name})], environ, log, cwd)
+
+  return spawn
+
+
+def start(cell: str, allocator: str, spawn: Spawn, s: Any, directory: str, started: dict[str, Any]) -> None:
+  """Starts the cell's workers into `started` (so the caller can stop those already up if one fails), the baseline
+  first: it writes what the peers load. `--nocompile` leaves hf_compiled out."""
+  spec = {"cell": cell, "seed": s.seed, "dtype": s.dtype, "directory": directory}
+  started["baseline"] = spawn("baseline", spec, allocator)
+  ours = started["baseline"].ready
+  peer_spec = {**spec, "optimizer": ours["optimizer"], "dtypes": ours["dtypes"], "threads": s.threads,
+               "device": "cuda" if ours["backend"] == "gpu" else "cpu"}
+  started["taper"] = spawn("taper", spec, allocator)
+  for name in PEERS if s.compile else PEERS[:1]:
+    started[name] = spawn(name, peer_spec, allocator)
+
+
+def checked(started: dict[str, Any], directory: str) -> tuple[dict[str, Any], dict[str, str]]:
+  """The peers' dtypes against the baseline's (before any step), then each worker's first step and the peers' losses
+  and parameters after it against the baseline's: (the checks, the reason per contender that cannot run)."""
+  ours = started["baseline"].ready
+  checks: dict[str, Any] = {"dtypes": {name: check_dtypes(ours["dtypes"], started[name].ready["dtypes"])
+                                       for name in PEERS if name in started}, "loss": {}, "params": {}}
+  first = checks["first_step"] = {name: w.request("check") for name, w in started.items()}
+  na = {name: c["na"] for name, c in first.items() if "na" in c}
+  if "baseline" in na:
+    raise workers.WorkerError(f"the baseline's first step failed: {na['baseline']}")
+  compute = ours["dtypes"]["compute"]
+  initial = safetensors.numpy.load_file(os.path.join(directory, "llama", WEIGHTS_FILE))
+  ours_after = dict(np.load(first["baseline"]["params"]))
+  for name in PEERS:
+    if name not in started or name in na:
       continue
-    contenders[name] = summary(samples[name], B * T)
-    contenders[name]["mfu"] = hardware.mfu(contenders[name]["median"], flops, peak and peak["flops"])
-  ratios = {f"{ours}/{other}": paired_ratio(samples[ours], samples[other])
-            for ours in OURS for other in (*[n for n in runnable if n not in OURS], "baseline") if other != ours}
-  row = {"cell": cell, "size": size, "B": B, "T": T, "params": params, "flops_per_token": flops, "loss": loss,
+    checks["loss"][name] = check_loss(first["baseline"]["loss"], first[name]["loss"], LOSS_TOLERANCE[compute])
+    checks["params"][name] = compare_params(ours_after, dict(np.load(first[name]["params"])), initial,
+                                            PARAM_TOLERANCE[compute], UPDATE_TOLERANCE[compute])
+  return checks, na
+
+
+def bench_cell(cell: str, allocator: str, spawn: Spawn, s: Any, peak: dict | None = None) -> dict[str, Any]:
+  """One cell in one allocator row: the workers started and checked, then `s.repeats` rounds in which each runnable
+  contender times one sample of at least `s.min_sample_s` in turn; throughputs, round-by-round ratios and MFU."""
+  size, B, T = parse_cell(cell)
+  started: dict[str, Any] = {}
+  with tempfile.TemporaryDirectory(prefix="tapernorm-peer-train-") as directory:
+    try:
+      start(cell, allocator, spawn, s, directory, started)
+      described = {name: w.ready for name, w in started.items()}
+      in_effect = check_allocators(allocator, described)
+      checks, na = checked(started, directory)
+      if not s.compile:
+        na["hf_compiled"] = "skipped: --nocompile"
+      runnable = [name for name in (*PEERS, *OURS) if name in started and name not in na]
+      for name in runnable:
+        started[name].request(f"warmup {max(s.warmup, 1)} {s.min_sample_s}")
+      samples: dict[str, list[float]] = {name: [] for name in runnable}
+      for _ in range(s.repeats):
+        for name in runnable:  # one sample each, in turn: a round
+          samples[name].append(started[name].request("time")["seconds"])
+    finally:
+      for worker in started.values():
+        worker.close()
+  ours = described["baseline"]
+  flops = hardware.train_flops_per_token(ours["params"], ours["L"], ours["D"], T)
+  contenders: dict[str, Any] = {}
+  for name in (*PEERS, *OURS):
+    if name in na:
+      contenders[name] = {"na": na[name]}
+    elif name in samples:
+      contenders[name] = summary(samples[name], B * T)
+      contenders[name]["mfu"] = hardware.mfu(contenders[name]["median"], flops, peak and peak["flops"])
+  ratios = {f"{a}/{b}": paired_ratio(samples[a], samples[b])
+            for a in OURS for b in (*PEERS, "baseline") if a != b and a in samples and b in samples}
+  row = {"cell": cell, "size": size, "B": B, "T": T, "allocator": allocator, "allocator_in_effect": in_effect,
+         "params": ours["params"], "flops_per_token": flops, "dtypes": checks["dtypes"], "loss": checks["loss"],
+         "param_agreement": checks["params"], "workers": described,
+         "first_step": {n: {k: v for k, v in c.items() if k != "params"} for n, c in checks["first_step"].items()},
          "contenders": contenders, "ratios": ratios, "peak": peak}
   log_cell(row)
   return row
 
 
+def bench(s: Any, spawn: Spawn) -> list[dict[str, Any]]:
+  """Every cell of `s.train_cells` in each allocator row, the rows of a cell back to back."""
+  peak = hardware.peak()
+  return [bench_cell(cell, allocator, spawn, s, peak) for cell in s.train_cells for allocator in ALLOCATORS]
+
+
 def log_cell(row: dict) -> None:
-  """One line per cell: each contender's median tokens/s and the baseline's ratio to each peer contender."""
+  """One line per cell and row: each contender's median tokens/s and the baseline's ratio to each peer contender."""
   c, r = row["contenders"], row["ratios"]
   cells = ", ".join(f"{LABELS[n]} " + (f"{x['median']:,.0f} tok/s" if "median" in x else "n/a") for n, x in c.items())
   ratios = ", ".join(f"{k} {v['median']:.2f}×" for k, v in r.items())
-  print(f"train {row['cell']}: {cells}; {ratios}", flush=True)
+  print(f"train {row['cell']} (allocator: {row['allocator']}): {cells}; {ratios}", flush=True)
 
 
 def ratio_cell(row: dict, key: str) -> str:
@@ -126,22 +341,58 @@ def ratio_cell(row: dict, key: str) -> str:
   return f"{r['median']:.2f}× ({r['min']:.2f}–{r['max']:.2f})" if r else "–"
 
 
+def allocator_cell(row: dict) -> str:
+  """The row's malloc setting, and why it did not hold where it did not."""
+  effect = row["allocator_in_effect"]
+  held = effect["setting"] == ("default" if row["allocator"] == "default" else "project settings")
+  return row["allocator"] + ("" if held else f" (not in effect: {effect['keep_freed_memory']})")
+
+
 def markdown(rows: list[dict], repeats: int, min_sample_s: float) -> str:
-  """The train table: tokens/s per contender, ours / HF round by round, TaperNorm / baseline, MFU."""
+  """The train table: tokens/s per contender and allocator row, ours / HF round by round, TaperNorm / baseline, MFU;
+  then the checks and what each peer contender ran."""
   tok = lambda x: f"{x['median']:,.0f}" if "median" in x else "n/a"
-  table = [[r["size"], f"{r['B']} × {r['T']}", *(tok(r["contenders"].get(n, {})) for n in LABELS),
+  table = [[r["size"], f"{r['B']} × {r['T']}", allocator_cell(r), *(tok(r["contenders"].get(n, {})) for n in LABELS),
             ratio_cell(r, "baseline/hf_eager"), ratio_cell(r, "baseline/hf_compiled"),
             ratio_cell(r, "taper/baseline"), mfu_cell(r)] for r in rows]
-  peak = next((r["peak"] for r in rows if r["peak"]), None)
+  worst = lambda key, field: max((c[field] for r in rows for c in r[key].values() if field in c), default=0.0)
+  dtype = rows[0]["dtypes"].get("hf_eager", {}).get("ours", {}) if rows else {}
   lines = [f"One optimiser step (forward, backward, global-norm clipping, AdamW), tokens/s, median of {repeats} "
-           f"interleaved rounds of at least {min_sample_s:g} s per contender; ratios are per round (median and "
-           "min–max over the rounds). First-step losses agree within "
-           f"{max(r['loss']['relative_difference'] for r in rows):.1e} (relative).", "",
-           markdown_table(["size", "B × T", *LABELS.values(), "baseline / HF eager", "baseline / HF compiled",
-                           "all_taper / baseline", "MFU (baseline)"], table), ""]
+           f"interleaved rounds of at least {min_sample_s:g} s per contender, each contender in its own process; "
+           "ratios are per round (median and min–max over the rounds). Every cell runs twice: every process with "
+           "glibc malloc's defaults (allocator: default), and every process with this project's "
+           "(allocator.keep_freed_memory: one arena, no mmap, no trimming).", "",
+           markdown_table(["size", "B × T", "allocator", *LABELS.values(), "baseline / HF eager",
+                           "baseline / HF compiled", "all_taper / baseline", "MFU (baseline)"], table), ""]
+  if dtype:
+    lines.append(f"Both sides in {dtype['param']} weights and {dtype['compute']} compute. First-step losses agree "
+                 f"within {worst('loss', 'relative_difference'):.1e} (relative); parameters after that step within "
+                 f"{worst('param_agreement', 'relative'):.1e} of each tensor's largest entry (the update itself: "
+                 f"{worst('param_agreement', 'update_relative_l2'):.1e}, relative L2).")
+  paths = {f"{r['size']} {LABELS[n]}": d["cpu_paths"]["name"] for r in rows
+           for n, d in r.get("workers", {}).items() if "cpu_paths" in d}
+  if paths:
+    lines.append("Our CPU paths (`train.cpu_paths=auto`, timed on this host): "
+                 + ", ".join(f"{k}: {v}" for k, v in paths.items()) + ".")
+  lines += [f"* {line}" for line in peer_notes(rows)]
+  peak = next((r["peak"] for r in rows if r["peak"]), None)
   if peak:
     lines.append(f"MFU: 6·N + 12·L·D·T FLOPs per token against {peak['source']}.")
   return "\n".join(lines)
+
+
+def peer_notes(rows: list[dict]) -> list[str]:
+  """One line per peer contender: what it ran (compiled form, optimiser) or why it could not, each line once."""
+  seen: dict[str, None] = {}
+  for row in rows:
+    for name in PEERS:
+      first = row["first_step"].get(name, {})
+      na = row["contenders"].get(name, {}).get("na")
+      line = f"{LABELS[name]}: n/a ({na})" if na else f"{LABELS[name]}: {first.get('ran', '?')}"
+      if "graphs" in first and not na:
+        line += f"; {first['graphs']} graphs, split at: {'; '.join(first['graph_breaks']) or 'nothing'}"
+      seen.setdefault(line, None)
+  return list(seen)
 
 
 def mfu_cell(row: dict) -> str:

@@ -49,12 +49,14 @@ def test_markdown_shows_ratios_and_the_reason_for_n_a():
       "peer": {"torch": "2.13.0", "transformers": "5.24.0", "device": "cpu", "threads": 2},
       "settings": {"size": "30m", "variant": "internal_taper", "dtype": "float32", "repeats": 7},
       "forward": [{"B": 1, "T": 128, "contenders": {"hf_eager": rate(2000.0), "hf_compiled": {"na": "Boom: why"},
-                                                   "baseline": rate(3000.0), "folded": rate(4000.0)}}],
+                                                   "baseline": rate(3000.0), "folded": rate(4000.0),
+                                                   "baseline_every_position": rate(2500.0)}}],
       "decode": [{"B": 1, "prompt": 128, "new_tokens": 128, "greedy_agreement": {"hf_eager": 128},
                   "contenders": {"hf_eager": rate(100.0), "hf_compiled": rate(200.0), "baseline": rate(300.0),
                                  "folded": rate(400.0)}}]}
   table = peer.markdown(results)
-  assert "| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.00× (2.00–2.00) | – |" in table
+  assert ("| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.50 ± 1.0% | 2.00× (2.00–2.00) | – | "
+          "1.25× (1.25–1.25) |") in table  # the last: the baseline doing HF's work (every block on every position)
   assert "* HF torch.compile: n/a (Boom: why)" in table
   rates = " | ".join(f"{x}.00 ± 1.0%" for x in (100, 200, 300, 400))
   assert f"| 1 | 128 | 128 | {rates} | 4.00× (4.00–4.00) | 2.00× (2.00–2.00) | 128/128 |" in table

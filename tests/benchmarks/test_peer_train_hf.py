@@ -1,0 +1,51 @@
+"""The train mode against the real peer (experiments/peer_train_hf.py: Hugging Face LlamaForCausalLM + torch AdamW),
+every contender in its own worker process: after one optimiser step from the same weights and batch the peer's
+parameters are this project's (float32 here: ~2e-6 of each tensor's largest entry, eager and compiled; the run's
+own tolerance is peer_train.PARAM_TOLERANCE), and bf16 compute runs the peer under autocast. Needs the peer extra:
+.ci/peer runs these tests in .venv-peer; elsewhere they are skipped."""
+
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch (the peer extra) is not installed here; .ci/peer runs these tests")
+pytest.importorskip("transformers", reason="transformers (the peer extra) is not installed here; .ci/peer runs them")
+
+from tapernorm_jax.benchmarks import peer, peer_train  # noqa: E402
+from locations import ROOT  # noqa: E402
+
+CELL = "cpu:8x16"  # B a multiple of the tests' 8 fake devices (the workers inherit them)
+
+
+def bench(allocator: str, **changes) -> dict:
+  """One cell of the train mode with real worker processes (`python -m experiments.peer_train_worker`)."""
+  s = peer.Settings(size="cpu", repeats=1, warmup=1, min_sample_s=0.0, **changes)
+  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
+  return peer_train.bench_cell(CELL, allocator, spawn, s, {"flops": 1e11, "source": "a test peak"})
+
+
+def test_after_one_step_the_peer_s_parameters_are_ours_eager_and_compiled():
+  row = bench("project settings", dtype="float32")
+  for name in peer_train.PEERS:
+    assert row["loss"][name]["relative_difference"] < 1e-6
+    assert row["param_agreement"][name]["relative"] < 1e-4, row["param_agreement"][name]
+    assert row["param_agreement"][name]["update_relative_l2"] < 1e-3, row["param_agreement"][name]
+    assert row["dtypes"][name]["peer"] == {"param": "float32", "compute": "float32"}
+    assert row["workers"][name]["jax_imported"] is False and row["workers"][name]["autocast"] is False
+  assert all("median" in row["contenders"][name] for name in (*peer_train.PEERS, *peer_train.OURS))
+  assert {w["allocator"]["setting"] for w in row["workers"].values()} == {"project settings"}
+  assert len({w["pid"] for w in row["workers"].values()}) == 4
+  assert row["first_step"]["hf_eager"]["ran"] == "eager; AdamW fused=True"
+  compiled = row["first_step"]["hf_compiled"]
+  assert compiled["ran"].startswith("torch.compile of the whole step") and compiled["failed_before"] == []
+  assert compiled["graphs"] >= 1
+
+
+def test_bf16_compute_runs_the_peer_under_autocast_over_float32_weights():
+  row = bench("default", dtype="bfloat16", compile=False)
+  assert row["dtypes"]["hf_eager"] == {"ours": {"param": "float32", "compute": "bfloat16"},
+                                       "peer": {"param": "float32", "compute": "bfloat16"}}
+  assert row["workers"]["hf_eager"]["autocast"] is True
+  assert row["loss"]["hf_eager"]["relative_difference"] < peer_train.LOSS_TOLERANCE["bfloat16"]
+  assert row["contenders"]["hf_compiled"] == {"na": "skipped: --nocompile"}
+  assert {w["allocator"]["setting"] for w in row["workers"].values()} == {"default"}
