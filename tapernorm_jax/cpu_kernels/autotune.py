@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import jaxlib
 import numpy as np
 
 from tapernorm_jax import files
+from tapernorm_jax.cpu_kernels import build
 
 log = logging.getLogger(__name__)
 ROUNDS = 3  # alternated rounds; each candidate's time is its median over them
@@ -58,26 +58,12 @@ class Choice:
 
 
 def host_signature() -> dict[str, Any]:
-  """What a timing depends on besides the shape: the CPU model and its flags, the cores this process may use,
-  jaxlib, XLA's flags and the devices."""
-  cpu = _cpuinfo()
+  """What a timing depends on besides the shape: the CPU model and its flags (as the kernels' builds key them), the
+  cores this process may use, jaxlib, XLA's flags, the kernels' -march and the devices."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"cpu": cpu.get("model name", platform.processor()), "flags": hashlib.sha256(
-      cpu.get("flags", cpu.get("Features", "")).encode()).hexdigest()[:12], "cores": cores,
-      "jaxlib": jaxlib.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
-      "kernel_march": os.environ.get("TAPERNORM_KERNEL_MARCH", "native")}
-
-
-def _cpuinfo() -> dict[str, str]:
-  """The first `key: value` of each key in /proc/cpuinfo ({} where there is none)."""
-  try:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-  except OSError:
-    return {}
-  info: dict[str, str] = {}
-  for key, _, value in (line.partition(":") for line in lines):
-    info.setdefault(key.strip(), value.strip())
-  return info
+  return {"cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12], "cores": cores,
+          "jaxlib": jaxlib.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
+          "kernel_march": build.MARCH}
 
 
 def cache_file(what: str, shape: dict[str, Any]) -> Path:

@@ -35,7 +35,7 @@ def cache_dir() -> Path:
   return Path(files.cache_dir())
 
 
-def _cpu_id() -> str:
+def cpu_id() -> str:
   """The CPU model and flags (a -march=native build runs only where they match)."""
   try:
     lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -59,7 +59,7 @@ def library(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
   compiler = shutil.which(os.environ.get("CXX", "c++"))
   if compiler is None:
     raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)")
-  key = hashlib.sha256("\n".join([source.read_text(), jaxlib.__version__, _cpu_id(), compiler, *flags])
+  key = hashlib.sha256("\n".join([source.read_text(), jaxlib.__version__, cpu_id(), compiler, *flags])
                        .encode()).hexdigest()[:16]
   built_library = cache_dir() / f"{source.stem}-{key}.so"
   if built_library.exists():

@@ -83,18 +83,17 @@ def choose(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "aut
 
 def timed_projections(variables: PyTree, projection: Projection, rows: int) -> autotune.Run:
   """One call of every projection of a decode step (each weight against `rows` rows) through `projection`."""
-  mats = [(path, w_OxK) for path, w_OxK in traverse_util.flatten_dict(variables[MATVEC]).items()]
-  mats = [(path, w_OxK.reshape(-1, w_OxK.shape[-1])) for path, w_OxK in mats]
-  x_1xRxK = [jnp.ones((1, rows, w_OxK.shape[1]), jnp.float32) for _, w_OxK in mats]
-  w_KxO = [jnp.asarray(w_OxK.T) for _, w_OxK in mats]
+  w_OxK = [w.reshape(-1, w.shape[-1]) for w in jax.tree.leaves(variables[MATVEC])]
+  x_1xRxK = [jnp.ones((1, rows, w.shape[1]), jnp.float32) for w in w_OxK]
+  w_KxO = [jnp.asarray(w.T) for w in w_OxK]
 
   def step(x_1xRxK: list[Array], w_OxK: list[Array], w_KxO: list[Array]) -> list[Array]:
     if projection is kernel_projection:
       return [matvec.rows(x[0], w) for x, w in zip(x_1xRxK, w_OxK)]
     return [projection(None, "", "btk,ko->bto", x, w) for x, w in zip(x_1xRxK, w_KxO)]
 
-  fn = jax.jit(step).lower(x_1xRxK, [w for _, w in mats], w_KxO).compile()
-  return lambda: jax.block_until_ready(fn(x_1xRxK, [w for _, w in mats], w_KxO))
+  fn = jax.jit(step).lower(x_1xRxK, w_OxK, w_KxO).compile()
+  return lambda: jax.block_until_ready(fn(x_1xRxK, w_OxK, w_KxO))
 
 
 def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:

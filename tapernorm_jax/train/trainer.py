@@ -120,8 +120,8 @@ class Trainer:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
     return self.has_fixed_step and step >= self.method.off_step
 
-  def loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
-           model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[jax.Array, tuple]:
+  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
+            model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[jax.Array, tuple]:
     """CE + λ·L_aux on a batch of windows; returns (loss, (ce, aux, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg, candidate).apply(
@@ -134,7 +134,7 @@ class Trainer:
              model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[tuple, PyTree]:
     """((loss, (ce, aux, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every group of
     k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
-    loss_fn = lambda p, batch: self.loss(p, calib, batch, gate, step, model_cfg, record, candidate)
+    loss_fn = lambda p, batch: self._loss(p, calib, batch, gate, step, model_cfg, record, candidate)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if self.cfg.train.microbatches == 1:
       return grad_fn(params, batch_BxT1)
@@ -177,7 +177,7 @@ class Trainer:
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there), one microbatch at a time."""
-    ce_of = lambda micro_MxT1: self.loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
+    ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
                                           state["step"], self.fixed_cfg, False)[1][0]
     return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
 
