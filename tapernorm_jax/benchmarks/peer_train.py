@@ -21,6 +21,7 @@ peer contender's first loss must be the baseline's, and its parameters after tha
 import json
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -46,10 +47,13 @@ from tapernorm_jax.train.trainer import Trainer
 
 PyTree = Any
 CELLS = ("1m:16x512", "9m:4x512", "30m:1x512")  # the issue's grid: a step of about the same cost on 2 cores
-OURS = {"baseline": "baseline", "taper": "all_taper"}  # contender → variant
+OURS = {"baseline": "baseline", "library": "baseline", "taper": "all_taper"}  # contender → variant
+# How each of ours is started: through an entry point (experiments/, as `python -m experiments.NAME` runs), or as a
+# user's script or notebook builds a Trainer (`import tapernorm_jax` first, no entry point: library_worker.py).
+LIBRARY_WORKER = [sys.executable, "-m", "tapernorm_jax.benchmarks.library_worker"]
 PEERS = ("hf_eager", "hf_compiled")  # experiments/peer_train_hf.py
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
-          "taper": "ours all_taper, 0 < g < 1"}
+          "library": "ours baseline, library-built", "taper": "ours all_taper, 0 < g < 1"}
 ALLOCATORS = {"default": "0", "project settings": "1"}  # row → TAPERNORM_KEEP_FREED_MEMORY in every worker
 OPT = {"lr": 1e-4, "weight_decay": 0.1}  # every contender's; decay > 0 so the one-step check covers its mask
 # Measured on this project's 2-core CPU (docs/benchmarks.md), the tolerances with room above them. First loss, relative
@@ -106,9 +110,9 @@ def dtypes(trainer: Trainer) -> dict[str, str]:
 
 
 class OurStep:
-  """This project's jitted train step of one contender (baseline or taper) in a worker (`workers.Contender`). The
-  baseline writes what the peers start from: its initial weights as a Llama checkpoint (`DIR/llama`) and the batch
-  (`DIR/batch.npy`); it steps at the peak of its learning rate, TaperNorm mid-taper (0 < g < 1)."""
+  """This project's jitted train step of one contender (`OURS`) in a worker (`workers.Contender`). The baseline writes
+  what the peers start from: its initial weights as a Llama checkpoint (`DIR/llama`) and the batch (`DIR/batch.npy`);
+  it and the library-built baseline step at the peak of their learning rate, TaperNorm mid-taper (0 < g < 1)."""
 
   def __init__(self, spec: dict[str, Any]):
     self.name, directory = spec["contender"], spec["directory"]
@@ -121,17 +125,19 @@ class OurStep:
                        os.path.join(directory, "llama"))
       batch_BxT1 = np.random.default_rng(spec["seed"]).integers(0, tr.model_cfg.V, (B, T + 1), dtype=np.int32)
       np.save(os.path.join(directory, "batch.npy"), batch_BxT1)
-      state = placed(state, tr.phases.lr_warmup)  # lr(step) = the peak: what the peer steps with
     else:
       batch_BxT1 = np.load(os.path.join(directory, "batch.npy"))
-      state = train_bench.mid_taper(tr, state)
+    # lr(step) = the peak: what the peer steps with
+    state = train_bench.mid_taper(tr, state) if self.name == "taper" else placed(state, tr.phases.lr_warmup)
     self.state, self.batch_BxT1 = state, jax.device_put(batch_BxT1, tr.batch_sharding)
 
   def describe(self) -> dict[str, Any]:
-    """Backend, dtypes, size and the optimiser as the peer must configure its own."""
+    """Backend, dtypes, paths, size, the optimiser as the peer must configure its own, and whether an entry point
+  started this process."""
     tr, opt = self.trainer, self.trainer.cfg.opt
     step = int(self.state["step"])
     return {"backend": jax.default_backend(), "dtypes": dtypes(tr), "step": step, "cpu_paths": tr.paths_choice.record(),
+            "entry_point": "experiments" in sys.modules,  # false in the library-built baseline's process
             "params": param_count(self.state["params"]), "L": tr.model_cfg.L, "D": tr.model_cfg.D,
             "optimizer": {"lr": float(tr.lr(step)), "b1": opt.b1, "b2": opt.b2, "eps": opt.eps,
                           "weight_decay": opt.weight_decay, "clip": opt.clip}}
@@ -231,14 +237,15 @@ def check_allocators(requested: str, described: dict[str, dict[str, Any]]) -> di
 
 
 def process_spawner(command: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> Spawn:
-  """Starts workers as `command + [SPEC as JSON]` (e.g. python -m experiments.peer_train_worker) with the row's
-  TAPERNORM_KEEP_FREED_MEMORY, no preallocation of a GPU's memory by jax (several processes share it), and their
-  stderr in the cell's directory."""
+  """Starts workers as `command + [SPEC as JSON]` (e.g. python -m experiments.peer_train_worker; the library-built
+  baseline as `LIBRARY_WORKER`) with the row's TAPERNORM_KEEP_FREED_MEMORY, no preallocation of a GPU's memory by jax
+  (several processes share it), and their stderr in the cell's directory."""
   def spawn(name: str, spec: dict[str, Any], allocator: str) -> workers.WorkerProcess:
     environ = {**os.environ, **(env or {}), "TAPERNORM_KEEP_FREED_MEMORY": ALLOCATORS[allocator],
                "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     log = os.path.join(spec["directory"], f"{name}.log")
-    return workers.WorkerProcess(name, [*command, json.dumps({**spec, "contender": name})], environ, log, cwd)
+    argv = [*(LIBRARY_WORKER if name == "library" else command), json.dumps({**spec, "contender": name})]
+    return workers.WorkerProcess(name, argv, environ, log, cwd)
 
   return spawn
 
@@ -251,7 +258,8 @@ def start(cell: str, allocator: str, spawn: Spawn, s: Any, directory: str, start
   ours = started["baseline"].ready
   peer_spec = {**spec, "optimizer": ours["optimizer"], "dtypes": ours["dtypes"], "threads": s.threads,
                "device": "cuda" if ours["backend"] == "gpu" else "cpu"}
-  started["taper"] = spawn("taper", spec, allocator)
+  for name in [name for name in OURS if name != "baseline"]:
+    started[name] = spawn(name, spec, allocator)
   for name in PEERS if s.compile else PEERS[:1]:
     started[name] = spawn(name, peer_spec, allocator)
 
@@ -354,16 +362,19 @@ def markdown(rows: list[dict], repeats: int, min_sample_s: float) -> str:
   tok = lambda x: f"{x['median']:,.0f}" if "median" in x else "n/a"
   table = [[r["size"], f"{r['B']} × {r['T']}", allocator_cell(r), *(tok(r["contenders"].get(n, {})) for n in LABELS),
             ratio_cell(r, "baseline/hf_eager"), ratio_cell(r, "baseline/hf_compiled"),
-            ratio_cell(r, "taper/baseline"), mfu_cell(r)] for r in rows]
+            ratio_cell(r, "taper/baseline"), ratio_cell(r, "library/baseline"), mfu_cell(r)] for r in rows]
   worst = lambda key, field: max((c[field] for r in rows for c in r[key].values() if field in c), default=0.0)
   dtype = rows[0]["dtypes"].get("hf_eager", {}).get("ours", {}) if rows else {}
   lines = [f"One optimiser step (forward, backward, global-norm clipping, AdamW), tokens/s, median of {repeats} "
            f"interleaved rounds of at least {min_sample_s:g} s per contender, each contender in its own process; "
            "ratios are per round (median and min–max over the rounds). Every cell runs twice: every process with "
            "glibc malloc's defaults (allocator: default), and every process with this project's "
-           "(allocator.keep_freed_memory: one arena, no mmap, no trimming).", "",
+           "(allocator.keep_freed_memory: one arena, no mmap, no trimming). Ours baseline runs in a process an entry "
+           "point started (python -m experiments...); library-built is the same step in a process started as a "
+           "user's script is (import tapernorm_jax, then a Trainer; tapernorm_jax/benchmarks/library_worker.py).", "",
            markdown_table(["size", "B × T", "allocator", *LABELS.values(), "baseline / HF eager",
-                           "baseline / HF compiled", "all_taper / baseline", "MFU (baseline)"], table), ""]
+                           "baseline / HF compiled", "all_taper / baseline", "library-built / baseline",
+                           "MFU (baseline)"], table), ""]
   if dtype:
     lines.append(f"Both sides in {dtype['param']} weights and {dtype['compute']} compute. First-step losses agree "
                  f"within {worst('loss', 'relative_difference'):.1e} (relative); parameters after that step within "

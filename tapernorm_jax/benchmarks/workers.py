@@ -11,8 +11,8 @@ answers each command on its stdin with one JSON line:
 
 A command that fails is answered {"error": one line} (the traceback goes to stderr). The coordinator asks its
 workers in turn, one at a time, so rounds interleave as `timing.time_interleaved`'s do while every contender keeps
-its own process, allocator and threads. This module is the standard library only: a worker of another framework
-(experiments/peer_train_hf.py's PyTorch) imports it without jax.
+its own process, allocator and threads. This module imports the standard library and tapernorm_jax.allocator only: a
+worker of another framework (experiments/peer_train_hf.py's PyTorch) imports it without jax.
 """
 
 import json
@@ -26,6 +26,8 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import IO, Any, Protocol
+
+from tapernorm_jax import allocator
 
 READY_TIMEOUT_S = 600.0  # imports and building the contender
 COMMAND_TIMEOUT_S = 1800.0  # a first step compiles (torch.compile of a 30M model's step: minutes on 2 cores)
@@ -51,6 +53,14 @@ class Contender(Protocol):
     """Returns once the step that returned `out` (and every one before it) is done."""
 
 
+def allocator_setting() -> dict[str, Any]:
+  """The malloc setting this worker runs with (`allocator.in_effect`), as a benchmark row names it: `setting` (default
+  or project settings), `keep_freed_memory` (set, or why not) and `set_before_jax`."""
+  effect = allocator.in_effect()
+  return {"setting": "project settings" if effect["keeps_freed_memory"] else "default",
+          "keep_freed_memory": effect["why_not"] or "set", "set_before_jax": effect.get("set_before_jax", False)}
+
+
 def protocol_stream() -> IO[str]:
   """This process's stdout, for the replies alone: file descriptor 1 (and `sys.stdout`) then go to stderr, so what
   a library prints cannot break a reply."""
@@ -64,6 +74,16 @@ def reason(error: BaseException) -> str:
   """An exception as one short line: its type and the first line of its message."""
   lines = str(error).strip().splitlines()
   return f"{type(error).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+
+
+def main(argv: list[str], make: Callable[[dict[str, Any]], Contender], usage: str) -> None:
+  """A worker process's body: SPEC (JSON) from `argv[1]`, replies on the original stdout, `make(SPEC)` served."""
+  if len(argv) != 2:
+    sys.exit(f"usage: {usage}")
+  spec = json.loads(argv[1])
+  replies = protocol_stream()
+  header = {"contender": spec["contender"], "pid": os.getpid(), "allocator": allocator_setting()}
+  serve(lambda: make(spec), sys.stdin, replies, header)
 
 
 def serve(make: Callable[[], Contender], commands: IO[str], replies: IO[str], header: dict[str, Any]) -> None:

@@ -132,8 +132,10 @@ def test_a_cell_checks_the_peers_then_times_every_contender_in_turn():
   assert row["dtypes"]["hf_eager"]["peer"] == {"param": "float32", "compute": "float32"}
   assert c["hf_compiled"] == {"na": "InductorError: no C++ compiler"}
   assert all(len(c[name]["seconds"]) == 2 for name in ("hf_eager", "baseline", "taper"))
-  assert made[2].steps >= 1 + 2  # warm-up, then one sample per round
-  assert set(row["ratios"]) == {"baseline/hf_eager", "taper/hf_eager", "taper/baseline"}
+  assert made[3].steps >= 1 + 2  # warm-up, then one sample per round
+  assert set(row["ratios"]) == {"baseline/hf_eager", "library/hf_eager", "library/baseline", "taper/hf_eager",
+                                "taper/baseline"}
+  assert row["first_step"]["library"]["loss"] == row["first_step"]["baseline"]["loss"]
   assert row["first_step"]["taper"]["gate"] < 1 and row["first_step"]["baseline"]["lr"] == pytest.approx(1e-4)
   model = run_config.get_config("baseline", "size=cpu").model
   assert row["flops_per_token"] == 6 * row["params"] + 12 * model.L * model.D * 16
@@ -160,7 +162,7 @@ def test_this_project_s_worker_runs_in_its_own_process_with_the_row_s_allocator(
   worker = spawn("baseline", spec, "default")
   try:
     ready = worker.ready
-    assert ready["allocator"] == {"setting": "default", "before_jax_and_torch": True,
+    assert ready["allocator"] == {"setting": "default", "set_before_jax": True,
                                   "keep_freed_memory": "turned off by TAPERNORM_KEEP_FREED_MEMORY=0"}
     assert ready["pid"] != os.getpid() and ready["dtypes"] == {"param": "float32", "compute": "float32"}
     assert worker.request("check")["params"] == str(tmp_path / "baseline.npz")
@@ -173,6 +175,25 @@ def test_this_project_s_worker_runs_in_its_own_process_with_the_row_s_allocator(
   assert {"llama", "batch.npy", "baseline.npz", "baseline.log"} <= set(os.listdir(tmp_path))
 
 
+def test_the_library_built_baseline_starts_as_a_script_does_with_the_entry_point_s_settings(tmp_path):
+  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
+  spec = {"cell": CELL, "seed": 0, "dtype": "float32", "directory": str(tmp_path)}
+  started = {}
+  try:
+    for name in ("baseline", "library"):  # the baseline first: it writes the batch
+      started[name] = spawn(name, spec, "project settings")
+    ready = {name: worker.ready for name, worker in started.items()}
+    assert ready["baseline"]["entry_point"] is True and ready["library"]["entry_point"] is False
+    assert ready["library"]["allocator"] == ready["baseline"]["allocator"] == {
+        "setting": "project settings", "keep_freed_memory": "set", "set_before_jax": True}
+    assert ready["library"]["cpu_paths"] == ready["baseline"]["cpu_paths"]
+    first = {name: worker.request("check") for name, worker in started.items()}
+    assert first["library"]["loss"] == first["baseline"]["loss"] and first["library"]["lr"] == first["baseline"]["lr"]
+  finally:
+    for worker in started.values():
+      worker.close()
+
+
 def test_a_worker_that_dies_is_reported_with_its_stderr(tmp_path):
   argv = [sys.executable, "-c", "import sys; print('the reason', file=sys.stderr); sys.exit(3)"]
   with pytest.raises(workers.WorkerError, match=r"(?s)w worker exited \(code 3\) during 'starting'.*the reason"):
@@ -183,9 +204,9 @@ def test_the_table_has_a_row_per_allocator_and_takes_ratios_round_by_round():
   drift = (1.0, 1.6, 0.9)  # the machine's speed per round, shared by every contender: cancels from each ratio
   rate = lambda median: {"median": median, "seconds": [1 / (median * f) for f in drift], "mfu": 0.25}
   contenders = {"hf_eager": rate(1000.0), "hf_compiled": rate(1500.0), "baseline": rate(1800.0),
-                "taper": rate(1764.0)}
+                "library": rate(1782.0), "taper": rate(1764.0)}
   ratios = {key: peer.paired_ratio(contenders[key.split("/")[0]]["seconds"], contenders[key.split("/")[1]]["seconds"])
-            for key in ("baseline/hf_eager", "baseline/hf_compiled", "taper/baseline")}
+            for key in ("baseline/hf_eager", "baseline/hf_compiled", "taper/baseline", "library/baseline")}
   f32 = {"param": "float32", "compute": "float32"}
   row = lambda allocator, effect: {
       "size": "9m", "B": 4, "T": 512, "allocator": allocator, "allocator_in_effect": effect, "contenders": contenders,
@@ -198,8 +219,8 @@ def test_the_table_has_a_row_per_allocator_and_takes_ratios_round_by_round():
   rows = [row("default", {"setting": "default"}),
           row("project settings", {"setting": "default", "keep_freed_memory": "malloc is not glibc's on darwin"})]
   table = peer_train.markdown(rows, repeats=3, min_sample_s=3.0)
-  assert ("| 9m | 4 × 512 | default | 1,000 | 1,500 | 1,800 | 1,764 | 1.80× (1.80–1.80) | 1.20× (1.20–1.20) | "
-          "0.98× (0.98–0.98) | 25.0% |") in table
+  assert ("| 9m | 4 × 512 | default | 1,000 | 1,500 | 1,800 | 1,782 | 1,764 | 1.80× (1.80–1.80) | 1.20× (1.20–1.20) | "
+          "0.98× (0.98–0.98) | 0.99× (0.99–0.99) | 25.0% |") in table
   assert "| 9m | 4 × 512 | project settings (not in effect: malloc is not glibc's on darwin) | 1,000 |" in table
   assert "parameters after that step within 3.0e-06 of each tensor's largest entry" in table
   assert "* HF torch.compile: torch.compile of the whole step; 4 graphs, split at: Unsupported Tensor" in table

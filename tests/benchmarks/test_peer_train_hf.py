@@ -34,7 +34,7 @@ def test_after_one_step_the_peer_s_parameters_are_ours_eager_and_compiled():
     assert row["workers"][name]["jax_imported"] is False and row["workers"][name]["autocast"] is False
   assert all("median" in row["contenders"][name] for name in (*peer_train.PEERS, *peer_train.OURS))
   assert {w["allocator"]["setting"] for w in row["workers"].values()} == {"project settings"}
-  assert len({w["pid"] for w in row["workers"].values()}) == 4
+  assert len({w["pid"] for w in row["workers"].values()}) == 5
   assert row["first_step"]["hf_eager"]["ran"] == "eager; AdamW fused=True"
   compiled = row["first_step"]["hf_compiled"]
   assert compiled["ran"].startswith("torch.compile of the whole step") and compiled["failed_before"] == []

@@ -1,0 +1,16 @@
+"""The peer train benchmark's library-built baseline: `python -m tapernorm_jax.benchmarks.library_worker SPEC`, started
+by tapernorm_jax/benchmarks/peer_train.py, never by hand.
+
+The same step as the `baseline` contender (`peer_train.OurStep`), in a process that starts as a user's script or
+notebook does: `import tapernorm_jax` first (which sets malloc: tapernorm_jax/allocator.py), then a Trainer, and
+nothing of experiments/ or `cli.run`. The benchmark times it beside the baseline that an entry point started, so a
+process-level setting that only the entry points make shows up as a gap between the two.
+"""
+
+import sys
+
+from tapernorm_jax.benchmarks import peer_train, workers
+
+if __name__ == "__main__":
+  workers.main(sys.argv, peer_train.OurStep,
+               "python -m tapernorm_jax.benchmarks.library_worker SPEC (JSON; started by experiments.benchmark_peer)")
