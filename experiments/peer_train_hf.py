@@ -16,18 +16,29 @@ rate. Two contenders, each trying its forms in order and recording which ran and
                  loss only.
 
 A failed form starts the next from the initial weights and a new optimiser. No jax is imported here.
+
+Held to an instruction set (`ATEN_CPU_CAPABILITY=avx2`), inductor gets a cache directory of its own: with torch
+2.13 its cache key leaves ATen's capability out, and a step compiled under AVX-512 and reused under AVX2 gave a first
+loss of 8.53 where the baseline's and a freshly compiled step's were 9.22 (1M, on this project's EPYC).
 """
 
+import getpass
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
-import transformers
+if os.environ.get("ATEN_CPU_CAPABILITY"):  # before torch is imported: inductor reads it then
+  os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+      tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY'].lower()}"))
 
-from tapernorm_jax.benchmarks.workers import reason
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from torch._inductor import cpu_vec_isa  # noqa: E402
+
+from tapernorm_jax.benchmarks.workers import reason  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Step = Callable[[], torch.Tensor]
@@ -53,12 +64,14 @@ class HuggingFaceStep:
     self.fn: Step | None = None
 
   def describe(self) -> dict[str, Any]:
-    """Dtypes (what the run checks against ours), device, threads and versions."""
+    """Dtypes (what the run checks against ours), device, threads, versions and the instruction set ATen runs."""
     name = lambda dtype: str(dtype).removeprefix("torch.")
     return {"dtypes": {"param": name(self.param_dtype), "compute": name(self.compute_dtype)},
             "autocast": self.compute_dtype != self.param_dtype, "device": self.device,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "attention": "sdpa", "jax_imported": "jax" in sys.modules}
+            "attention": "sdpa", "jax_imported": "jax" in sys.modules,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's kernels: AVX512, or AVX2 where held
+            "inductor_isa": str(cpu_vec_isa.pick_vec_isa())}  # what inductor's C++ is compiled for
 
   def loss(self) -> torch.Tensor:
     """Mean next-token cross-entropy, in float32, of the batch; the model under autocast where compute ≠ weights."""

@@ -171,11 +171,12 @@ def placed(state: dict, step: int) -> dict:
   return {**state, "step": at(state["step"]), "opt_state": opt_state}
 
 
-def check_loss(ours: float, theirs: float, tolerance: float = LOSS_TOLERANCE["float32"]) -> dict[str, float]:
-  """The two first losses and their relative difference; LossMismatchError above `tolerance`."""
+def check_loss(ours: float, theirs: float, tolerance: float = LOSS_TOLERANCE["float32"],
+               peer: str = "the peer") -> dict[str, float]:
+  """The two first losses and their relative difference; LossMismatchError (naming `peer`) above `tolerance`."""
   rel = abs(ours - theirs) / max(abs(ours), 1e-12)
   if not rel <= tolerance:
-    raise LossMismatchError(f"the peer's first-step loss {theirs:.6f} differs from this project's {ours:.6f} by "
+    raise LossMismatchError(f"{peer}'s first-step loss {theirs:.6f} differs from this project's {ours:.6f} by "
                             f"{rel:.2e} (tolerance {tolerance:g}): the Llama checkpoint is not the same model, so "
                             "no timing is reported")
   return {"ours": ours, "peer": theirs, "relative_difference": rel, "tolerance": tolerance}
@@ -280,7 +281,8 @@ def checked(started: dict[str, Any], directory: str) -> tuple[dict[str, Any], di
   for name in PEERS:
     if name not in started or name in na:
       continue
-    checks["loss"][name] = check_loss(first["baseline"]["loss"], first[name]["loss"], LOSS_TOLERANCE[compute])
+    checks["loss"][name] = check_loss(first["baseline"]["loss"], first[name]["loss"], LOSS_TOLERANCE[compute],
+                                      LABELS[name])
     checks["params"][name] = compare_params(ours_after, dict(np.load(first[name]["params"])), initial,
                                             PARAM_TOLERANCE[compute], UPDATE_TOLERANCE[compute])
   return checks, na
@@ -400,6 +402,10 @@ def peer_notes(rows: list[dict]) -> list[str]:
       first = row["first_step"].get(name, {})
       na = row["contenders"].get(name, {}).get("na")
       line = f"{LABELS[name]}: n/a ({na})" if na else f"{LABELS[name]}: {first.get('ran', '?')}"
+      worker = row.get("workers", {}).get(name, {})
+      if worker.get("cpu_capability") and worker.get("device") == "cpu":
+        line += f"; ATen CPU capability {worker['cpu_capability']}"
+        line += f", inductor {worker['inductor_isa']}" if name == "hf_compiled" and "inductor_isa" in worker else ""
       if "graphs" in first and not na:
         line += f"; {first['graphs']} graphs, split at: {'; '.join(first['graph_breaks']) or 'nothing'}"
       seen.setdefault(line, None)

@@ -17,10 +17,10 @@ from locations import ROOT  # noqa: E402
 CELL = "cpu:8x16"  # B a multiple of the tests' 8 fake devices (the workers inherit them)
 
 
-def bench(allocator: str, **changes) -> dict:
+def bench(allocator: str, env: dict[str, str] | None = None, **changes) -> dict:
   """One cell of the train mode with real worker processes (`python -m experiments.peer_train_worker`)."""
   s = peer.Settings(size="cpu", repeats=1, warmup=1, min_sample_s=0.0, **changes)
-  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
+  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT), env=env)
   return peer_train.bench_cell(CELL, allocator, spawn, s, {"flops": 1e11, "source": "a test peak"})
 
 
@@ -41,8 +41,10 @@ def test_after_one_step_the_peer_s_parameters_are_ours_eager_and_compiled():
   assert compiled["graphs"] >= 1
 
 
-def test_bf16_compute_runs_the_peer_under_autocast_over_float32_weights():
-  row = bench("default", dtype="bfloat16", compile=False)
+def test_bf16_compute_runs_the_peer_under_autocast_over_float32_weights_and_aten_held_to_avx2_says_so():
+  row = bench("default", {"ATEN_CPU_CAPABILITY": "avx2"}, dtype="bfloat16", compile=False)
+  assert row["workers"]["hf_eager"]["cpu_capability"] == "AVX2"
+  assert "* HF eager: eager; AdamW fused=True; ATen CPU capability AVX2" in peer_train.markdown([row], 1, 0.0)
   assert row["dtypes"]["hf_eager"] == {"ours": {"param": "float32", "compute": "bfloat16"},
                                        "peer": {"param": "float32", "compute": "bfloat16"}}
   assert row["workers"]["hf_eager"]["autocast"] is True
