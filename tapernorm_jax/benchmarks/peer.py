@@ -44,6 +44,7 @@ FORMS = ("baseline", "folded")  # this project's contenders; `baseline` is what 
 PEERS = ("hf_eager", "hf_compiled")
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
           "folded": "ours folded"}
+FULL_LABEL = "ours baseline, every position"  # decode_bench.FULL: the forward doing HF's work, a column of its own
 PARITY_TOLERANCE = 1e-3  # max |logit difference| between the peer and the baseline form, both in float32
 
 
@@ -192,8 +193,8 @@ def bench_decode(peer: Peer, forms: dict, s: Settings) -> list[dict]:
 def log_row(title: str, row: dict) -> None:
   """Prints one cell's medians (or n/a) and folded's ratio to each peer contender."""
   c = row["contenders"]
-  cells = ", ".join(f"{LABELS[name]} " + (f"{r['median']:,.0f} tok/s (±{50 * r['spread']:.1f}%)" if "median" in r
-                                         else "n/a") for name, r in c.items())
+  rate = lambda r: f"{r['median']:,.0f} tok/s (±{50 * r['spread']:.1f}%)" if "median" in r else "n/a"
+  cells = ", ".join(f"{LABELS.get(name, FULL_LABEL)} {rate(r)}" for name, r in c.items())
   ratios = ", ".join(f"folded/{LABELS[name]} {ratio(c, name)}" for name in PEERS if "median" in c.get(name, {}))
   print(f"{title}: {cells}" + (f"; {ratios}" if ratios else ""), flush=True)
 
@@ -273,7 +274,7 @@ def markdown(results: dict) -> str:
               "position only (the one whose logits are asked for); HF's `logits_to_keep=1` runs every block on "
               "every position and only the head on the last. The column 'ours baseline, every position' does the "
               "work HF does:", "",
-              markdown_table(["B", "T", *LABELS.values(), "ours baseline, every position", "folded / HF eager",
+              markdown_table(["B", "T", *LABELS.values(), FULL_LABEL, "folded / HF eager",
                               "folded / HF compiled", "baseline every position / HF eager"], rows), ""]
     lines += [f"* {line}" for line in reasons(results["forward"])] + [""] * bool(reasons(results["forward"]))
   if results.get("decode"):

@@ -39,7 +39,7 @@ def test_measure_times_the_runnable_calls_and_keeps_the_reasons():
   assert len(measured["folded"]["seconds"]) == 2 and measured["folded"]["median"] > 0
 
 
-def test_markdown_shows_ratios_and_the_reason_for_n_a():
+def test_markdown_shows_ratios_and_the_reason_for_n_a(capsys):
   drift = (1.0, 1.6, 0.9)  # the machine's speed round by round, shared by every contender: cancels from the ratios
   rate = lambda median: {"median": median, "min": median, "max": median, "spread": 0.02,
                          "seconds": [f / median for f in drift]}
@@ -60,6 +60,8 @@ def test_markdown_shows_ratios_and_the_reason_for_n_a():
   assert "* HF torch.compile: n/a (Boom: why)" in table
   rates = " | ".join(f"{x}.00 ± 1.0%" for x in (100, 200, 300, 400))
   assert f"| 1 | 128 | 128 | {rates} | 4.00× (4.00–4.00) | 2.00× (2.00–2.00) | 128/128 |" in table
+  peer.log_row("forward B=1 T=128", results["forward"][0])  # every contender's line, the every-position one too
+  assert "ours baseline, every position 2,500 tok/s" in capsys.readouterr().out
 
 
 def test_paired_ratio_cancels_a_slowdown_shared_by_a_round_and_ignores_one_outlier():
