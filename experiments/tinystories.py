@@ -9,6 +9,7 @@ import os
 from absl import flags
 
 from tapernorm_jax import cli
+from tapernorm_jax.taper import methods
 
 _CONFIG = cli.define_config_file("config", "configs/all_taper.py", "Variant config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<variant>-<size>-aux<0|1>-seed<N>).")
@@ -17,7 +18,7 @@ _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Save and exit after this
 
 def default_workdir(cfg) -> str:
   """runs/<variant>-<size>-aux<0|1>-seed<N>."""
-  return os.path.join("runs", f"{cfg.variant}-{cfg.size}-aux{int(cfg.taper.aux_weight > 0)}-seed{cfg.seed}")
+  return os.path.join("runs", f"{cfg.variant}-{cfg.size}-aux{int(methods.scale_loss_weight(cfg) > 0)}-seed{cfg.seed}")
 
 
 def main(argv: list[str]) -> None:

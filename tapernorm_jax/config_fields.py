@@ -11,7 +11,8 @@ import ml_collections
 
 from tapernorm_jax.errors import deprecated
 
-RENAMED_FIELDS = {"taper.fast_path": "train.fixed_step"}  # old dotted name → new
+RENAMED_FIELDS = {"taper.fast_path": "train.fixed_step",  # old dotted name → new
+                  "taper.aux_weight": "taper.scale_loss_weight", "fakeln.aux_weight": "fakeln.scale_loss_weight"}
 RENAMED_VALUES = {"variant": {"vanilla": "baseline"}}  # field → {old value → new}
 
 

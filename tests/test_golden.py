@@ -34,7 +34,7 @@ def golden_run() -> dict:
   for k in range(STEPS):
     batch = jax.random.randint(keys[k], (8, 17), 0, 64)
     state, m = trainer.train_step(state, batch)
-    records.append({name: float(m[name]) for name in ("loss", "ce", "aux", "gate", "lr", "grad_norm")})
+    records.append({name: float(m[name]) for name in ("loss", "ce", "scale_loss", "gate", "lr", "grad_norm")})
   c = calibration.norm_scalars(state["calib"], trainer.method.norms, param_paths.C)
   return {"steps": records, "c": {k: float(v) for k, v in c.items()},
           "s_tgt": float(calibration.s_target(state["calib"]))}

@@ -1,6 +1,8 @@
 """Old names still load, each with one deprecation message naming the old and the new: config fields and values on
 disk and on the command line, the GPT-2 config's arguments, norm modes; in tests such a message is an error."""
 
+import json
+
 import pytest
 
 from configs import gpt2
@@ -50,3 +52,24 @@ def test_a_renamed_norm_mode_loads_as_the_new_one():
 def test_the_project_s_own_deprecations_fail_tests():
   with pytest.raises(TaperNormDeprecationWarning, match="an old name"):
     deprecated("an old name")
+
+
+def test_a_fakeln_run_written_before_the_scale_loss_rename_reads_with_its_own_lambda(tmp_path):
+  # Before the rename results.json recorded taper.aux_weight for every run, so a FakeLN run with its scale loss on
+  # read as aux=0; its config.json holds the λ its method used, which is what the study rows now read.
+  from tapernorm_jax.studies import run_rows  # noqa: PLC0415
+  run_dir = tmp_path / "fakeln-s-aux1-seed0"
+  run_dir.mkdir()
+  (run_dir / "config.json").write_text(json.dumps(
+      {"variant": "fakeln", "size": "s", "seed": 0, "method": "fakeln", "taper": {"aux_weight": 0.0},
+       "fakeln": {"aux_weight": 0.1}}))
+  (run_dir / "results.json").write_text(json.dumps(
+      {"variant": "fakeln", "size": "s", "seed": 0, "aux_weight": 0.0, "final_val_loss": 3.0, "complete": True}))
+  with pytest.warns(TaperNormDeprecationWarning) as caught:
+    run = run_rows.read_run(str(run_dir))
+  assert {str(w.message).split(" is now")[0] for w in caught} == {"config field 'taper.aux_weight'",
+                                                                   "config field 'fakeln.aux_weight'"}
+  assert run.aux == 1
+  with pytest.warns(TaperNormDeprecationWarning, match="'taper.aux_weight' is now 'taper.scale_loss_weight'"):
+    cfg = run_config.override(run_config.get_config("all_taper"), {"taper.aux_weight": 0.0})
+  assert cfg.taper.scale_loss_weight == 0.0 and "aux_weight" not in cfg.taper

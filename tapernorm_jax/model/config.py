@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from tapernorm_jax.errors import deprecated
 from tapernorm_jax.model import attention, param_paths, sharding
-from tapernorm_jax.model.norms import NORM_MODES, RENAMED_MODES
+from tapernorm_jax.model.norms import NORM_MODES, POINTWISE_ALPHA, POINTWISE_MODES, RENAMED_MODES
 
 FAMILIES = ("llama", "gpt2")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -32,6 +32,8 @@ class ModelConfig:
   T: int = 512
   internal_norm: str = "plain"
   final_norm: str = "plain"
+  norm_alpha: tuple[float, ...] = ()  # dyt/derf: α's initial value (attention, MLP, final); (): the authors' (norms.py)
+  derf_shift: float = 0.0  # derf: the shift's initial value
   eps: float = 1e-5
   rope_base: float = 10_000.0
   tie_embeddings: bool = True
@@ -52,6 +54,7 @@ class ModelConfig:
         object.__setattr__(self, field, RENAMED_MODES[old])
     if self.attention_impl is None:  # configs written before attention.py said None for automatic
       object.__setattr__(self, "attention_impl", "auto")
+    object.__setattr__(self, "norm_alpha", tuple(self.norm_alpha))  # a list when read from JSON
     validate(self)
 
   @property
@@ -112,6 +115,18 @@ class ModelConfig:
     return self.replace(internal_norm=swap(self.internal_norm), final_norm=swap(self.final_norm))
 
   @property
+  def pointwise(self) -> bool:
+    """Whether any norm is a point-wise one (`dyt`, `derf`): the embeddings then get a learned scale."""
+    return self.internal_norm in POINTWISE_MODES or self.final_norm in POINTWISE_MODES
+
+  def alpha_init(self, position: int) -> float:
+    """α's initial value of a point-wise norm at `position` (0 attention, 1 MLP, 2 final)."""
+    if self.norm_alpha:
+      return float(self.norm_alpha[position])
+    mode = self.final_norm if position == 2 else self.internal_norm
+    return POINTWISE_ALPHA.get(mode, (1.0, 1.0, 1.0))[position]
+
+  @property
   def tapered(self) -> bool:
     """Whether any norm is in a calibrated form (`taper` or `fixed`): it has c and γ̃ and folds."""
     return self.internal_norm in param_paths.CALIBRATED_MODES or self.final_norm in param_paths.CALIBRATED_MODES
@@ -137,6 +152,8 @@ def validate(cfg: ModelConfig) -> None:
   for field in ("internal_norm", "final_norm"):
     if getattr(cfg, field) not in NORM_MODES:
       fail(field, f"unknown norm mode; choose one of {NORM_MODES}")
+  if len(cfg.norm_alpha) not in (0, 3) or not all(a > 0 for a in cfg.norm_alpha):
+    fail("norm_alpha", "give three values > 0 (the attention, MLP and final norms' α), or () for the authors'")
   if not cfg.eps > 0:
     fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
   if not cfg.init_std > 0:

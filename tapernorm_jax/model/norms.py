@@ -9,6 +9,11 @@ the compute dtype.
     taper     β + g·(h̄/s(h))·γ + (1 − g)·c·h̄·γ̃        (h̄ = h for RMS, h − mean(h) for LN)
     fixed     β + c·h̄·γ̃                                the g = 0 map as an explicit multiply
     identity  h                                       what is left after folding
+    dyt       β + γ·tanh(α·h)                         DyT: no statistics, a learned scalar α (Zhu et al., 2025)
+    derf      β + γ·erf(α·h + s)                      Derf: the same with erf and a learned shift s (Chen et al.)
+
+β is LN's only (RMS norms have none), as in both point-wise norms' language-model code (DyT's LLaMA has no bias,
+Derf's GPT-2 has one). They have no g = 0 map and no fold: a gate leaves them as they are.
 
 "Tapered" always means a norm in a calibrated form (`taper` or `fixed`); "scale" always means
 the per-token scale s(h) = r(h) (RMS) or σ_h (LN), never a parameter.
@@ -23,7 +28,12 @@ import jax.numpy as jnp
 from tapernorm_jax.model import param_paths
 
 NORM_KINDS = ("rms", "ln")
-NORM_MODES = ("plain", "taper", "fixed", "identity")
+NORM_MODES = ("plain", "taper", "fixed", "identity", "dyt", "derf")
+POINTWISE_MODES = ("dyt", "derf")  # no statistics: a bounded point-wise function with a learned input scale
+# α's initial value at the attention norms, the MLP norms and the final norm, as the authors set it for language models:
+# DyT's smallest LLaMA (7B; jiachenzhu/DyT other_tasks/LLaMA/README.md at aab5dde), and Derf's GPT-2 defaults
+# (zlab-princeton/Derf "language model/train_derf.patch" at 8dd9ea3; shift 0). `model.norm_alpha` overrides both.
+POINTWISE_ALPHA = {"dyt": (0.8, 0.2, 0.2), "derf": (1.0, 1.0, 1.0)}
 RENAMED_MODES = {"scale": "fixed"}  # old name → new name; configs on disk may carry the old one
 CALIB = "calib"  # non-trainable calibration state: EMAs, update counts, c, s_tgt
 CALIB_STATS = "calib_stats"  # this step's batch statistics, written when the collection is mutable
@@ -59,6 +69,8 @@ class Norm(nn.Module):
   eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  alpha_init: float = 1.0  # dyt and derf: α's initial value
+  shift_init: float = 0.0  # derf: s's initial value
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0,
@@ -78,6 +90,14 @@ class Norm(nn.Module):
     ).astype(sdt)
     gamma_D = feature_param(param_paths.GAMMA, nn.initializers.ones)
     beta_D = feature_param(param_paths.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
+    if self.mode in POINTWISE_MODES:
+      scalar = lambda name, value: self.param(
+          name, nn.with_logical_partitioning(nn.initializers.constant(value), ()), (), self.param_dtype).astype(sdt)
+      z_BxTxD = scalar(param_paths.ALPHA, self.alpha_init) * x_BxTxD.astype(sdt)
+      if self.mode == "dyt":
+        return both((jnp.tanh(z_BxTxD) * gamma_D + beta_D).astype(self.dtype))
+      return both((jax.scipy.special.erf(z_BxTxD + scalar(param_paths.SHIFT, self.shift_init)) * gamma_D
+                   + beta_D).astype(self.dtype))
     hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
     if self.mode == "plain":
       return both((hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype))

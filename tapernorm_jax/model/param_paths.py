@@ -7,6 +7,7 @@
     params/head (D, V), params/logits_bias (V,)           untied heads; folded final norms
     calib/<norm path>/{num, den, s, count, c}             every norm in a calibrated form (taper, fixed)
     calib/pre_logit/{s, count, s_tgt}                     the pre-logit scale monitor
+    params/<norm path>/{alpha, shift}, params/embed_scale  dyt and derf norms (shift: derf), their model's input scale
 
 The model names its modules and variables with these constants; fold, calibration, the
 gradient-norm metrics and the tests find them through the functions below.
@@ -19,6 +20,7 @@ Path = tuple[str, ...]
 
 # Norm parameters (γ, γ̃, β) and calibration scalars.
 GAMMA, GAMMA_TILDE, BETA = "gamma", "gamma_tilde", "beta"
+ALPHA, SHIFT, EMBED_SCALE = "alpha", "shift", "embed_scale"  # the point-wise norms' (DyT, Derf) scalars
 NUM, DEN, COUNT, C = "num", "den", "count", "c"
 S, S_TGT = "s", "s_tgt"
 # Modules and projections.

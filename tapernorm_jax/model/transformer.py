@@ -7,9 +7,9 @@ layers. Variable names and paths come from `param_paths.py`.
 `Transformer(cfg).apply(variables, tokens_BxT, gate=g)` returns logits `B×T×V`; with
 `return_hidden=True` it returns `(logits_BxTxV, h_BxTxD)`, `h` being the pre-logit residual
 stream (the input of the final norm). Parameters carry logical axis names (see
-`sharding.py`); the gate is a traced scalar shared by every tapered norm, or a traced vector with
-one gate per norm in `param_paths.norm_sites` order (block 0 attention, block 0 MLP, …, final), optionally followed
-by one gate per block for the attention norm's value path (queries and keys take the attention norm's own gate).
+`sharding.py`); the gate is a (traced) scalar shared by every tapered norm, or a `gates.Gates` with one gate per
+norm position read by name (each block's attention and MLP norms, the final norm, and optionally each attention
+norm's value path, where queries and keys keep the attention norm's own gate).
 
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
@@ -28,10 +28,10 @@ from typing import Any, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from tapernorm_jax.model import attention, param_paths, sharding
+from tapernorm_jax.model.gates import BlockGates, Gates, as_gates
 from tapernorm_jax.model.kv_cache import LayerCache, cached_attention, check_cache_write, write_cache
 from tapernorm_jax.model.config import ModelConfig
 from tapernorm_jax.model.norms import Norm, ScaleMonitor
@@ -197,29 +197,29 @@ class Block(nn.Module):
   mesh: Mesh | None = None
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates_2: Array, cache: LayerCache | None = None,
+  def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates: BlockGates, cache: LayerCache | None = None,
                index_B: Array | None = None, from_start: bool = False,
                last_only: bool = False) -> Array | tuple[Array, LayerCache]:
-    """One residual block (gates of its attention and MLP norms, then optionally of the attention norm's value path);
-    with `cache` also returns its updated KV cache.
+    """One residual block (the gates of its attention and MLP norms, and of the attention norm's value path where
+    `gates` has one); with `cache` also returns its updated KV cache.
 
     `last_only` returns the last position only (B×1×D): its attention and MLP run on that position alone.
     `from_start` and `last_only` are passed by position (static arguments under `nn.remat`).
     """
     cfg = self.cfg
-    norm = lambda name: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
-                             name=name)
+    norm = lambda name, position: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype,
+                                       cfg.param_dtype, cfg.alpha_init(position), cfg.derf_shift, name=name)
     x_v_BxTxD = None
-    if gates_2.shape[0] == 3:  # the value path has its own gate: the norm's two blends of one normalization
-      x_BxTxD, x_v_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0], gates_2[2])
+    if gates.attn_value is not None:  # the value path has its own gate: the norm's two blends of one normalization
+      x_BxTxD, x_v_BxTxD = norm(param_paths.ATTN_NORM, 0)(h_BxTxD, gates.attn, gates.attn_value)
     else:
-      x_BxTxD = norm(param_paths.ATTN_NORM)(h_BxTxD, gates_2[0])
+      x_BxTxD = norm(param_paths.ATTN_NORM, 0)(h_BxTxD, gates.attn)
     attn = Attention(cfg, self.projection, self.attend, self.mesh, name=param_paths.ATTN)(
         x_BxTxD, positions_BxT, cache, index_B, from_start=from_start, last_only=last_only, x_v_BxTxD=x_v_BxTxD)
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
     mlp = Mlp(cfg, self.projection, name=param_paths.MLP)
-    h_BxTxD = h_BxTxD + mlp(norm(param_paths.MLP_NORM)(h_BxTxD, gates_2[1]))
+    h_BxTxD = h_BxTxD + mlp(norm(param_paths.MLP_NORM, 1)(h_BxTxD, gates.mlp))
     return h_BxTxD if cache is None else (h_BxTxD, cache)
 
 
@@ -245,7 +245,11 @@ class Transformer(nn.Module):
       self.pos_embed = self.param(param_paths.POS_EMBED, nn.with_logical_partitioning(
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
     self.blocks = [block(cfg, self.projection, self.attend, self.mesh, name=param_paths.block(i)) for i in range(cfg.L)]
-    self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype)
+    self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
+                           cfg.alpha_init(2), cfg.derf_shift)
+    if cfg.pointwise:  # DyT's and Derf's language models scale the embeddings by a learned scalar, initially √D
+      self.embed_scale = self.param(param_paths.EMBED_SCALE, nn.with_logical_partitioning(
+          nn.initializers.constant(cfg.D ** 0.5), ()), (), cfg.param_dtype)
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:
       self.head = self.param(param_paths.HEAD, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
@@ -255,38 +259,39 @@ class Transformer(nn.Module):
       zeros = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
       self.logits_bias = self.param(param_paths.LOGITS_BIAS, zeros, (cfg.V,), cfg.param_dtype)
 
-  def __call__(self, tokens_BxT: Array, gate: Array | float = 1.0, *, positions_BxT: Array | None = None,
+  def __call__(self, tokens_BxT: Array, gate: Gates | Array | float = 1.0, *, positions_BxT: Array | None = None,
                return_hidden: bool = False) -> Array | tuple[Array, Array]:
     """Logits B×T×V (fp32); with `return_hidden` also the pre-logit residual stream h (B×T×D)."""
     h_BxTxD = self.hidden(tokens_BxT, gate, positions_BxT=positions_BxT)
     logits_BxTxV = self.logits(h_BxTxD, gate)
     return (logits_BxTxV, h_BxTxD) if return_hidden else logits_BxTxV
 
-  def hidden(self, tokens_BxT: Array, gate: Array | float = 1.0, *, positions_BxT: Array | None = None) -> Array:
+  def hidden(self, tokens_BxT: Array, gate: Gates | Array | float = 1.0, *,
+             positions_BxT: Array | None = None) -> Array:
     """The pre-logit residual stream h (the input of the final norm)."""
     if positions_BxT is None:
       if self.cfg.family == "gpt2" and tokens_BxT.shape[1] > self.cfg.T:
         raise ValueError(f"tokens_BxT has length {tokens_BxT.shape[1]} > model.T={self.cfg.T}, the number of learned "
                          "positions of a gpt2 model; cut the input or use a model with a larger T")
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
-    gates = norm_gates(gate, self.cfg)
+    gates = as_gates(gate, self.cfg.L)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
     for i in range(self.cfg.L):
       h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
     self.pre_logit(h_BxTxD)
     return h_BxTxD
 
-  def last_hidden(self, tokens_BxT: Array, gate: Array | float = 1.0) -> Array:
+  def last_hidden(self, tokens_BxT: Array, gate: Gates | Array | float = 1.0) -> Array:
     """The pre-logit state of the last position only (B×1×D): the last block's queries and MLP run there alone."""
     positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
-    gates = norm_gates(gate, self.cfg)
+    gates = as_gates(gate, self.cfg.L)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
     for i in range(self.cfg.L - 1):
       h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
     return self.block(self.cfg.L - 1, h_BxTxD, positions_BxT, gates, last_only=True)
 
   def decode(self, tokens_BxQ: Array, cache: list[LayerCache], index_B: Array,
-             gate: Array | float = 1.0, from_start: bool = False) -> tuple[Array, list[LayerCache]]:
+             gate: Gates | Array | float = 1.0, from_start: bool = False) -> tuple[Array, list[LayerCache]]:
     """Runs Q new tokens per row at positions index_B + 0…Q−1 over the KV cache; returns (h_BxQxD, cache).
 
     `from_start=True` promises index_B = 0 everywhere (a prefill): the chunk then attends within itself through
@@ -296,7 +301,7 @@ class Transformer(nn.Module):
       raise ValueError(f"the cache has {len(cache)} layers, the model {self.cfg.L}")
     check_cache_write(self.cfg, tokens_BxQ.shape[1], cache[0]["k"].shape[-1], index_B)
     positions_BxQ = index_B[:, None] + jnp.arange(tokens_BxQ.shape[1])[None, :]
-    gates = norm_gates(gate, self.cfg)
+    gates = as_gates(gate, self.cfg.L)
     h_BxQxD = self.embed_tokens(tokens_BxQ, positions_BxQ)
     new_cache = []
     for i, layer_cache in enumerate(cache):
@@ -304,14 +309,10 @@ class Transformer(nn.Module):
       new_cache.append(layer_cache)
     return h_BxQxD, new_cache
 
-  def block(self, i: int, h_BxTxD: Array, positions_BxT: Array, gates: Array, cache: LayerCache | None = None,
+  def block(self, i: int, h_BxTxD: Array, positions_BxT: Array, gates: Gates, cache: LayerCache | None = None,
             index_B: Array | None = None, from_start: bool = False, last_only: bool = False) -> Any:
-    """Block i with its two gates (three with a value-path gate); every argument goes by position, as `nn.remat`'s
-    static arguments must."""
-    L = self.cfg.L
-    with_value = gates.shape[0] > 2 * L + 1
-    mine = gates[jnp.array([2 * i, 2 * i + 1, 2 * L + 1 + i])] if with_value else gates[2 * i:2 * i + 2]
-    out = self.blocks[i](h_BxTxD, positions_BxT, mine, cache, index_B, from_start, last_only)
+    """Block i with its gates; every argument goes by position, as `nn.remat`'s static arguments must."""
+    out = self.blocks[i](h_BxTxD, positions_BxT, gates.block(i), cache, index_B, from_start, last_only)
     return self.shard(out) if cache is None else (self.shard(out[0]), out[1])
 
   def shard(self, h_BxTxD: Array) -> Array:
@@ -324,13 +325,15 @@ class Transformer(nn.Module):
     h_BxTxD = jnp.take(self.embed, tokens_BxT, axis=0).astype(cfg.compute_dtype)
     if cfg.family == "gpt2":
       h_BxTxD += jnp.take(self.pos_embed, positions_BxT, axis=0).astype(cfg.compute_dtype)
+    if cfg.pointwise:
+      h_BxTxD *= self.embed_scale.astype(cfg.compute_dtype)
     return self.shard(h_BxTxD)
 
-  def logits(self, h_BxTxD: Array, gate: Array | float = 1.0) -> Array:
+  def logits(self, h_BxTxD: Array, gate: Gates | Array | float = 1.0) -> Array:
     """Final norm and output head applied to the pre-logit state h; fp32 logits (fp64 for fp64 models)."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
     out_dt = jnp.promote_types(dt, jnp.float32)
-    x_BxTxD = self.final_norm(h_BxTxD, norm_gates(gate, cfg)[2 * cfg.L]).astype(dt)
+    x_BxTxD = self.final_norm(h_BxTxD, as_gates(gate, cfg.L).final).astype(dt)
     if cfg.tie_embeddings:  # contract the table's own D axis: no transposed copy of V×D per call
       logits_BxTxV = self.projection(self, param_paths.EMBED, "bld,vd->blv", x_BxTxD, self.embed.astype(dt))
     else:
@@ -339,20 +342,3 @@ class Transformer(nn.Module):
     if cfg.logits_bias:
       logits_BxTxV += self.logits_bias.astype(out_dt)
     return sharding.constrain(logits_BxTxV, sharding.LOGITS_AXES, self.mesh)
-
-
-def norm_gates(gate: Array | float, cfg: ModelConfig) -> Array:
-  """One gate per norm (param_paths.norm_sites order): a scalar gate broadcast, or a vector of 2·L + 1 gates, or of
-  3·L + 1 (then the last L are the attention norms' value-path gates, kept)."""
-  if not isinstance(gate, jax.core.Tracer):  # a concrete gate is checked; a traced one (the train step's) cannot be
-    values = np.asarray(gate)
-    if not np.all((values >= 0) & (values <= 1)):
-      raise ValueError(f"gate={values.tolist()}: must lie in [0, 1] (1: the normalized branch, 0: the g = 0 map)")
-  gate = jnp.asarray(gate, jnp.float32)
-  n = 2 * cfg.L + 1
-  if gate.ndim == 1 and gate.shape[0] == n + cfg.L:
-    return gate
-  if gate.ndim > 1 or (gate.ndim == 1 and gate.shape[0] != n):
-    raise ValueError(f"gate has shape {gate.shape}; give a scalar or one gate per norm, shape ({n},) for "
-                     f"model.L={cfg.L} (or ({n + cfg.L},): then value-path gates of the attention norms follow)")
-  return jnp.broadcast_to(gate, (n,))

@@ -8,6 +8,7 @@ from typing import Any, Self
 import ml_collections
 
 from tapernorm_jax.errors import UserError
+from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
 
@@ -158,9 +159,11 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
     for name, value in cell.overrides:
       if "." not in name:
         raise SweepError(f"overrides.{name}={value!r}: set variants, sizes and seeds in the grid, not as overrides")
-    if int(cell.config().taper.aux_weight > 0) != cell.aux:
-      raise SweepError(f"overrides.taper.aux_weight={dict(cell.overrides)['taper.aux_weight']!r} contradicts "
-                       f"{cell.variant}:aux={cell.aux}; choose the aux setting in the variant list")
+    if int(methods.scale_loss_weight(cell.config()) > 0) != cell.aux:
+      field = next(f"overrides.{n}={v!r}" for n, v in cell.overrides
+                   if n.endswith(("scale_loss_weight", "aux_weight")))
+      raise SweepError(f"{field} contradicts {cell.variant}:aux={cell.aux}; choose the aux setting in the variant "
+                       "list")
 
 
 def expand(sweep: Mapping[str, Any]) -> list[Cell]:

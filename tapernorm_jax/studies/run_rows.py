@@ -14,8 +14,8 @@ from tapernorm_jax import config_fields, hardware
 from tapernorm_jax.studies import manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
-CSV_COLUMNS = ("cell", "variant", "aux", "size", "seed", "params", "steps", "tokens", "final_val_loss",
-               "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus", "device")
+CSV_COLUMNS = ("cell", "variant", "aux", "scale_loss_weight", "size", "seed", "params", "steps", "tokens",
+               "final_val_loss", "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus", "device")
 VARIANT_ORDER = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
                  ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0))
 Key = tuple[str, int]  # (variant, aux)
@@ -32,6 +32,11 @@ def unanchored(variant: str, aux: int) -> bool:
   """The final norm is tapered and no scale loss replaces it (the paper's unanchored ablations)."""
   return VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
 
+
+
+def scale_loss_weight(config: dict[str, Any]) -> float:
+  """The λ of the scale loss a run's config (as read from disk, `config_fields.upgrade`d) gives its method."""
+  return float(config.get(config.get("method", "taper"), {}).get("scale_loss_weight", 0.0))
 
 def size_order(size: str) -> int:
   """SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
@@ -59,7 +64,7 @@ class Run:
 
   cell: str
   variant: str
-  aux: int
+  aux: int  # the scale loss on (1) or off (0)
   size: str
   seed: int
   status: str  # complete | failed | incomplete | pending (never started) | missing (in the grid, no directory)
@@ -73,6 +78,7 @@ class Run:
   tokens_per_s: float | None = None
   mfu: float | None = None
   corpus: str = ""
+  scale_loss_weight: float | None = None  # its λ as the run's method used it
   device: str = ""
   config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -143,17 +149,20 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   ident = {**(expected or {}), **record}
   if config:
     ident.update(variant=config.get("variant", ident.get("variant")), size=config.get("size", ident.get("size")),
-                 seed=config.get("seed", ident.get("seed")),
-                 aux=int(config.get("taper", {}).get("aux_weight", 0) > 0))
+                 seed=config.get("seed", ident.get("seed")))
   if results:
     ident.update(variant=config_fields.current_value("variant", results["variant"]), size=results["size"],
-                 seed=results["seed"],
-                 aux=int(results.get("aux_weight", 0) > 0))
+                 seed=results["seed"])
+  # The λ the run's method used: results.json's, else its config's (results.json before the rename recorded
+  # taper.aux_weight whatever the method, so it is the last resort).
+  weight = results.get("scale_loss_weight", scale_loss_weight(config) if config else results.get("aux_weight"))
+  if weight is not None:
+    ident["aux"] = int(weight > 0)
   if not all(k in ident for k in ("variant", "size", "seed", "aux")):
     raise ValueError(f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
                      "move it out of the study directory")
   run = Run(cell=name, variant=ident["variant"], aux=int(ident["aux"]), size=ident["size"], seed=int(ident["seed"]),
-            status=status.state, path=run_dir, error=status.error, config=config)
+            status=status.state, path=run_dir, error=status.error, config=config, scale_loss_weight=weight)
   if status.state == "incomplete":
     where = f"at step {status.step} of {config.get('train', {}).get('steps', '?')}"
     run.error = f"running, or interrupted {where}" if record.get("status") == "running" else f"stopped {where}"

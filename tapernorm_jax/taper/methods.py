@@ -1,9 +1,9 @@
 """How norms are removed during training: TaperNorm and FakeLN as two answers to the same four questions.
 
-    gates(step)                 which gate each norm gets (a scalar for all, or one per norm in layout order)
+    gates(step)                 which gate each norm gets (`model.gates.Gates`, one field per norm position)
     calibrate(params, calib, step)   when and how each norm's fixed map (c, γ̃) is set
     stats_active(step)          which calibration EMAs still run
-    aux_terms(h, calib, step, tokens)   the anchoring loss added to cross-entropy: (weight, unweighted value)
+    scale_loss_terms(h, calib, step, tokens)  the anchoring loss added to cross-entropy: (its λ now, unweighted value)
 
 Both run every removable norm in the `taper` form, so they share the model, the calibration
 state, the `fixed` g = 0 form and the fold: a frozen FakeLN, ((x − μ_x)/σ_avg)·γ + β, is TaperLN
@@ -25,6 +25,7 @@ from flax import traverse_util
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.model import ModelConfig, param_paths
+from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.taper import calibration, losses, schedules
 
 PyTree = Any
@@ -35,7 +36,7 @@ TAPER_DEFAULTS = dict(  # the `taper` section
     taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
     mu=0.01,  # EMA weight of the calibration statistics
     delta=1e-8,  # c* = num / (den + δ)
-    aux_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
+    scale_loss_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
 FAKELN_DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replaced at a time, docs/method.md §10)
     start=20,  # the step the first MLP norm is replaced at
     gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm (query/key path) removals
@@ -43,7 +44,7 @@ FAKELN_DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replace
     gap_final=3,  # steps from the last value-path removal to the final norm
     mu=0.01,  # EMA weight of each norm's σ statistics (positions 1…T−1)
     sigma_steps=0,  # σ from the first this many steps only (1: the starting model's σ); 0: until each removal
-    aux_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; on from step 0
+    scale_loss_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; from step 0
     eot_id=-1)  # the end-of-text token id, which s̄ leaves out with position 0 (-1: none)
 
 
@@ -73,19 +74,19 @@ class TaperNorm:
     """Raises ValueError naming the first bad `taper.*` field; warns when nothing anchors the pre-logit scale."""
     config_fields.check(cfg, [
         (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
-        (cfg.taper.aux_weight >= 0, "taper.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
+        (cfg.taper.scale_loss_weight >= 0, "taper.scale_loss_weight", "λ must be >= 0 (0 turns the scale loss off)"),
         (cfg.taper.delta >= 0, "taper.delta", "must be >= 0")])
     if "taper" in (model_cfg.internal_norm, model_cfg.final_norm) and phases.taper_start < 1:
       raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
                        "needs at least one (raise it or train.steps)")
-    if model_cfg.final_norm != "plain" and cfg.taper.aux_weight == 0:
-      logging.warning("final_norm=%r with taper.aux_weight=0: nothing anchors the pre-logit scale, so logits may "
-                      "grow without bound (logit chasing). A legitimate ablation; set taper.aux_weight>0 to anchor.",
-                      model_cfg.final_norm)
+    if model_cfg.final_norm in ("taper", "fixed", "identity") and cfg.taper.scale_loss_weight == 0:
+      logging.warning("final_norm=%r with taper.scale_loss_weight=0: nothing anchors the pre-logit scale, so logits "
+                      "may grow without bound (logit chasing). A legitimate ablation; set taper.scale_loss_weight>0 "
+                      "to anchor.", model_cfg.final_norm)
 
-  def gates(self, step: jax.Array) -> jax.Array:
-    """The global gate (1 throughout for a model without tapered norms, which nothing would gate)."""
-    return schedules.gate(step, self.phases) if self.norms else jnp.float32(1.0)
+  def gates(self, step: jax.Array) -> Gates:
+    """The global gate on every norm (1 throughout for a model without tapered norms, which nothing would gate)."""
+    return Gates.uniform(schedules.gate(step, self.phases) if self.norms else 1.0, self.model_cfg.L)
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """c* = num/(den + δ), γ̃ ← γ and s_tgt at the taper start; unchanged at every other step."""
@@ -96,11 +97,11 @@ class TaperNorm:
     """Every EMA runs until the taper start."""
     return step < self.phases.taper_start
 
-  def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
-                tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def scale_loss_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
+                       tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
     """λ (from the taper start on) and the fixed-target scale loss mean((s(h) − s_tgt)²)."""
     del tokens_BxT
-    weight = jnp.where(step >= self.phases.taper_start, self.cfg.taper.aux_weight, 0.0)
+    weight = jnp.where(step >= self.phases.taper_start, self.cfg.taper.scale_loss_weight, 0.0)
     cfg = self.model_cfg
     return weight, losses.scale_loss(h_BxTxD, calibration.s_target(calib), cfg.norm_kind, cfg.eps)
 
@@ -108,7 +109,7 @@ class TaperNorm:
 @dataclasses.dataclass
 class FakeLN:
   """Norms replaced one at a time (every MLP norm, then every attention norm's query/key path, then their value paths,
-  then the final norm), each frozen at c = 1/σ_avg at its first removal, with an aux loss pulling each token's
+  then the final norm), each frozen at c = 1/σ_avg at its first removal, with a scale loss pulling each token's
   pre-logit scale to the batch mean of the ordinary tokens'."""
 
   cfg: ml_collections.ConfigDict
@@ -120,7 +121,6 @@ class FakeLN:
     self.removal, self.value_removal = removal_steps(self.model_cfg, self.cfg.fakeln)
     self.off_step = max(self.removal.values())  # the final norm's: after every value path (gap_final >= 0)
     self.mu = self.cfg.fakeln.mu
-    self._order = [site.norm for site in param_paths.norm_sites(self.model_cfg)]
 
   @staticmethod
   def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
@@ -134,7 +134,8 @@ class FakeLN:
         (0.0 < cfg.fakeln.mu <= 1.0, "fakeln.mu", "the EMA weight μ must lie in (0, 1]"),
         (cfg.fakeln.sigma_steps >= 0, "fakeln.sigma_steps",
          "must be >= 0 (0: σ until each norm's removal; N: from the first N steps)"),
-        (cfg.fakeln.aux_weight >= 0, "fakeln.aux_weight", "λ must be >= 0 (0 turns the scale loss off)"),
+        (cfg.fakeln.scale_loss_weight >= 0, "fakeln.scale_loss_weight",
+         "λ must be >= 0 (0 turns the scale loss off)"),
         (-1 <= cfg.fakeln.eot_id < model_cfg.V, "fakeln.eot_id",
          f"must be a token id below model.V={model_cfg.V}, or -1 (no end-of-text token)")])
     last = max(removal_steps(model_cfg, cfg.fakeln)[0].values())
@@ -142,10 +143,14 @@ class FakeLN:
       raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
                        "lower fakeln.start or the gaps, or raise train.steps")
 
-  def gates(self, step: jax.Array) -> jax.Array:
-    """One gate per norm, then one per attention norm's value path: 1 before its removal step, 0 from it on."""
-    steps = [self.removal[norm] for norm in self._order] + list(self.value_removal.values())
-    return jnp.stack([jnp.where(step >= at, 0.0, 1.0) for at in steps]).astype(jnp.float32)
+  def gates(self, step: jax.Array) -> Gates:
+    """Each norm's gate, and each attention norm's value path's: 1 before its removal step, 0 from it on."""
+    on = lambda at: jnp.where(step >= at, 0.0, 1.0).astype(jnp.float32)
+    blocks = lambda removal, name: jnp.stack([on(removal[(param_paths.block(i), name)])
+                                              for i in range(self.model_cfg.L)])
+    return Gates(attn=blocks(self.removal, param_paths.ATTN_NORM), mlp=blocks(self.removal, param_paths.MLP_NORM),
+                 final=on(self.removal[(param_paths.FINAL_NORM,)]),
+                 attn_value=blocks(self.value_removal, param_paths.ATTN_NORM))
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """At a norm's removal step: its c = 1/σ_avg and γ̃ ← γ; every other norm unchanged."""
@@ -160,14 +165,14 @@ class FakeLN:
     until = {n: min(self.removal[n], sigma_steps) if sigma_steps else self.removal[n] for n in self.norms}
     return {(param_paths.PRE_LOGIT,): step < self.off_step, **{n: step < until[n] for n in self.norms}}
 
-  def aux_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
-                tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def scale_loss_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
+                       tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
     """λ (from step 0) and mean((s(h) − s̄)²) over every token, s̄ the batch mean over the tokens neither at position
     0 nor end-of-text, held constant."""
     del calib, step
     ordinary_BxT = (jnp.arange(tokens_BxT.shape[1]) > 0)[None, :] & (tokens_BxT != self.cfg.fakeln.eot_id)
     cfg = self.model_cfg
-    return jnp.float32(self.cfg.fakeln.aux_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
+    return jnp.float32(self.cfg.fakeln.scale_loss_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
                                                                             ordinary_BxT)
 
 
@@ -208,6 +213,11 @@ CLASSES = {"taper": TaperNorm, "fakeln": FakeLN}
 def validate(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
   """The checks of the method `cfg.method` names (before anything compiles)."""
   CLASSES[name(cfg)].check(cfg, model_cfg, phases)
+
+
+def scale_loss_weight(cfg: ml_collections.ConfigDict) -> float:
+  """The λ of the scale loss the run's method adds (`taper.scale_loss_weight` or `fakeln.scale_loss_weight`)."""
+  return float(cfg[name(cfg)].scale_loss_weight)
 
 
 def build(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> TaperNorm | FakeLN:

@@ -15,4 +15,6 @@ VARIANTS = {  # (internal norm, final norm, aux loss on by default)
     "internal_taper": ("taper", "plain", True),
     "final_taper": ("plain", "taper", False),  # the paper's unanchored ablation; aux=1 anchors it
     "all_taper": ("taper", "taper", True),
+    "dyt": ("dyt", "dyt", False),  # every norm DyT from the start (Zhu et al., 2025): nothing to taper or fold
+    "derf": ("derf", "derf", False),  # every norm Derf from the start (Chen et al., 2025)
 }

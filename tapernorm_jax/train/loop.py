@@ -11,6 +11,7 @@ The workdir may be local or a URL (`--workdir=gs://bucket/run`): run-directory f
 (etils.epath), checkpoints through Orbax, metrics and TensorBoard events through `metrics.MetricsWriter`.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from tapernorm_jax import allocator, compilation_cache, data, files, hardware, integrity
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
-from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.model import ModelConfig, param_count, sharding
 from tapernorm_jax.taper import methods
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl
@@ -58,9 +59,13 @@ class RunDir:
     """On resume, refuses a model that differs from the saved one (before anything is read or written)."""
     path = self.file("config.json")
     if path.exists():
-      saved = json.loads(path.read_text())
-      differing = {k: (saved["model"].get(k), v) for k, v in cfg.model.to_dict().items()
-                   if saved["model"].get(k) != v}
+      saved = json.loads(path.read_text())["model"]
+      now = cfg.model.to_dict()
+      # As the model reads them: a field the saved file lacks (written before it existed) is its default, a tuple
+      # read back from JSON a list.
+      as_read = lambda items: dataclasses.asdict(ModelConfig.from_config({k: v for k, v in items.items() if k in now}))
+      before, after = as_read(saved), as_read(now)
+      differing = {k: (saved.get(k), now[k]) for k in now if before.get(k) != after.get(k)}
       if differing:
         raise ValueError(f"--workdir={self.path} holds a run whose model config differs: "
                          + ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in differing.items())
@@ -237,7 +242,8 @@ def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, losses
   """What results.json says of a run whatever the machine: its identity, progress and final losses at g = 0."""
   B, T, done = cfg.train.batch_size, cfg.model.T, int(jax.device_get(state["step"]))
   return {"schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": corpus,
-          "aux_weight": cfg.taper.aux_weight, "steps": done, "tokens": done * B * T, "final_val_loss": losses["val"],
+          "scale_loss_weight": methods.scale_loss_weight(cfg), "steps": done, "tokens": done * B * T,
+          "final_val_loss": losses["val"],
           "eval_losses": losses, "val_gate": 0.0, "val_tokens": cfg.train.eval_batches * B * T,
           "params": param_count(state["params"]), "method": methods.name(cfg), "init_from": cfg.get("init_from", ""),
           "complete": done >= cfg.train.steps}

@@ -60,7 +60,8 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c.model = ml_collections.ConfigDict(dict(
       family="llama", V=2_000 if cpu else 10_000, D=SIZES[size]["D"], H=16, L=SIZES[size].get("L", 8), F=0,
-      T=128 if cpu else 512, internal_norm=internal, final_norm=final, eps=1e-5, rope_base=10_000.0,
+      T=128 if cpu else 512, internal_norm=internal, final_norm=final, norm_alpha=(), derf_shift=0.0,
+      eps=1e-5, rope_base=10_000.0,
       tie_embeddings=True, logits_bias=False, init_std=0.02, param_dtype="float32",
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
       attention_impl="auto", remat=False))
@@ -72,7 +73,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.opt = ml_collections.ConfigDict(dict(
       lr=3e-3 if cpu else 3e-4, warmup_frac=0.05, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, clip=1.0))
 
-  c.taper = ml_collections.ConfigDict(dict(methods.TAPER_DEFAULTS, aux_weight=0.1 if aux else 0.0))
+  c.taper = ml_collections.ConfigDict(dict(methods.TAPER_DEFAULTS, scale_loss_weight=0.1 if aux else 0.0))
   c.fakeln = ml_collections.ConfigDict(methods.FAKELN_DEFAULTS)
 
   c.train = ml_collections.ConfigDict(dict(

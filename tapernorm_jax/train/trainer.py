@@ -1,8 +1,8 @@
 """The train state and the jitted warmup → calibrate → taper step, evaluation and diagnostics.
 
 One compiled step serves the whole run up to the taper end: the gate (`schedules.gate`), the
-calibration at the taper start (`calibration.calibrate`) and the aux-loss switch
-(`Trainer.aux_weight`) are all functions of the traced step (docs/method.md §3–§5). Once the
+calibration at the taper start (`calibration.calibrate`) and the scale loss's λ
+(`method.scale_loss_terms`) are all functions of the traced step (docs/method.md §3–§5). Once the
 gate has reached 0 the loop moves to a second compiled step whose tapered norms are in their
 `fixed` form (the same variables), so the normalized branch is no longer computed (§11).
 
@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
+from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
 from tapernorm_jax.train import paths, run_config
@@ -120,21 +121,22 @@ class Trainer:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
     return self.has_fixed_step and step >= self.method.off_step
 
-  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
+  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gates: Gates | jax.Array, step: jax.Array,
             model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[jax.Array, tuple]:
-    """CE + λ·L_aux on a batch of windows; returns (loss, (ce, aux, this batch's calib stats))."""
+    """CE + λ·(scale loss) on a batch of windows; returns (loss, (ce, scale loss, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg, candidate).apply(
-        {"params": params, CALIB: calib}, inputs_BxT, gate, return_hidden=True, mutable=[CALIB_STATS] if record else [])
+        {"params": params, CALIB: calib}, inputs_BxT, gates, return_hidden=True,
+        mutable=[CALIB_STATS] if record else [])
     ce = losses.cross_entropy(logits_BxTxV, targets_BxT)
-    aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step, inputs_BxT)
-    return ce + aux_weight * aux, (ce, aux, mutated.get(CALIB_STATS, {}))
+    weight, scale_loss = self.method.scale_loss_terms(h_BxTxD, calib, step, inputs_BxT)
+    return ce + weight * scale_loss, (ce, scale_loss, mutated.get(CALIB_STATS, {}))
 
-  def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gate: jax.Array, step: jax.Array,
+  def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gates: Gates | jax.Array, step: jax.Array,
              model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[tuple, PyTree]:
-    """((loss, (ce, aux, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every group of
-    k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
-    loss_fn = lambda p, batch: self._loss(p, calib, batch, gate, step, model_cfg, record, candidate)
+    """((loss, (ce, scale loss, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every
+    group of k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
+    loss_fn = lambda p, batch: self._loss(p, calib, batch, gates, step, model_cfg, record, candidate)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if self.cfg.train.microbatches == 1:
       return grad_fn(params, batch_BxT1)
@@ -160,18 +162,18 @@ class Trainer:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run
     (through a `candidate` pair of paths while they are timed, `paths.py`)."""
     step, params, calib = state["step"], state["params"], state["calib"]
-    gate = jnp.float32(0.0) if fixed else self.method.gates(step)
+    gates = Gates.uniform(0.0, self.model_cfg.L) if fixed else self.method.gates(step)
     if not fixed:
       params, calib = self.method.calibrate(params, calib, step)
     model_cfg = self.fixed_cfg if fixed else self.model_cfg
-    (loss, (ce, aux, stats)), grads = self._grads(params, calib, batch_BxT1, gate, step, model_cfg, not fixed,
+    (loss, (ce, scale_loss, stats)), grads = self._grads(params, calib, batch_BxT1, gates, step, model_cfg, not fixed,
                                                   candidate)
     if not fixed:
       calib = calibration.ema_update(calib, stats, self.method.mu, active=self.method.stats_active(step))
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
     new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "calib": calib,
                  "step": step + 1}
-    metrics = {"loss": loss, "ce": ce, "aux": aux, "gate": jnp.mean(gate), "lr": self.lr(step),
+    metrics = {"loss": loss, "ce": ce, "scale_loss": scale_loss, "gate": gates.mean(), "lr": self.lr(step),
                "grad_norm": optax.tree.norm(grads), **grad_norms_by_type(grads, self.model_cfg)}
     return new_state, metrics
 
@@ -185,17 +187,17 @@ class Trainer:
     """Scale-anchoring diagnostics at the current gates: logit norm, s(h), s_tgt, radial gradient at h, each c."""
     step, cfg, calib = state["step"], self.model_cfg, state["calib"]
     batch_BxT1 = self.microbatches(batch_BxT1)[0]  # one microbatch: what fits in memory
-    gate = self.method.gates(step)
+    gates = self.method.gates(step)
     variables = {"params": state["params"], CALIB: calib}
     model = self.model(cfg)
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
-    h_BxTxD = model.apply(variables, inputs_BxT, gate, method=Transformer.hidden)
+    h_BxTxD = model.apply(variables, inputs_BxT, gates, method=Transformer.hidden)
 
     def summed_token_losses(h_BxTxD):
-      logits_BxTxV = model.apply(variables, h_BxTxD, gate, method=Transformer.logits)
+      logits_BxTxV = model.apply(variables, h_BxTxD, gates, method=Transformer.logits)
       ce_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT)
-      aux_weight, aux = self.method.aux_terms(h_BxTxD, calib, step, inputs_BxT)  # a mean over tokens
-      return jnp.sum(ce_BxT) + ce_BxT.size * aux_weight * aux, logits_BxTxV
+      weight, scale_loss = self.method.scale_loss_terms(h_BxTxD, calib, step, inputs_BxT)  # a mean over tokens
+      return jnp.sum(ce_BxT) + ce_BxT.size * weight * scale_loss, logits_BxTxV
 
     grad_BxTxD, logits_BxTxV = jax.grad(summed_token_losses, has_aux=True)(h_BxTxD)
     return {"logit_norm": losses.logit_norm(logits_BxTxV),

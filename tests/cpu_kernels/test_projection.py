@@ -10,6 +10,7 @@ import pytest
 from tapernorm_jax import cpu_kernels
 from tapernorm_jax.cpu_kernels.projection import matrix_form, matrix_product
 from tapernorm_jax.model import ModelConfig, Transformer, init
+from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.transformer import einsum
 
 
@@ -22,7 +23,9 @@ def test_gradients_of_every_product_equal_the_model_einsums(family, tie, value_g
   tokens_BxT = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.V)
   w_BxTxV = jax.random.normal(jax.random.key(2), (2, 16, cfg.V))
   # one gate per norm, then one per block for the value path: queries and keys, and values, from two projections
-  gate = jnp.linspace(0.2, 0.8, 3 * cfg.L + 1) if value_gates else jnp.float32(0.5)
+  values = jnp.linspace(0.2, 0.8, 3 * cfg.L + 1)
+  gate = Gates(attn=values[:cfg.L], mlp=values[cfg.L:2 * cfg.L], final=values[2 * cfg.L],
+               attn_value=values[2 * cfg.L + 1:]) if value_gates else jnp.float32(0.5)
 
   def loss_and_grads(projection):
     loss = lambda params: jnp.sum(w_BxTxV * Transformer(cfg, projection=projection).apply(

@@ -17,7 +17,7 @@ from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.schedules import Phases
 from tapernorm_jax.train.run_config import validate
 from tapernorm_jax.train.trainer import Trainer
-from locations import FIXTURES, ROOT
+from locations import FIXTURES, ROOT, run_without_checkout
 
 FIXTURE = FIXTURES / "tiny_gpt2"
 
@@ -34,9 +34,9 @@ def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, 
   assert (phases.steps, phases.lr_warmup, phases.taper_start, phases.taper_end) == (steps, warmup, start, end)
   assert cfg.train.batch_size * cfg.model.T == 2**19 and cfg.opt.lr == 6e-4 and cfg.opt.weight_decay == 0.01
   assert cfg.taper.mu == 0.1 and cfg.opt.clip == 1.0 and cfg.data.tokenizer == "gpt2"
-  assert cfg.taper.aux_weight == (aux if variant in ("internal_taper", "all_taper") else 0.0)  # the paper's λ
-  assert gpt2.get_config(f"model={size},variant={variant},aux=0").taper.aux_weight == 0.0  # the ablation
-  assert gpt2.get_config(f"model={size},variant=baseline,aux=1").taper.aux_weight == aux  # the matched control
+  assert cfg.taper.scale_loss_weight == (aux if variant in ("internal_taper", "all_taper") else 0.0)  # the paper's λ
+  assert gpt2.get_config(f"model={size},variant={variant},aux=0").taper.scale_loss_weight == 0.0  # the ablation
+  assert gpt2.get_config(f"model={size},variant=baseline,aux=1").taper.scale_loss_weight == aux  # the matched control
   validate(cfg, num_devices=1)  # every preset is a config that trains (checked before anything compiles)
   if variant == "fakeln":
     removal, value_removal = methods.removal_steps(model_cfg, cfg.fakeln)
@@ -57,8 +57,9 @@ def test_fakeln_presets_are_its_authors_schedules(size, aux):
   cfg = gpt2.get_config(f"model={size},variant=fakeln,aux={aux}")
   start, gap_ln2, gap_ln1qk, gap_ln1v, weight, start_lnf = AUTHORS[size, aux]
   f = cfg.fakeln
-  assert (f.start, f.gap_mlp, f.gap_attn, f.gap_attn_v, f.aux_weight) == (start, gap_ln2, gap_ln1qk, gap_ln1v, weight)
-  assert f.eot_id == 50256 and cfg.taper.aux_weight == 0.0  # GPT-2's <|endoftext|>; FakeLN's own aux loss only
+  assert ((f.start, f.gap_mlp, f.gap_attn, f.gap_attn_v, f.scale_loss_weight)
+          == (start, gap_ln2, gap_ln1qk, gap_ln1v, weight))
+  assert f.eot_id == 50256 and cfg.taper.scale_loss_weight == 0.0  # GPT-2's <|endoftext|>; FakeLN's own scale loss only
   removal, _ = methods.removal_steps(ModelConfig.from_config(cfg.model), f)
   assert removal[("final_norm",)] == start_lnf < cfg.train.steps
 
@@ -104,3 +105,29 @@ def test_demo_pretrain_save_load_and_fine_tune(tmp_path):
   assert results["method"] == "fakeln" and results["complete"] and np.isfinite(results["final_val_loss"])
   gates = [json.loads(line)["gate"] for line in open(tmp_path / "fake" / "metrics.jsonl")]
   assert gates[1] == 1.0 and gates[-1] == 0.0
+
+
+@pytest.mark.slow  # one subprocess, two short runs, ~1 minute
+def test_a_fine_tune_runs_from_the_package_alone(tmp_path):
+  # As from an installed wheel outside a checkout (configs/ and experiments/ unimportable): GPT-2 configs from the
+  # package, the demo's starting model trained and written as a Hugging Face directory, then fine-tuned with TaperLN,
+  # every step through the library (the loop, loading, the GPT-2 writer).
+  small = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
+           "train.eval_batches": 2, "checkpoint.every": 10, "data.data_dir": str(tmp_path / "data"),
+           "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60, "train.steps": 12,
+           "taper.taper_end": 9}
+  pre, fine = str(tmp_path / "pre"), str(tmp_path / "fine")
+  script = ("import json\n"
+            "from tapernorm_jax.hf import gpt2\n"
+            "from tapernorm_jax.inference import loading\n"
+            "from tapernorm_jax.train import gpt2_config, loop, run_config\n"
+            "config = lambda arg, changes: run_config.override(gpt2_config.get_config(arg), changes)\n"
+            f"loop.run(config('model=demo,variant=baseline,pretrain=1', {small!r}), {pre!r})\n"
+            f"loaded = loading.load({pre!r})\n"
+            f"hf = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, {pre!r} + '/hf')\n"
+            f"changes = {{**{small!r}, 'init_from': str(hf)}}\n"
+            f"print(json.dumps(loop.run(config('model=demo,variant=internal_taper', changes), {fine!r})))")
+  done = run_without_checkout(script, tmp_path, timeout=600)
+  results = json.loads(done.stdout.strip().splitlines()[-1])
+  assert results["complete"] and results["variant"] == "internal_taper" and results["init_from"].endswith("hf")
+  assert results["scale_loss_weight"] == pytest.approx(0.1) and np.isfinite(results["final_val_loss"])

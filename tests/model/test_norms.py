@@ -1,5 +1,7 @@
 """TaperNorm against RMSNorm / LayerNorm (g = 1) and against its fixed linear map (g = 0)."""
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -118,3 +120,25 @@ def test_taper_and_fixed_share_variables_with_logical_axes():
   assert jax.tree.structure(vt) == jax.tree.structure(vs)
   specs = nn.get_partition_spec(vt)["params"]
   assert all(tuple(s) == ("norm",) for s in specs.values())
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+@pytest.mark.parametrize("mode", ["dyt", "derf"])
+def test_the_pointwise_norms_are_their_authors_formulas(kind, mode):
+  # DyT: γ·tanh(α·h) + β; Derf: γ·erf(α·h + s) + β; β for LN only (numpy and math.erf, an independent computation).
+  norm = Norm(kind, mode, alpha_init=0.7, shift_init=0.1)
+  x = _x()
+  initial = nn.unbox(norm.init(jax.random.key(0), x))["params"]
+  assert float(initial["alpha"]) == pytest.approx(0.7) and ("shift" in initial) == (mode == "derf")
+  assert ("beta" in initial) == (kind == "ln") and "gamma_tilde" not in initial
+  rng = np.random.default_rng(0)
+  params = {k: np.asarray(rng.normal(1.0, 0.3, np.shape(v)), np.float32) for k, v in initial.items()}
+  h = np.asarray(x, np.float64)
+  z = float(params["alpha"]) * h + (float(params["shift"]) if mode == "derf" else 0.0)
+  f = np.tanh(z) if mode == "dyt" else np.vectorize(math.erf)(z)
+  expected = f * params["gamma"] + (params["beta"] if kind == "ln" else 0.0)
+  out = norm.apply({"params": params}, x, 0.3)  # a gate leaves it as it is
+  np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
+  both = norm.apply({"params": params}, x, 0.3, 0.0)
+  np.testing.assert_array_equal(both[0], out)
+  np.testing.assert_array_equal(both[1], out)

@@ -9,6 +9,8 @@ import pytest
 from flax import traverse_util
 
 from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, init, param_count, param_paths
+from tapernorm_jax.model.gates import BlockGates, Gates
+from tapernorm_jax.model.norms import Norm
 
 LLAMA = ModelConfig(V=97, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
 GPT2 = ModelConfig(family="gpt2", V=97, D=32, H=4, L=2, T=16, internal_norm="taper", final_norm="taper")
@@ -65,7 +67,7 @@ def _forward_from_embeddings(params, x_BxTxD):
     positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
     h = x
     for block in module.blocks:
-      h = block(h, positions, jnp.full((2,), 0.5, jnp.float32))
+      h = block(h, positions, BlockGates(attn=jnp.float32(0.5), mlp=jnp.float32(0.5)))
     return module.logits(h, 0.5)
 
   return model.apply(variables, x_BxTxD, method=run)
@@ -85,6 +87,46 @@ def test_one_compilation_serves_every_gate_value():
   outs = [fn(variables, tokens, jnp.float32(g)) for g in (1.0, 0.6, 0.0)]
   assert fn._cache_size() == 1
   assert not np.allclose(outs[0], outs[2])
+
+
+def norm_gates_seen(cfg: ModelConfig, variables, tokens, gate) -> dict[str, tuple[float, ...]]:
+  """The gate(s) each Norm call received, by module path (flax method interception: the model's own routing)."""
+  seen = {}
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, Norm) and context.method_name == "__call__":
+      seen["/".join(context.module.path)] = tuple(float(g) for g in args[1:])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    Transformer(cfg).apply(variables, tokens, gate)
+  return seen
+
+
+@pytest.mark.parametrize("with_value", [False, True])
+def test_each_norm_reads_its_own_gate_by_name(with_value):
+  variables = init(GPT2, jax.random.key(0))
+  gates = Gates(attn=jnp.array([0.1, 0.2]), mlp=jnp.array([0.3, 0.4]), final=jnp.float32(0.5),
+                attn_value=jnp.array([0.6, 0.7]) if with_value else None)
+  seen = norm_gates_seen(GPT2, variables, _tokens(), gates)
+  value = lambda i: (float(gates.attn_value[i]),) if with_value else ()
+  expected = {**{f"block_{i}/attn_norm": (float(gates.attn[i]), *value(i)) for i in range(2)},
+              **{f"block_{i}/mlp_norm": (float(gates.mlp[i]),) for i in range(2)}, "final_norm": (0.5,)}
+  assert {k: tuple(round(g, 6) for g in v) for k, v in seen.items()} == {
+      k: tuple(round(g, 6) for g in v) for k, v in expected.items()}
+  uniform = norm_gates_seen(GPT2, variables, _tokens(), 0.25)
+  assert set(uniform.values()) == {(0.25,)} and set(uniform) == set(expected)
+
+
+@pytest.mark.parametrize("gates, message", [
+    (Gates(attn=jnp.ones(3), mlp=jnp.ones(2), final=jnp.float32(1)), r"gates.attn has shape \(3,\); a model of "
+     r"model.L=2 blocks takes shape \(2,\)"),
+    (Gates(attn=jnp.ones(2), mlp=jnp.ones(2), final=jnp.ones(2)), r"gates.final has shape \(2,\)"),
+    (Gates(attn=jnp.ones(2), mlp=jnp.array([1.0, 1.5]), final=jnp.float32(1)), r"must lie in \[0, 1\]"),
+    (jnp.ones(5), r"gate has shape \(5,\); give a scalar .* or a tapernorm_jax.model.gates.Gates")])
+def test_gates_of_another_shape_or_range_are_refused_by_field(gates, message):
+  with pytest.raises(ValueError, match=message):
+    Transformer(LLAMA).apply(init(LLAMA, jax.random.key(0)), _tokens(), gates)
 
 
 def test_fixed_form_equals_taper_at_gate_zero():
@@ -157,3 +199,27 @@ def test_layout_names_every_variable_the_model_makes(family, internal, final):
     assert keys <= norm_params
     assert ((param_paths.GAMMA_TILDE,) in keys) == (site.norm in tapered)
     assert ((param_paths.BETA,) in keys) == (family == "gpt2")
+
+
+@pytest.mark.parametrize("mode, alphas", [("dyt", (0.8, 0.2, 0.2)), ("derf", (1.0, 1.0, 1.0))])
+def test_pointwise_norms_start_from_their_authors_alphas_and_scale_the_embeddings(mode, alphas):
+  cfg = LLAMA.replace(internal_norm=mode, final_norm=mode)
+  params = nn.unbox(init(cfg, jax.random.key(0)))["params"]
+  assert float(params["embed_scale"]) == pytest.approx(cfg.D ** 0.5)  # DyT's and Derf's LMs: a learned √D
+  assert [float(params["block_1"][n]["alpha"]) for n in ("attn_norm", "mlp_norm")] + [
+      float(params["final_norm"]["alpha"])] == pytest.approx(list(alphas))
+  chosen = nn.unbox(init(cfg.replace(norm_alpha=(0.5, 0.4, 0.3)), jax.random.key(0)))["params"]
+  assert float(chosen["block_0"]["mlp_norm"]["alpha"]) == pytest.approx(0.4)
+  tokens = _tokens()  # the embeddings scaled, then the blocks: doubling the scale is the same as doubling the table
+  doubled = {**params, "embed_scale": 2 * params["embed_scale"]}
+  twice_table = {**params, "embed": 2 * params["embed"]}
+  calib = init(cfg, jax.random.key(0))["calib"]
+  hidden = lambda p: Transformer(cfg).apply({"params": p, "calib": calib}, tokens, method=Transformer.hidden)
+  np.testing.assert_allclose(hidden(doubled), hidden(twice_table), rtol=1e-5, atol=1e-5)
+  assert "embed_scale" not in nn.unbox(init(LLAMA, jax.random.key(0)))["params"]
+
+
+@pytest.mark.parametrize("alphas", [(0.5, 0.5), (0.5, -1.0, 0.5)])
+def test_a_bad_norm_alpha_is_named(alphas):
+  with pytest.raises(ValueError, match=r"model.norm_alpha=.*give three values > 0"):
+    LLAMA.replace(internal_norm="dyt", norm_alpha=alphas)

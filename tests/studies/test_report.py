@@ -28,8 +28,8 @@ def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: 
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir)
   config = {"variant": variant, "size": size, "seed": seed, "model": {"L": 8, "D": 64, "T": 512, "V": 10_000},
-            "taper": {"aux_weight": 0.1 * aux, "gate_warmup_frac": 0.25}, "train": {"steps": STEPS, "batch_size": 16},
-            "opt": {"lr": 3e-4}}
+            "taper": {"scale_loss_weight": 0.1 * aux, "gate_warmup_frac": 0.25},
+            "train": {"steps": STEPS, "batch_size": 16}, "opt": {"lr": 3e-4}}
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     json.dump(config, f)
   growth = 1.08 if run_rows.unanchored(variant, aux) else 1.0
@@ -45,7 +45,7 @@ def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: 
       json.dump({**cell.to_json(), "status": "failed", "error": "FloatingPointError: loss is nan at step 11"}, f)
     return run_dir
   with open(os.path.join(run_dir, "results.json"), "w") as f:
-    json.dump({"variant": variant, "size": size, "seed": seed, "corpus": "tinystories", "aux_weight": 0.1 * aux,
+    json.dump({"variant": variant, "size": size, "seed": seed, "corpus": "tinystories", "scale_loss_weight": 0.1 * aux,
                "steps": STEPS, "tokens": STEPS * 16 * 512, "final_val_loss": loss, "val_gate": 0.0,
                "params": PARAMS[size] + 64 * aux, "wall_time_s": 10.0, "devices": 1, "backend": "cpu",
                "complete": True}, f)
@@ -155,6 +155,8 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
   assert (row["variant"], row["size"], row["seed"], row["aux"], row["status"]) == ("baseline", "1m", "1", "0",
                                                                                    "complete")
   assert float(row["final_val_loss"]) == 2.2 and int(row["params"]) == 1_035_000
+  tapered = next(r for r in rows if r["cell"] == "internal_taper-1m-aux1-seed1")
+  assert float(row["scale_loss_weight"]) == 0.0 and float(tapered["scale_loss_weight"]) == pytest.approx(0.1)
   assert int(row["tokens"]) == STEPS * 16 * 512 and float(row["wall_time_s"]) == 10.0
   assert float(row["tokens_per_s"]) == pytest.approx(np.median(1000.0 + np.arange(STEPS)))
   assert row["mfu"] == ""  # no known peak for a CPU

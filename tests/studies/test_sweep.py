@@ -45,7 +45,8 @@ def test_the_shipped_sweeps_expand_to_their_grids():
     (dict(overrides={"train": {"steps": "many"}}), "overrides.train.steps='many'"),
     (dict(grid=[]), "grid: not a sweep field"),
     (dict(overrides={"seed": 3}), "overrides.seed=3: set variants, sizes and seeds in the grid"),
-    (dict(overrides={"taper": {"aux_weight": 0.5}}), "overrides.taper.aux_weight=0.5 contradicts baseline:aux=0"),
+    (dict(overrides={"taper": {"scale_loss_weight": 0.5}}),
+     "overrides.taper.scale_loss_weight=0.5 contradicts baseline:aux=0"),
 ])
 def test_bad_sweeps_name_the_field_and_value(change, message):
   bad = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu"])], **change}

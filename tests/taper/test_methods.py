@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import base
-from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
+from tapernorm_jax.model import ModelConfig, Transformer, sharding
+from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import Norm
 from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.fold import fold
@@ -71,12 +72,12 @@ def test_fakeln_removes_mlp_norms_then_attention_q_k_then_attention_v_then_the_f
                      ("final_norm",): start_lnf}
   assert value_removal == {(f"block_{i}", "attn_norm"): start_ln1v + i * gap_ln1v for i in range(L)}
   method = methods.FakeLN(cfg, model_cfg, None)
-  order = [site.norm for site in param_paths.norm_sites(model_cfg)]
   for step in range(start_lnf + 2):
-    gates = np.asarray(method.gates(jnp.int32(step)))
-    expected = [float(step < removal[norm]) for norm in order] + [float(step < start_ln1v + i * gap_ln1v)
-                                                                   for i in range(L)]
-    np.testing.assert_array_equal(gates, expected)
+    gates = method.gates(jnp.int32(step))
+    np.testing.assert_array_equal(gates.mlp, [float(step < start + i * gap_ln2) for i in range(L)])
+    np.testing.assert_array_equal(gates.attn, [float(step < start_ln1qk + i * gap_ln1qk) for i in range(L)])
+    np.testing.assert_array_equal(gates.attn_value, [float(step < start_ln1v + i * gap_ln1v) for i in range(L)])
+    assert float(gates.final) == float(step < start_lnf)
 
 
 def norm_inputs(variables, cfg: ModelConfig, tokens, gates) -> dict[str, np.ndarray]:
@@ -140,11 +141,10 @@ def test_an_attention_norm_between_its_two_removals_feeds_queries_and_keys_its_f
       seen["/".join(context.module.path)] = (args, kwargs)
     return next_fun(*args, **kwargs)
 
-  L = cfg.L
-  gates = np.ones(3 * L + 1, np.float32)
-  gates[0] = 0.0  # block 0's attention norm: q/k path removed, v path (index 2L + 1) not yet
-  with nn.intercept_methods(record):
-    Transformer(cfg).apply(variables, tokens, jnp.asarray(gates))
+  ones = jnp.ones(cfg.L, jnp.float32)
+  gates = Gates(attn=ones.at[0].set(0.0), mlp=ones, final=jnp.float32(1.0), attn_value=ones)  # block 0's q/k path
+  with nn.intercept_methods(record):  # removed, its value path not yet
+    Transformer(cfg).apply(variables, tokens, gates)
   h = np.asarray(seen["block_0/attn_norm"][0][0], np.float64)
   x, x_v = np.asarray(seen["block_0/attn"][0][0]), np.asarray(seen["block_0/attn"][1]["x_v_BxTxD"])
   hbar = h - h.mean(-1, keepdims=True)
@@ -152,9 +152,9 @@ def test_an_attention_norm_between_its_two_removals_feeds_queries_and_keys_its_f
   np.testing.assert_allclose(x, 0.7 * hbar * gamma_tilde + beta, rtol=1e-5, atol=1e-6)  # FakeLN: c·(h − μ)·γ̃ + β
   np.testing.assert_allclose(x_v, hbar / np.sqrt((hbar**2).mean(-1, keepdims=True) + cfg.eps) * gamma + beta,
                              rtol=1e-5, atol=1e-6)  # LayerNorm
-  same = np.concatenate([gates[:2 * L + 1], gates[0:2 * L:2]])  # value gates equal to their norms' gates
-  np.testing.assert_allclose(Transformer(cfg).apply(variables, tokens, jnp.asarray(same)),  # split GEMMs: rounding
-                             Transformer(cfg).apply(variables, tokens, jnp.asarray(gates[:2 * L + 1])), atol=1e-6)
+  same = gates._replace(attn_value=gates.attn)  # value gates equal to their norms' gates: one path, as without them
+  np.testing.assert_allclose(Transformer(cfg).apply(variables, tokens, same),  # split GEMMs: rounding
+                             Transformer(cfg).apply(variables, tokens, gates._replace(attn_value=None)), atol=1e-6)
 
 
 def test_fakeln_aux_loss_pulls_every_token_to_the_mean_scale_of_the_ordinary_tokens():
@@ -162,13 +162,13 @@ def test_fakeln_aux_loss_pulls_every_token_to_the_mean_scale_of_the_ordinary_tok
   method = methods.FakeLN(cfg, ModelConfig.from_config(cfg.model), None)
   h_BxTxD = jax.random.normal(jax.random.key(0), (2, 4, 32)) * jnp.arange(1.0, 9.0).reshape(2, 4, 1)
   tokens_BxT = jnp.array([[5, 7, 9, 9], [3, 4, 7, 7]])  # end-of-text at (0, 1), (1, 2), (1, 3)
-  weight, aux = method.aux_terms(h_BxTxD, None, jnp.int32(0), tokens_BxT)  # on from step 0
+  weight, loss = method.scale_loss_terms(h_BxTxD, None, jnp.int32(0), tokens_BxT)  # on from step 0
   h = np.asarray(h_BxTxD, np.float64)
   s = np.sqrt(((h - h.mean(-1, keepdims=True)) ** 2).mean(-1) + cfg.model.eps)  # the pre-logit σ per token
   target = np.mean([s[0, 2], s[0, 3], s[1, 1]])  # neither position 0 nor end-of-text
-  assert float(weight) == np.float32(cfg.fakeln.aux_weight)
-  np.testing.assert_allclose(aux, np.mean((s - target) ** 2), rtol=1e-5)  # every token is pulled
-  grad = jax.grad(lambda h: method.aux_terms(h, None, jnp.int32(0), tokens_BxT)[1])(h_BxTxD)
+  assert float(weight) == np.float32(cfg.fakeln.scale_loss_weight)
+  np.testing.assert_allclose(loss, np.mean((s - target) ** 2), rtol=1e-5)  # every token is pulled
+  grad = jax.grad(lambda h: method.scale_loss_terms(h, None, jnp.int32(0), tokens_BxT)[1])(h_BxTxD)
   np.testing.assert_allclose(  # the target is held constant: the gradient of a fixed-target loss
       grad, jax.grad(lambda h: methods.losses.scale_loss(h, jnp.float32(target), "ln", cfg.model.eps))(h_BxTxD),
       rtol=1e-4, atol=1e-7)

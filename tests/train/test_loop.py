@@ -79,7 +79,7 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
   assert saved["mfu"] == pytest.approx(saved["tokens_per_s"] * saved["flops_per_token"] / saved["peak_flops"])
   assert glob.glob(os.path.join(workdir, "profile", "**", "*.xplane.pb"), recursive=True)  # train.profile_steps
   for key in ("logit_norm", "radial_grad", "s_mean", "s_tgt", "val_loss", "grad_norm/qkv", "grad_norm/mlp_out",
-              "tokens_per_s", "lr", "aux"):
+              "tokens_per_s", "lr", "scale_loss"):
     assert key in records[7], key
   tb = EventAccumulator(os.path.join(workdir, "tensorboard"))
   tb.Reload()

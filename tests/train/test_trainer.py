@@ -68,7 +68,7 @@ def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trai
   for k, batch in enumerate(batches(trainer.phases.taper_end, trainer.cfg, seed=1)):
     state, m = trainer.train_step(state, batch)
     gates.append(float(m["gate"]))
-    np.testing.assert_allclose(m["loss"], m["ce"] + (0.1 * m["aux"] if k >= trainer.phases.taper_start else 0),
+    np.testing.assert_allclose(m["loss"], m["ce"] + (0.1 * m["scale_loss"] if k >= trainer.phases.taper_start else 0),
                                rtol=1e-6)
   assert trainer.train_step._cache_size() == 1
   np.testing.assert_allclose(gates, [float(schedules.gate(k, trainer.phases)) for k in range(len(gates))], atol=1e-6)
@@ -124,7 +124,7 @@ def test_sharded_fsdp_step_matches_a_single_device_step():
     ({"taper.gate_warmup_frac": 0.9, "taper.taper_end": 5}, "taper.gate_warmup_frac"),
     ({"taper.gate_warmup_frac": 1.5}, "taper.gate_warmup_frac"),
     ({"taper.taper_end": 50}, "taper.taper_end"),
-    ({"taper.aux_weight": -0.1}, "taper.aux_weight"),
+    ({"taper.scale_loss_weight": -0.1}, "taper.scale_loss_weight"),
     ({"taper.mu": 0.0}, "taper.mu"),
     ({"taper.mu": 1.5}, "taper.mu"),
     ({"train.batch_size": 6}, "train.batch_size"),
@@ -137,9 +137,32 @@ def test_inconsistent_configs_fail_before_compiling(overrides, field):
 
 def test_removing_the_final_anchor_without_aux_warns(caplog):
   with caplog.at_level(logging.WARNING):
-    Trainer(tiny("final_taper", {"taper.aux_weight": 0.0}), sharding.make_mesh())
+    Trainer(tiny("final_taper", {"taper.scale_loss_weight": 0.0}), sharding.make_mesh())
   assert "logits may grow without bound" in caplog.text
   caplog.clear()
   with caplog.at_level(logging.WARNING):
     Trainer(tiny("internal_taper"), sharding.make_mesh())
   assert "logits may grow" not in caplog.text
+
+
+@pytest.mark.parametrize("variant", ["dyt", "derf"])
+def test_a_pointwise_variant_trains_its_alphas_and_has_nothing_to_fold(variant, caplog):
+  from tapernorm_jax.taper import fold  # noqa: PLC0415
+  with caplog.at_level(logging.WARNING):
+    trainer = Trainer(tiny(variant), sharding.make_mesh())
+  assert "nothing anchors" not in caplog.text  # a bounded final function anchors the pre-logit scale itself
+  state = trainer.init_state(0)
+  first = jax.device_get(state["params"])
+  losses = []
+  for batch in batches(4, trainer.cfg) * 3:
+    state, metrics = trainer.train_step(state, batch)
+    losses.append(float(metrics["loss"]))
+  after = jax.device_get(state["params"])
+  assert float(metrics["gate"]) == 1.0 and losses[-1] < losses[0]
+  for path in (("block_0", "attn_norm", "alpha"), ("final_norm", "alpha"), ("embed_scale",)):
+    a, b = first, after
+    for name in path:
+      a, b = a[name], b[name]
+    assert float(a) != float(b), path  # trained
+  with pytest.raises(ValueError, match="nothing to fold"):
+    fold.fold({"params": state["params"], "calib": state["calib"]}, trainer.model_cfg)
