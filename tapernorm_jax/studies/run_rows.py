@@ -33,10 +33,10 @@ def unanchored(variant: str, aux: int) -> bool:
   return VARIANTS.get(variant, ("", ""))[1] == "taper" and not aux
 
 
-
 def scale_loss_weight(config: dict[str, Any]) -> float:
   """The λ of the scale loss a run's config (as read from disk, `config_fields.upgrade`d) gives its method."""
   return float(config.get(config.get("method", "taper"), {}).get("scale_loss_weight", 0.0))
+
 
 def size_order(size: str) -> int:
   """SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
