@@ -48,7 +48,9 @@ from tapernorm_jax.hf import llama  # noqa: E402
 from tapernorm_jax.benchmarks import decode as decode_bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer_train  # noqa: E402
+from tapernorm_jax.benchmarks.workers import reason  # noqa: E402
 from tapernorm_jax.files import write_report  # noqa: E402
+from experiments.peer_train_hf import TORCH_DTYPES, load_llama, synchronize  # noqa: E402
 
 _SETTINGS = cli.define_flags(bench.Settings, {
     **decode_bench.FLAG_HELP, "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
@@ -61,13 +63,6 @@ _QUICK = flags.DEFINE_bool("quick", False,
                            "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens; train: 1m:2x64.")
 _OUT = flags.DEFINE_string("out", "runs/benchmark_peer", "Output directory for results.json and table.md.")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: where the train workers start
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def reason(error: BaseException) -> str:
-  """An exception as one short line: its type and the first line of its message."""
-  lines = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {lines[0][:200] if lines else ''}".rstrip(": ")
 
 
 def first_call(fn: Any, compile: bool = True) -> Any:
@@ -85,20 +80,6 @@ def first_call(fn: Any, compile: bool = True) -> Any:
 def torch_device() -> str:
   """cuda when jax runs on a GPU and PyTorch sees CUDA, else cpu."""
   return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
-
-
-def load_llama(directory: str, device: str) -> Any:
-  """LlamaForCausalLM with SDPA attention from a checkpoint directory, float32, on `device`."""
-  transformers.utils.logging.set_verbosity_error()
-  transformers.utils.logging.disable_progress_bar()
-  model = transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32)
-  return model.to(device)
-
-
-def synchronize(device: str) -> None:
-  """Returns once `device` is done (CPU calls are synchronous anyway)."""
-  if device == "cuda":
-    torch.cuda.synchronize()
 
 
 class HuggingFacePeer:

@@ -44,6 +44,20 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 Step = Callable[[], torch.Tensor]
 
 
+def load_llama(directory: str, device: str, dtype: torch.dtype = torch.float32) -> Any:
+  """LlamaForCausalLM with SDPA attention from a checkpoint directory, its weights in `dtype`, on `device`."""
+  transformers.utils.logging.set_verbosity_error()
+  transformers.utils.logging.disable_progress_bar()
+  model = transformers.LlamaForCausalLM.from_pretrained(directory, attn_implementation="sdpa", dtype=dtype)
+  return model.to(device)
+
+
+def synchronize(device: str) -> None:
+  """Returns once `device` is done (CPU calls are synchronous anyway)."""
+  if device == "cuda":
+    torch.cuda.synchronize()
+
+
 class HuggingFaceStep:
   """LlamaForCausalLM and torch AdamW on the baseline's initial weights and batch (`workers.Contender`)."""
 
@@ -53,10 +67,7 @@ class HuggingFaceStep:
     self.device = "cuda" if spec["device"] == "cuda" and torch.cuda.is_available() else "cpu"
     self.param_dtype, self.compute_dtype = (TORCH_DTYPES[spec["dtypes"][k]] for k in ("param", "compute"))
     self.opt = spec["optimizer"]
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    self.model = transformers.LlamaForCausalLM.from_pretrained(
-        os.path.join(directory, "llama"), attn_implementation="sdpa", dtype=self.param_dtype).to(self.device).train()
+    self.model = load_llama(os.path.join(directory, "llama"), self.device, self.param_dtype).train()
     self.initial = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
     ids_BxT1 = torch.from_numpy(np.load(os.path.join(directory, "batch.npy")).astype(np.int64)).to(self.device)
     self.inputs_BxT, self.targets_BxT = ids_BxT1[:, :-1], ids_BxT1[:, 1:]
@@ -159,5 +170,4 @@ class HuggingFaceStep:
 
   def wait(self, out: torch.Tensor) -> None:
     """Until the device is done (CPU calls are synchronous anyway)."""
-    if self.device == "cuda":
-      torch.cuda.synchronize()
+    synchronize(self.device)

@@ -40,9 +40,8 @@ from tapernorm_jax.errors import UserError
 from tapernorm_jax.hf import llama
 from tapernorm_jax.hf.hub import WEIGHTS_FILE
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.model import param_count, sharding
+from tapernorm_jax.model import param_count
 from tapernorm_jax.taper.variants import SIZES
-from tapernorm_jax.train import run_config
 from tapernorm_jax.train.trainer import Trainer
 
 PyTree = Any
@@ -97,10 +96,7 @@ def parse_cell(cell: str) -> tuple[str, int, int]:
 def make_trainer(variant: str, cell: str, dtype: str) -> Trainer:
   """A Trainer of `variant` on the cell's size and B × T batches, computing in `dtype`, with OPT's optimiser."""
   size, B, T = parse_cell(cell)
-  cfg = run_config.get_config(variant, f"size={size}")
-  cfg.model.T, cfg.model.dtype, cfg.train.batch_size = T, dtype, B
-  cfg.opt.update(OPT)
-  return Trainer(cfg, sharding.make_mesh())
+  return train_bench.make_trainer(variant, size, B, T, OPT, dtype=dtype)
 
 
 def dtypes(trainer: Trainer) -> dict[str, str]:
@@ -133,7 +129,7 @@ class OurStep:
 
   def describe(self) -> dict[str, Any]:
     """Backend, dtypes, paths, size, the optimiser as the peer must configure its own, and whether an entry point
-  started this process."""
+    started this process."""
     tr, opt = self.trainer, self.trainer.cfg.opt
     step = int(self.state["step"])
     return {"backend": jax.default_backend(), "dtypes": dtypes(tr), "step": step, "cpu_paths": tr.paths_choice.record(),
@@ -259,7 +255,7 @@ def start(cell: str, allocator: str, spawn: Spawn, s: Any, directory: str, start
   ours = started["baseline"].ready
   peer_spec = {**spec, "optimizer": ours["optimizer"], "dtypes": ours["dtypes"], "threads": s.threads,
                "device": "cuda" if ours["backend"] == "gpu" else "cpu"}
-  for name in [name for name in OURS if name != "baseline"]:
+  for name in (name for name in OURS if name not in started):  # the library-built baseline and TaperNorm
     started[name] = spawn(name, spec, allocator)
   for name in PEERS if s.compile else PEERS[:1]:
     started[name] = spawn(name, peer_spec, allocator)
@@ -354,7 +350,7 @@ def ratio_cell(row: dict, key: str) -> str:
 def allocator_cell(row: dict) -> str:
   """The row's malloc setting, and why it did not hold where it did not."""
   effect = row["allocator_in_effect"]
-  held = effect["setting"] == ("default" if row["allocator"] == "default" else "project settings")
+  held = effect["setting"] == row["allocator"]  # the rows are named as the workers name their setting
   return row["allocator"] + ("" if held else f" (not in effect: {effect['keep_freed_memory']})")
 
 

@@ -44,11 +44,14 @@ class Settings:
 
 
 def make_trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float] | None = None,
-                 cpu_paths: str = "auto", mesh: Any = None) -> Trainer:
+                 cpu_paths: str = "auto", mesh: Any = None, dtype: str | None = None) -> Trainer:
   """A Trainer of `variant` at `size` on B × T batches, with optimiser hyperparameters `opt` overridden, its products
-  and attention `cpu_paths` (auto: timed here, as a run does; train/paths.py)."""
+  and attention `cpu_paths` (auto: timed here, as a run does; train/paths.py), computing in `dtype` (None: the
+  config's)."""
   cfg = run_config.get_config(variant, f"size={size}")
   cfg.model.T, cfg.train.batch_size = T, B
+  if dtype is not None:
+    cfg.model.dtype = dtype
   cfg.opt.update(opt or {})
   return Trainer(cfg, mesh or sharding.make_mesh(), cpu_paths)
 

@@ -243,8 +243,8 @@ def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, losses
   B, T, done = cfg.train.batch_size, cfg.model.T, int(jax.device_get(state["step"]))
   return {"schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": corpus,
           "scale_loss_weight": methods.scale_loss_weight(cfg), "steps": done, "tokens": done * B * T,
-          "final_val_loss": losses["val"],
-          "eval_losses": losses, "val_gate": 0.0, "val_tokens": cfg.train.eval_batches * B * T,
+          "final_val_loss": losses["val"], "eval_losses": losses, "val_gate": 0.0,
+          "val_tokens": cfg.train.eval_batches * B * T,
           "params": param_count(state["params"]), "method": methods.name(cfg), "init_from": cfg.get("init_from", ""),
           "complete": done >= cfg.train.steps}
 
