@@ -1,4 +1,4 @@
-"""Inference throughput of baseline, fixed, folded and identity models on the same weights (docs/method.md §9).
+"""Inference throughput of baseline, fixed, folded, identity, DyT and Derf models on the same weights (method.md §9).
 
     python -m experiments.benchmark_decode             # the paper's grid: 30M, B ∈ {1, 4} × T ∈ {128, 256, 512}
     python -m experiments.benchmark_decode --quick     # a 1M-model smoke run in under a minute
@@ -6,7 +6,8 @@
 
 Forms (one set of internal_taper weights, the paper's model): `baseline` runs the norms as
 RMSNorm, `fixed` keeps the g = 0 map as an explicit `c·γ̃` multiply, `folded` has it folded
-into QKV and the MLP input, and `identity` drops every norm (the upper bound). What is timed
+into QKV and the MLP input, and `identity` drops every norm (the upper bound); `dyt` and `derf`
+run the same weights with point-wise norms, which have no fold (--pointwise= leaves them out). What is timed
 and how: `tapernorm_jax/benchmarks/decode.py`. Writes `results.json` and `table.md` under --out.
 """
 

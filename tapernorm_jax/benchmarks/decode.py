@@ -1,4 +1,5 @@
-"""Inference throughput of the baseline, fixed, folded and identity forms of one set of weights (docs/method.md §9).
+"""Inference throughput of the baseline, fixed, folded and identity forms of one set of weights (docs/method.md §9),
+and of the same weights with point-wise norms (DyT, Derf: no fold, their tanh or erf run at every norm).
 
 `forward` is the paper's last-token-logits forward over B×T tokens (no cache); `decode` is
 KV-cache generation of N tokens after a P-token prompt, timed apart from the prefill and set
@@ -27,6 +28,7 @@ from tapernorm_jax.benchmarks.timing import (bandwidth_probe, check_at_least, pa
                                              summary, time_interleaved)
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, init, param_count
+from tapernorm_jax.model.norms import POINTWISE_MODES
 
 PyTree = Any
 # The paper's measurement (docs/method.md §9): thousands of tokens/s on an H100 in bf16 (PyTorch eager),
@@ -54,6 +56,8 @@ class Settings:
   min_sample_s: float = 1.0
   dtype: str = ""  # "" = float32 on CPU, bfloat16 on accelerators
   seed: int = 0
+  pointwise: tuple[str, ...] = POINTWISE_MODES
+
 
   def __post_init__(self):
     known = self.known_modes()
@@ -62,6 +66,8 @@ class Settings:
       raise ValueError(f"modes={sorted(unknown)}: unknown; choose from {known}")
     if self.size not in SIZES:
       raise ValueError(f"size={self.size!r}: choose one of {sorted(SIZES)}")
+    if set(self.pointwise) - set(POINTWISE_MODES):
+      raise ValueError(f"pointwise={list(self.pointwise)}: choose among {POINTWISE_MODES} (or none: --pointwise=)")
     if self.variant not in VARIANTS:
       raise ValueError(f"variant={self.variant!r}: choose one of {VARIANTS} (a model with tapered norms)")
     check_at_least(self, 1, "batches", "lengths", "decode_batches", "prompt", "new_tokens", "repeats")
@@ -84,7 +90,8 @@ FLAG_HELP = {  # one line per Settings field, for the entry points' flags
     "repeats": "Timed samples per contender and cell (median and spread reported).",
     "warmup": "Untimed calls per contender and cell after compiling.",
     "min_sample_s": "Each timed sample loops calls for at least this long.",
-    "dtype": "Compute and weight dtype (default: float32 on CPU, else bfloat16).", "seed": "Weight seed."}
+    "dtype": "Compute and weight dtype (default: float32 on CPU, else bfloat16).", "seed": "Weight seed.",
+    "pointwise": "Point-wise norms (dyt, derf) also timed on the same weights; empty for none."}
 QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
              warmup=1, min_sample_s=0.05)  # a smoke run in under a minute
 
@@ -213,10 +220,13 @@ def log_row(title: str, row: dict, unit: str) -> None:
 
 
 def run(s: Settings) -> dict[str, Any]:
-  """Builds the four forms of one set of calibrated-looking weights and runs the selected modes."""
+  """Builds the four forms of one set of calibrated-looking weights (and its point-wise forms) and runs the selected
+  modes."""
   cfg = model_config(s.size, s.variant, s.dtype)
   variables = forms_lib.perturbed(init(cfg, jax.random.key(s.seed)), jax.random.key(s.seed + 1), (0.05, 0.5), 0.1)
   forms = forms_lib.forms(variables, cfg)
+  for mode in s.pointwise:
+    forms[mode] = forms_lib.pointwise(variables, cfg, mode, jax.random.key(s.seed + 2))
   results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
                              "settings": dataclasses.asdict(s), "model": cfg.to_dict(),
                              "params": param_count(forms["baseline"][0]["params"])}
@@ -234,10 +244,15 @@ def run(s: Settings) -> dict[str, Any]:
   return results
 
 
+def pointwise_forms(rows: list[dict]) -> list[str]:
+  """The point-wise norms a table's rows timed (none in results from before they were)."""
+  return [mode for mode in POINTWISE_MODES if mode in rows[0]["forms"]]
+
+
 def decode_table(results: dict) -> list[str]:
   """The decode roofline table's lines: tokens/s per form and batch, the CPU projection's gain, the rooflines."""
   dram = lambda B, step: B * results["bandwidth"]["median_gb_s"] * 1e9 / (step["weights"] + step["cache"])
-  rows = []
+  rows, extra = [], pointwise_forms(results["decode"])
   for row in results["decode"]:
     f = row["forms"]
     cell = lambda n: f"{f[n]['median']:,.1f} ({speedup(f, n, 'baseline')['median']:.3f}×)"
@@ -246,7 +261,7 @@ def decode_table(results: dict) -> list[str]:
     per_row = (f" / per row {f[ROWWISE]['median']:,.1f} ({speedup(f, 'folded', ROWWISE)['median']:.2f}×)"
                if ROWWISE in f else "")
     rows.append([row["B"], row["prompt"], row["new_tokens"], f"{f['baseline']['median']:,.1f}", cell("fixed"),
-                 cell("folded"), cell("identity"),
+                 cell("folded"), cell("identity"), *map(cell, extra),
                  f"{f[WITHOUT_KERNEL]['median']:,.1f} ({kernel['median']:.2f}× "
                  f"{kernel['min']:.2f}–{kernel['max']:.2f}){per_row}" if kernel else f"– ({row.get('projection', '')})",
                  f"{(step['weights'] + step['cache']) / 1e6:.1f}",
@@ -259,7 +274,7 @@ def decode_table(results: dict) -> list[str]:
             "Roofline = B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a "
             "sum over as many bytes as one step reads (sampled between the decode runs), and with the DRAM "
             "bandwidth:", "",
-            markdown_table(["B", "P", "N", "baseline", "fixed", "folded", "identity",
+            markdown_table(["B", "P", "N", "baseline", "fixed", "folded", "identity", *extra,
                             "folded, model's einsum (CPU projection's gain, range) / one product per row",
                             "MB read / step", "read GB/s", "roofline tok/s", "folded % of roofline",
                             "folded % of DRAM roofline"],
@@ -276,7 +291,7 @@ def markdown(results: dict) -> str:
            f"DRAM read bandwidth (jitted sum over {results['bandwidth']['bytes'] / 2**30:.0f} GiB): "
            f"{results['bandwidth']['median_gb_s']:.1f} GB/s.", ""]
   if results.get("forward"):
-    rows = []
+    rows, extra = [], pointwise_forms(results["forward"])
     for row in results["forward"]:
       f = row["forms"]
       cell = lambda n: (f"{f[n]['median'] / 1e3:.2f} ± {50 * f[n]['spread']:.1f}% "
@@ -285,6 +300,7 @@ def markdown(results: dict) -> str:
       bound = speedup(f, "folded", "identity")
       rows.append([row["B"], row["T"], f"{f['baseline']['median'] / 1e3:.2f} ± {50 * f['baseline']['spread']:.1f}%",
                    cell(FULL) if FULL in f else "–", cell("fixed"), cell("folded"), cell("identity"),
+                   *map(cell, extra),
                    f"{bound['median']:.3f} ({bound['min']:.2f}–{bound['max']:.2f})",
                    f"{paper[2]:.1f} ({paper[2] / paper[0]:.2f}×)" if paper else "–"])
     lines += ["Last-token-logits forward, no KV cache, thousands of tokens/s (ratio to baseline). Every form runs "
@@ -292,7 +308,7 @@ def markdown(results: dict) -> str:
               "forward over every position (the paper's, and Hugging Face's with `logits_to_keep=1`); the second "
               "column is the baseline with every block on every position, the work such a forward does:", "",
               markdown_table(["B", "T", "baseline", "baseline, every block on every position", "fixed", "folded",
-                              "identity", "folded / identity", "paper folded (H100)"], rows), ""]
+                              "identity", *extra, "folded / identity", "paper folded (H100)"], rows), ""]
   if results.get("decode"):
     lines += decode_table(results)
   return "\n".join(lines)

@@ -8,7 +8,8 @@ import flax.linen as nn
 import jax
 from flax import traverse_util
 
-from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, param_paths
+from tapernorm_jax.model import ModelConfig, Transformer, abstract_variables, init, param_paths
+from tapernorm_jax.model.norms import POINTWISE_MODES
 from tapernorm_jax.taper import fold as fold_lib
 
 PyTree = Any
@@ -31,6 +32,17 @@ def forms(variables: PyTree, cfg: ModelConfig) -> dict[str, tuple[PyTree, ModelC
   out = {name: (select(variables, form_cfg), form_cfg) for name, form_cfg in configs.items()}
   out["folded"] = fold_lib.fold(variables, cfg)
   return {name: out[name] for name in FORMS}
+
+
+def pointwise(variables: PyTree, cfg: ModelConfig, mode: str, key: jax.Array) -> tuple[PyTree, ModelConfig]:
+  """The same weights with every norm a point-wise one (`dyt` or `derf`, model/norms.py), which has no fold: its α,
+  γ, β and embedding scale freshly initialised, every other weight taken from `variables`."""
+  if mode not in POINTWISE_MODES:
+    raise ValueError(f"mode={mode!r}: a point-wise norm is one of {POINTWISE_MODES}")
+  form_cfg = cfg.replace(internal_norm=mode, final_norm=mode)
+  shared = traverse_util.flatten_dict(variables)
+  own = traverse_util.flatten_dict(nn.unbox(init(form_cfg, key)))
+  return traverse_util.unflatten_dict({k: shared.get(k, x) for k, x in own.items()}), form_cfg
 
 
 def select(variables: PyTree, cfg: ModelConfig) -> PyTree:

@@ -16,12 +16,12 @@ from tapernorm_jax.model import ModelConfig, abstract_variables, init, sharding
 from tapernorm_jax.taper.fold import fold
 from model_helpers import logits_at, perturbed_variables
 
-FORMS = ("baseline", "fixed", "folded")
+FORMS = ("baseline", "fixed", "folded", "dyt", "derf")  # the point-wise norms have no fold: they decode as they are
 
 
 def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
   """Variables and config of a small model whose outputs depend on every parameter (γ̃, β, c ≠ defaults)."""
-  norm = {"baseline": "plain", "fixed": "fixed", "folded": "taper"}[form]
+  norm = {"baseline": "plain", "fixed": "fixed", "folded": "taper"}.get(form, form)
   cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
                               init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
   variables = perturbed_variables(cfg)
@@ -167,13 +167,16 @@ def test_requests_past_the_learned_positions_are_refused():
 @pytest.mark.slow  # compiles four forms twice; the benchmark's smoke run
 def test_decode_benchmark_runs_every_form_on_the_same_weights():
   cfg = bench.model_config("cpu", "internal_taper", "float32").replace(V=97, L=1)
-  forms = forms_lib.forms(forms_lib.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1)), cfg)
+  variables = forms_lib.perturbed(init(cfg, jax.random.key(0)), jax.random.key(1))
+  forms = forms_lib.forms(variables, cfg)
   assert list(forms) == list(forms_lib.FORMS)
+  forms["dyt"] = forms_lib.pointwise(variables, cfg, "dyt", jax.random.key(2))
   embeds = [np.asarray(v["params"]["embed"]) for v, _ in forms.values()]
   assert all(np.array_equal(e, embeds[0]) for e in embeds)  # one set of weights; only the norms differ
   assert forms["identity"][1].internal_norm == forms["folded"][1].internal_norm == "identity"
+  assert forms["dyt"][1].internal_norm == forms["dyt"][1].final_norm == "dyt"
   s = bench.Settings(size="cpu", variant="internal_taper", batches=(1,), lengths=(16,), decode_batches=(2,), prompt=8,
-                     new_tokens=4, repeats=1, warmup=1, min_sample_s=0.0, dtype="float32", seed=0)
+                     new_tokens=4, repeats=1, warmup=1, min_sample_s=0.0, dtype="float32", seed=0, pointwise=("dyt",))
   results = {"date": "today", "hardware": hardware.describe(), "settings": vars(s), "params": 1,
              "bandwidth": read_bandwidth(1 << 20, repeats=1), "forward": bench.bench_forward(forms, s),
              "decode": bench.bench_decode(forms, s)}
@@ -181,6 +184,7 @@ def test_decode_benchmark_runs_every_form_on_the_same_weights():
   assert step["cache"] == 2 * cfg.L * 2 * cfg.D * (8 + 4 - 1) * 4  # k and v, B = 2 rows, P + N − 1 slots, fp32
   table = bench.markdown(results)
   assert "| 1 | 16 |" in table and "| 2 | 8 | 4 |" in table
+  assert table.count("| identity | dyt |") == 2  # a column in the forward and the decode table
 
 
 def test_benchmark_flags_come_from_the_settings_dataclass():
@@ -193,3 +197,5 @@ def test_benchmark_flags_come_from_the_settings_dataclass():
   assert s == bench.Settings(size="9m", batches=(2, 8), min_sample_s=0.5, dtype="float32")
   with pytest.raises(ValueError, match="size='2m'"):
     bench.Settings(size="2m")
+  with pytest.raises(ValueError, match=r"pointwise=\['rms'\]"):
+    bench.Settings(pointwise=("rms",))
