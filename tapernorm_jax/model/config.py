@@ -38,6 +38,7 @@ class ModelConfig:
   rope_base: float = 10_000.0
   tie_embeddings: bool = True
   logits_bias: bool = False
+  input_bias: bool = False  # llama: biases on qkv and the MLP inputs (gpt2 has them always); a folded PRepBN has them
   init_std: float = 0.02
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -125,6 +126,16 @@ class ModelConfig:
       return float(self.norm_alpha[position])
     mode = self.final_norm if position == 2 else self.internal_norm
     return POINTWISE_ALPHA.get(mode, (1.0, 1.0, 1.0))[position]
+
+  @property
+  def foldable(self) -> bool:
+    """Whether any norm's inference map is linear and folds into the next projection (`fold.fold`)."""
+    return self.internal_norm in param_paths.FOLDABLE_MODES or self.final_norm in param_paths.FOLDABLE_MODES
+
+  @property
+  def input_biases(self) -> bool:
+    """Whether the projections that read a norm (qkv, the MLP inputs) have biases."""
+    return self.family == "gpt2" or self.input_bias
 
   @property
   def tapered(self) -> bool:

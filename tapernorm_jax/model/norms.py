@@ -11,9 +11,15 @@ the compute dtype.
     identity  h                                       what is left after folding
     dyt       β + γ·tanh(α·h)                         DyT: no statistics, a learned scalar α (Zhu et al., 2025)
     derf      β + γ·erf(α·h + s)                      Derf: the same with erf and a learned shift s (Chen et al.)
+    repbn     g·Norm(h) + (1 − g)·RepBN(h)            PRepBN (Guo et al., 2024): RepBN(h) = BN(h) + η·h
 
 β is LN's only (RMS norms have none), as in both point-wise norms' language-model code (DyT's LLaMA has no bias,
 Derf's GPT-2 has one). They have no g = 0 map and no fold: a gate leaves them as they are.
+
+RepBN's BatchNorm normalises each feature over every token of the batch in a train step (the `calib_stats`
+collection mutable) and keeps running statistics (`mean`, `var`: the method's EMA folds in the batch's mean and
+unbiased variance); anywhere else (evaluation, decoding) it uses the running statistics, so it is a per-token affine
+map, which folds.
 
 "Tapered" always means a norm in a calibrated form (`taper` or `fixed`); "scale" always means
 the per-token scale s(h) = r(h) (RMS) or σ_h (LN), never a parameter.
@@ -28,7 +34,7 @@ import jax.numpy as jnp
 from tapernorm_jax.model import param_paths
 
 NORM_KINDS = ("rms", "ln")
-NORM_MODES = ("plain", "taper", "fixed", "identity", "dyt", "derf")
+NORM_MODES = ("plain", "taper", "fixed", "identity", "dyt", "derf", "repbn")
 POINTWISE_MODES = ("dyt", "derf")  # no statistics: a bounded point-wise function with a learned input scale
 # α's initial value at the attention norms, the MLP norms and the final norm, as the authors set it for language models:
 # DyT's smallest LLaMA (7B; jiachenzhu/DyT other_tasks/LLaMA/README.md at aab5dde), and Derf's GPT-2 defaults
@@ -101,6 +107,11 @@ class Norm(nn.Module):
     hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
     if self.mode == "plain":
       return both((hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype))
+    if self.mode == "repbn":
+      normed_BxTxD = hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D
+      rep_BxTxD = self.rep_bn(x_BxTxD.astype(sdt), feature_param)
+      g = jnp.asarray(gate, sdt)
+      return both((g * normed_BxTxD + (1.0 - g) * rep_BxTxD).astype(self.dtype))
 
     gamma_tilde_D = feature_param(param_paths.GAMMA_TILDE, nn.initializers.ones)
     c = calib_scalar(self, param_paths.C, 1.0).value
@@ -123,6 +134,28 @@ class Norm(nn.Module):
     blend = lambda g: (beta_D + g * normed_BxTxD + (1.0 - g) * fixed_BxTxD).astype(self.dtype)
     return blend(jnp.asarray(gate, sdt)) if gate_v is None else (blend(jnp.asarray(gate, sdt)),
                                                                  blend(jnp.asarray(gate_v, sdt)))
+
+
+  def rep_bn(self, x_BxTxD: Array, feature_param: Any) -> Array:
+    """RepBN(x) = BN(x) + η·x: BatchNorm over every token of the batch in a train step (recording its mean and
+    unbiased variance), over the running statistics otherwise; BN's affine map and η start at 0, as in PRepBN."""
+    bn_gamma_D = feature_param(param_paths.BN_GAMMA, nn.initializers.zeros)
+    bn_beta_D = feature_param(param_paths.BN_BETA, nn.initializers.zeros)
+    eta = self.param(param_paths.ETA, nn.with_logical_partitioning(nn.initializers.zeros, ()), (),
+                     self.param_dtype).astype(x_BxTxD.dtype)
+    D = x_BxTxD.shape[-1]
+    mean_D = self.variable(CALIB, param_paths.MEAN, lambda: jnp.zeros((D,), jnp.float32)).value.astype(x_BxTxD.dtype)
+    var_D = self.variable(CALIB, param_paths.VAR, lambda: jnp.ones((D,), jnp.float32)).value.astype(x_BxTxD.dtype)
+    calib_scalar(self, param_paths.COUNT, 0, jnp.int32)
+    if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
+      mean_D = jnp.mean(x_BxTxD, axis=(0, 1))
+      var_D = jnp.mean(jnp.square(x_BxTxD - mean_D), axis=(0, 1))  # biased: what the batch is normalised with
+      n = x_BxTxD.shape[0] * x_BxTxD.shape[1]
+      self.put_variable(CALIB_STATS, param_paths.MEAN, jax.lax.stop_gradient(mean_D).astype(jnp.float32))
+      self.put_variable(CALIB_STATS, param_paths.VAR,
+                        jax.lax.stop_gradient(var_D * n / max(n - 1, 1)).astype(jnp.float32))
+    bn_BxTxD = (x_BxTxD - mean_D) * jax.lax.rsqrt(var_D + self.eps) * bn_gamma_D + bn_beta_D
+    return bn_BxTxD + eta * x_BxTxD
 
 
 class ScaleMonitor(nn.Module):

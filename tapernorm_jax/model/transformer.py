@@ -124,7 +124,7 @@ class Attention(nn.Module):
     w_qkv_Dx3xHxK = _param(self, param_paths.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
                            cfg.param_dtype).astype(dt)
     bias_3xHxK = (_param(self, param_paths.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
-                  .astype(dt) if cfg.family == "gpt2" else None)
+                  .astype(dt) if cfg.input_biases else None)
 
     def heads(x_BxTxD: Array, which: slice) -> Array:
       """Queries, keys and/or values (`which` of the three) of every position of x, B×T×n×H×K."""
@@ -168,7 +168,7 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-  """SwiGLU (`wi_0` gate, `wi_1` up) for llama, GELU-tanh with biases for gpt2."""
+  """SwiGLU (`wi_0` gate, `wi_1` up; biased with model.input_bias) for llama, GELU-tanh with biases for gpt2."""
 
   cfg: ModelConfig
   projection: Projection = einsum
@@ -180,10 +180,14 @@ class Mlp(nn.Module):
     F, x_BxTxD = cfg.mlp_dim, x_BxTxD.astype(dt)
     dense_in = lambda name: self.projection(self, name, "btd,df->btf", x_BxTxD, _param(
         self, name, (cfg.D, F), ("embed", "mlp"), cfg.init_std, cfg.param_dtype).astype(dt))
+    bias = lambda name: _param(self, name, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
     if cfg.family == "llama":
-      hidden_BxTxF = nn.silu(dense_in(param_paths.WI_GATE)) * dense_in(param_paths.WI_UP)
+      gate_BxTxF, up_BxTxF = dense_in(param_paths.WI_GATE), dense_in(param_paths.WI_UP)
+      if cfg.input_bias:
+        gate_BxTxF, up_BxTxF = gate_BxTxF + bias(param_paths.WI_GATE_BIAS), up_BxTxF + bias(param_paths.WI_UP_BIAS)
+      hidden_BxTxF = nn.silu(gate_BxTxF) * up_BxTxF
     else:
-      bias_F = _param(self, param_paths.WI_BIAS, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
+      bias_F = bias(param_paths.WI_BIAS)
       hidden_BxTxF = nn.gelu(dense_in(param_paths.WI) + bias_F, approximate=True)
     return _residual_out(self, hidden_BxTxF, param_paths.WO, param_paths.WO_BIAS, (F,), ("mlp",), "btf,fd->btd")
 

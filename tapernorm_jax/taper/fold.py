@@ -7,6 +7,10 @@ it, `x ↦ x·W + b`, becomes `h ↦ h·(A·W) + (β·W + b)` and the norm becom
     internal norms  →  attention `qkv` (+ `qkv_bias`), MLP `wi_0` and `wi_1` (SwiGLU) or `wi` (+ `wi_bias`)
     final norm      →  an untied `head` (D, V), plus `logits_bias` (V,) for LN
 
+A RepBN norm (PRepBN, docs/method.md §15) at inference is the same kind of map with its running statistics:
+`A = diag(γ_bn/√(var + ε) + η)` and bias `β_bn − γ_bn·mean/√(var + ε)`, in either norm kind; its projections
+get biases (`model.input_bias` for llama) and a final one a `logits_bias`.
+
 Norms in the `taper` and `fixed` forms fold (they share variables and the same g = 0 map);
 `plain` norms are left as they are. Folded weights keep their shapes, dtypes, logical axes
 and, for sharded inputs, their shardings; the new head is placed by the sharding rules.
@@ -27,44 +31,52 @@ PyTree = Any
 
 
 def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
-  """Folds every tapered norm into the next projection; returns (folded variables, folded config)."""
+  """Folds every tapered or RepBN norm into the next projection; returns (folded variables, folded config)."""
   cfg = ModelConfig.from_config(model_cfg)
-  internal, final = cfg.internal_norm in param_paths.CALIBRATED_MODES, cfg.final_norm in param_paths.CALIBRATED_MODES
-  if not cfg.tapered:
+  internal, final = cfg.internal_norm in param_paths.FOLDABLE_MODES, cfg.final_norm in param_paths.FOLDABLE_MODES
+  if not cfg.foldable:
     raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
-                     f"{cfg.final_norm!r}; fold needs TaperNorm layers (a norm in one of the forms "
-                     f"{param_paths.CALIBRATED_MODES})")
+                     f"{cfg.final_norm!r}; fold needs TaperNorm or RepBN layers (a norm in one of the forms "
+                     f"{param_paths.FOLDABLE_MODES})")
   boxed = _is_boxed(variables)
   plain = nn.unbox(variables)
   check_matches(plain, cfg)
   params = dict(traverse_util.flatten_dict(plain["params"]))
   calib = dict(traverse_util.flatten_dict(plain["calib"]))
-  head, logits_bias = (param_paths.HEAD,), (param_paths.LOGITS_BIAS,)
   if final and cfg.tie_embeddings:  # the head becomes a matrix of its own
-    params[head] = params[(param_paths.EMBED,)].T
-  if final and cfg.norm_kind == "ln" and logits_bias not in params:
-    params[logits_bias] = jnp.zeros((cfg.V,), params[head].dtype)
+    params[(param_paths.HEAD,)] = params[(param_paths.EMBED,)].T
   for site in param_paths.norm_sites(cfg):
     if internal if site.internal else final:
-      for weight in site.weights:
-        _fold_norm(params, calib, cfg, site.norm, weight, site.bias)
+      mode = cfg.internal_norm if site.internal else cfg.final_norm
+      norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == site.norm}
+      norm_calib = {k[-1]: v for k, v in calib.items() if k[:-1] == site.norm}
+      row_scale_D, shift_D = (repbn_map(norm_params, norm_calib, cfg.eps) if mode == "repbn" else
+                              norm_map(norm_params, norm_calib[param_paths.C], cfg.norm_kind))
+      for weight, bias in zip(site.weights, site.biases):
+        if shift_D is not None and bias not in params:  # a bias the folded model has and the trained one had not
+          params[bias] = jnp.zeros(params[weight].shape[1:], params[weight].dtype)
+        params[weight], new_bias = fold_linear(params[weight], params.get(bias), row_scale_D, shift_D,
+                                               center=mode != "repbn" and cfg.norm_kind == "ln")
+        if new_bias is not None:
+          params[bias] = new_bias
       _drop_norm(params, calib, site.norm)
-  folded_cfg = folded_config(cfg)
   folded = {"params": traverse_util.unflatten_dict(params), "calib": traverse_util.unflatten_dict(calib)}
+  folded_cfg = folded_config(cfg)
   check_matches(folded, folded_cfg)
   folded = _place_like(folded, plain, folded_cfg)
   return (_rebox(folded, folded_cfg) if boxed else folded), folded_cfg
 
 
 def folded_config(model_cfg: Any) -> ModelConfig:
-  """The model `fold` turns `model_cfg` into: tapered norms become identities, a tapered final norm unties the head
-  (with a logits bias for LN)."""
+  """The model `fold` turns `model_cfg` into: folded norms become identities, a folded final norm unties the head
+  (with a logits bias where its map shifts: LN, RepBN), RepBN internal norms give llama input biases."""
   cfg = ModelConfig.from_config(model_cfg)
-  internal, final = cfg.internal_norm in param_paths.CALIBRATED_MODES, cfg.final_norm in param_paths.CALIBRATED_MODES
+  internal, final = cfg.internal_norm in param_paths.FOLDABLE_MODES, cfg.final_norm in param_paths.FOLDABLE_MODES
   return cfg.replace(internal_norm="identity" if internal else cfg.internal_norm,
                      final_norm="identity" if final else cfg.final_norm,
                      tie_embeddings=cfg.tie_embeddings and not final,
-                     logits_bias=cfg.logits_bias or (final and cfg.norm_kind == "ln"))
+                     logits_bias=cfg.logits_bias or (final and (cfg.norm_kind == "ln" or cfg.final_norm == "repbn")),
+                     input_bias=cfg.input_bias or (cfg.family == "llama" and cfg.internal_norm == "repbn"))
 
 
 def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tuple[jax.Array, jax.Array | None]:
@@ -75,29 +87,31 @@ def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tupl
   return jnp.asarray(c, ct) * gamma_tilde_D.astype(ct), beta_D
 
 
+def repbn_map(norm_params: dict[str, jax.Array], norm_calib: dict[str, jax.Array],
+              eps: float) -> tuple[jax.Array, jax.Array]:
+  """A RepBN norm at inference, BN over its running statistics plus η·h, as (row scale, shift)."""
+  ct = jnp.promote_types(norm_params[param_paths.BN_GAMMA].dtype, jnp.float32)
+  bn_gamma_D, bn_beta_D, eta = (norm_params[n].astype(ct) for n in (param_paths.BN_GAMMA, param_paths.BN_BETA,
+                                                                    param_paths.ETA))
+  mean_D, var_D = (norm_calib[n].astype(ct) for n in (param_paths.MEAN, param_paths.VAR))
+  scale_D = bn_gamma_D * jax.lax.rsqrt(var_D + eps)
+  return scale_D + eta, bn_beta_D - scale_D * mean_D
+
+
 def fold_linear(w_DxO: jax.Array, b_O: jax.Array | None, row_scale_D: jax.Array, beta_D: jax.Array | None,
-                kind: str) -> tuple[jax.Array, jax.Array | None]:
-  """W' = A·W and b' = β·W + b for a weight whose first axis is the input width D (O: any trailing axes)."""
+                center: bool) -> tuple[jax.Array, jax.Array | None]:
+  """W' = A·W and b' = β·W + b for a weight whose first axis is the input width D (O: any trailing axes); `center`:
+  A holds LN's centring (I − 11ᵀ/d) too."""
   ct = jnp.promote_types(jnp.promote_types(w_DxO.dtype, jnp.float32), row_scale_D.dtype)
   w = w_DxO.astype(ct)
   folded_DxO = row_scale_D.astype(ct).reshape((-1,) + (1,) * (w.ndim - 1)) * w
-  if kind == "ln":  # (I − 11ᵀ/d)·M subtracts the mean over input rows
+  if center:  # (I − 11ᵀ/d)·M subtracts the mean over input rows
     folded_DxO = folded_DxO - jnp.mean(folded_DxO, axis=0, keepdims=True)
   new_b = b_O
   if beta_D is not None:
     shift_O = jnp.tensordot(beta_D.astype(ct), w, axes=1, precision=jax.lax.Precision.HIGHEST)
     new_b = (shift_O if b_O is None else b_O.astype(ct) + shift_O).astype((w_DxO if b_O is None else b_O).dtype)
   return folded_DxO.astype(w_DxO.dtype), new_b
-
-
-def _fold_norm(params: dict[Path, jax.Array], calib: dict[Path, jax.Array], cfg: ModelConfig, norm: Path,
-               weight: Path, bias: Path) -> None:
-  """Folds the norm at path `norm` into `params[weight]` (and `params[bias]` when the norm has β)."""
-  norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == norm}
-  row_scale_D, beta_D = norm_map(norm_params, calib[norm + (param_paths.C,)], cfg.norm_kind)
-  params[weight], new_bias = fold_linear(params[weight], params.get(bias), row_scale_D, beta_D, cfg.norm_kind)
-  if new_bias is not None:
-    params[bias] = new_bias
 
 
 def _drop_norm(params: dict[Path, Any], calib: dict[Path, Any], norm: Path) -> None:

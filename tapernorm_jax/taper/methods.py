@@ -1,4 +1,4 @@
-"""How norms are removed during training: TaperNorm and FakeLN as two answers to the same four questions.
+"""How norms are removed during training: TaperNorm, FakeLN and PRepBN as answers to the same four questions.
 
     gates(step)                 which gate each norm gets (`model.gates.Gates`, one field per norm position)
     calibrate(params, calib, step)   when and how each norm's fixed map (c, γ̃) is set
@@ -11,7 +11,9 @@ at g = 0 with c = 1/σ_avg and γ̃ = γ (docs/method.md §10). They differ in t
 one global gate along a half-cosine after calibrating every norm at once; FakeLN switches each
 norm's gate from 1 to 0 at its own step, calibrating it there (an attention norm in two stages:
 its query/key path, then its value path). Every decision is a function of the traced step, so
-neither recompiles when a gate changes.
+neither recompiles when a gate changes. PRepBN (Guo et al., 2024) runs its norms in the `repbn` form instead:
+one global gate λ, 1 for a warm-up, then linear to 0, blends each norm into RepBN(h) = BN(h) + η·h, whose running
+statistics are its EMAs (the BatchNorm momentum as μ) and which folds like a tapered norm (docs/method.md §15).
 """
 
 import dataclasses
@@ -29,7 +31,7 @@ from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.taper import calibration, losses, schedules
 
 PyTree = Any
-METHODS = ("taper", "fakeln")
+METHODS = ("taper", "fakeln", "prepbn")
 DEFAULT = "taper"  # configs without a `method` field (written before FakeLN) are TaperNorm runs
 TAPER_DEFAULTS = dict(  # the `taper` section
     gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
@@ -46,6 +48,14 @@ FAKELN_DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replace
     sigma_steps=0,  # σ from the first this many steps only (1: the starting model's σ); 0: until each removal
     scale_loss_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; from step 0
     eot_id=-1)  # the end-of-text token id, which s̄ leaves out with position 0 (-1: none)
+# The `prepbn` section (method=prepbn, docs/method.md §15). The authors' LLaMA code (xinghaochen/SLAB, llama/modeling/
+# llama-350M/modeling_llama.py) warms up for 10,000 steps with the norm alone, then takes λ from 1 to 0 linearly over
+# 18,000; as shares of a run: the warm-up 10/28 of it, λ = 0 at its last step.
+PREPBN_DEFAULTS = dict(
+    warm_frac=0.36,  # λ = 1 (the norm alone) for this share of the steps; BatchNorm's statistics start after it
+    blend_end=-1,  # the step λ reaches 0 at, linearly from the warm-up's end; -1 = the last step
+    momentum=0.1,  # BatchNorm's running-statistics momentum (PyTorch's default, which the authors keep)
+    scale_loss_weight=0.0)  # weight of FakeLN's batch scale loss; PRepBN has none (> 0: a +aux control)
 
 
 def name(cfg: ml_collections.ConfigDict) -> str:
@@ -176,6 +186,66 @@ class FakeLN:
                                                                             ordinary_BxT)
 
 
+@dataclasses.dataclass
+class PRepBN:
+  """One global λ: 1 (the norm alone) for a warm-up, then linear to 0, blending every `repbn` norm into RepBN; its
+  BatchNorm statistics (batch statistics in training, running ones anywhere else) run from the warm-up's end."""
+
+  cfg: ml_collections.ConfigDict
+  model_cfg: ModelConfig
+  phases: schedules.Phases
+
+  def __post_init__(self):
+    self.warm_end, self.off_step = prepbn_steps(self.cfg)
+    self.mu = self.cfg.prepbn.momentum
+
+  @staticmethod
+  def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
+    """Raises ValueError naming the first bad `prepbn.*` field, or a model without RepBN norms."""
+    del phases
+    warm_end, off_step = prepbn_steps(cfg)
+    config_fields.check(cfg, [
+        ("repbn" in (model_cfg.internal_norm, model_cfg.final_norm), "model.internal_norm",
+         "method=prepbn blends norms into RepBN: set model.internal_norm and/or model.final_norm to 'repbn' "
+         "(the prepbn variant does)"),
+        (0.0 <= cfg.prepbn.warm_frac < 1.0, "prepbn.warm_frac", "must lie in [0, 1): the warm-up ends before the run"),
+        (warm_end < off_step < cfg.train.steps, "prepbn.blend_end",
+         f"λ must reach 0 after the warm-up ends (step {warm_end}) and before train.steps={cfg.train.steps}; "
+         "-1 is the last step"),
+        (0.0 < cfg.prepbn.momentum <= 1.0, "prepbn.momentum", "BatchNorm's momentum must lie in (0, 1]"),
+        (cfg.prepbn.scale_loss_weight >= 0, "prepbn.scale_loss_weight", "must be >= 0 (0 turns the scale loss off)")])
+
+  def gates(self, step: jax.Array) -> Gates:
+    """λ on every norm: 1 until the warm-up's end, then linear to 0 at `prepbn.blend_end`."""
+    span = max(self.off_step - self.warm_end, 1)
+    lam = jnp.clip((self.off_step - jnp.asarray(step, jnp.float32)) / span, 0.0, 1.0)
+    return Gates.uniform(lam, self.model_cfg.L)
+
+  def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
+    """Nothing to set at any step: BatchNorm's running statistics are the EMAs themselves."""
+    del step
+    return params, calib
+
+  def stats_active(self, step: jax.Array) -> jax.Array:
+    """The running statistics move from the warm-up's end on (before it BatchNorm takes no part in training)."""
+    return step >= self.warm_end
+
+  def scale_loss_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
+                       tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`prepbn.scale_loss_weight` (0 as published) and FakeLN's mean((s(h) − s̄)²), position 0 left out of s̄."""
+    del calib, step
+    ordinary_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]) > 0, tokens_BxT.shape)
+    cfg = self.model_cfg
+    return jnp.float32(self.cfg.prepbn.scale_loss_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
+                                                                                 ordinary_BxT)
+
+
+def prepbn_steps(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
+  """(the warm-up's end, the step λ reaches 0) of a PRepBN run."""
+  steps = cfg.train.steps
+  return int(round(cfg.prepbn.warm_frac * steps)), steps - 1 if cfg.prepbn.blend_end == -1 else cfg.prepbn.blend_end
+
+
 def removal_steps(model_cfg: ModelConfig, fakeln: ml_collections.ConfigDict) -> tuple[dict, dict]:
   """({norm: the step it is replaced at (an attention norm's query/key path)}, {attention norm: the step its value
   path is}): MLP norms of blocks 0…L−1 from `start`, `gap_mlp` apart; then the attention norms' query/key paths,
@@ -207,12 +277,16 @@ def select_per_norm(preds: dict[param_paths.Path, jax.Array], on_true: PyTree, o
   return traverse_util.unflatten_dict(out)
 
 
-CLASSES = {"taper": TaperNorm, "fakeln": FakeLN}
+CLASSES = {"taper": TaperNorm, "fakeln": FakeLN, "prepbn": PRepBN}
 
 
 def validate(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
   """The checks of the method `cfg.method` names (before anything compiles)."""
-  CLASSES[name(cfg)].check(cfg, model_cfg, phases)
+  method = name(cfg)
+  if method != "prepbn" and "repbn" in (model_cfg.internal_norm, model_cfg.final_norm):
+    raise ValueError(f"method={method!r} with a 'repbn' norm: only method=prepbn moves RepBN's gate and statistics; "
+                     "set method=prepbn (the prepbn variant does) or another norm mode")
+  CLASSES[method].check(cfg, model_cfg, phases)
 
 
 def scale_loss_weight(cfg: ml_collections.ConfigDict) -> float:
@@ -220,6 +294,7 @@ def scale_loss_weight(cfg: ml_collections.ConfigDict) -> float:
   return float(cfg[name(cfg)].scale_loss_weight)
 
 
-def build(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> TaperNorm | FakeLN:
+def build(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig,
+          phases: schedules.Phases) -> TaperNorm | FakeLN | PRepBN:
   """The method `cfg.method` names."""
   return CLASSES[name(cfg)](cfg, model_cfg, phases)

@@ -15,7 +15,7 @@ from tapernorm_jax.data import corpora
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper import methods, schedules
 from tapernorm_jax.train.checkpoint import ON_DAMAGED
-from tapernorm_jax.taper.variants import SIZES, VARIANTS
+from tapernorm_jax.taper.variants import METHODS as VARIANT_METHODS, SIZES, VARIANTS
 
 def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
               example: str = "configs/all_taper.py:size=9m,aux=0,seed=3") -> dict[str, str]:
@@ -54,7 +54,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c = ml_collections.ConfigDict()
   c.variant = variant
-  c.method = methods.DEFAULT  # how norms are removed: taper (TaperNorm) | fakeln (tapernorm_jax/taper/methods.py)
+  c.method = VARIANT_METHODS.get(variant, methods.DEFAULT)  # how norms are removed: taper, fakeln, prepbn
   c.size = size
   c.seed = seed
 
@@ -75,6 +75,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
   c.taper = ml_collections.ConfigDict(dict(methods.TAPER_DEFAULTS, scale_loss_weight=0.1 if aux else 0.0))
   c.fakeln = ml_collections.ConfigDict(methods.FAKELN_DEFAULTS)
+  c.prepbn = ml_collections.ConfigDict(dict(methods.PREPBN_DEFAULTS, scale_loss_weight=0.1 if aux else 0.0))
 
   c.train = ml_collections.ConfigDict(dict(
       steps=steps, batch_size=16, log_every=10 if cpu else 100, diag_every=50 if cpu else 1_000,

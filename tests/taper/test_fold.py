@@ -100,7 +100,7 @@ def test_fold_linear_is_exactly_A_W_in_float64(kind):
                                                                                                jnp.float64)
     params = {"gamma_tilde": gamma_tilde, "beta": beta}
     row_scale, beta_D = norm_map(params, jnp.float64(0.37), kind)
-    w_new, b_new = fold_linear(w_Dx3x2x5, b_3x2x5, row_scale, beta_D, kind)
+    w_new, b_new = fold_linear(w_Dx3x2x5, b_3x2x5, row_scale, beta_D, center=kind == "ln")
     center = jnp.eye(D) - jnp.ones((D, D)) / D if kind == "ln" else jnp.eye(D)
     A_DxD = 0.37 * center @ jnp.diag(gamma_tilde)
     np.testing.assert_allclose(w_new, jnp.einsum("de,ethk->dthk", A_DxD, w_Dx3x2x5), rtol=1e-12, atol=1e-13)
