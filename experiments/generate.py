@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
   loaded = loading.load(_WORKDIR.value, _STEP.value)
   variables, cfg = loaded.variables, loaded.model_cfg
   if not _NO_FOLD.value:
-    variables, cfg = forms.fold_if_tapered(variables, cfg)
+    variables, cfg = forms.inference_form(variables, cfg)
   try:
     decode.check_sampling(_TEMPERATURE.value, _TOP_K.value, cfg.V)
   except ValueError as e:

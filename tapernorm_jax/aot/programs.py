@@ -4,7 +4,7 @@
     fixed_step    the step after the taper, norms in their g = 0 form (variants with tapered norms)
     eval_step     cross-entropy at g = 0 over `train.microbatches` microbatches
     diagnostics   the scale-anchoring diagnostics on one microbatch
-    fold          the g = 0 maps folded into the projections (variants with tapered norms)
+    fold          the g = 0 maps folded into the projections (variants with tapered or RepBN norms)
     prefill       `decode_batch` prompts of `prompt_len` tokens into a KV cache of model.T slots
     decode_step   one token per row over that cache
 
@@ -80,12 +80,12 @@ def training(trainer: Trainer) -> list[Program]:
 
 
 def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
-  """The fold (for tapered models), prefill and one decode step, on the mesh and layout of `trainer`'s run."""
+  """The fold (for models whose norms fold), prefill and one decode step, on the mesh and layout of `trainer`'s run."""
   mesh, trained_cfg = trainer.mesh, trainer.model_cfg
   state = trainer.abstract_state()
   trained = {"params": state["params"], "calib": state["calib"]}
   programs, variables, model_cfg = [], trained, trained_cfg
-  if trained_cfg.tapered:
+  if trained_cfg.foldable:
     model_cfg = fold_lib.folded_config(trained_cfg)
     placement = sharding.shardings(abstract_variables(model_cfg), mesh)
     fold = jax.jit(functools.partial(fold_variables, model_cfg=trained_cfg), out_shardings=placement)

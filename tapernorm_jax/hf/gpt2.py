@@ -245,12 +245,13 @@ def exportable(cfg: ModelConfig) -> None:
     raise ValueError(f"model.family={cfg.family!r}: only gpt2-family models are Hugging Face GPT-2 models")
   for field in ("internal_norm", "final_norm"):
     mode = getattr(cfg, field)
-    if mode in param_paths.CALIBRATED_MODES:
-      raise ValueError(f"model.{field}={mode!r}: a tapered norm (its g = 0 map c·h̄·γ̃) is not a LayerNorm, and "
-                       "Hugging Face GPT-2 has LayerNorms only; save_gpt2 writes models whose norms are plain")
     if mode == "identity":
       raise ValueError(f"model.{field}='identity': Hugging Face GPT-2 has no identity-norm option (every block has "
                        "ln_1 and ln_2, the model ln_f), so a folded model cannot be written as GPT-2")
+    if mode != "plain":
+      what = "a tapered norm (its g = 0 map c·h̄·γ̃)" if mode in param_paths.CALIBRATED_MODES else "this norm"
+      raise ValueError(f"model.{field}={mode!r}: {what} is not a LayerNorm, and Hugging Face GPT-2 has LayerNorms "
+                       "only; save_gpt2 writes models whose norms are plain")
   if cfg.logits_bias:
     raise ValueError("model.logits_bias=True: Hugging Face GPT-2 has no separate head bias")
   if not cfg.tie_embeddings:

@@ -29,14 +29,20 @@ def load(source: str, model_cfg: ModelConfig) -> PyTree:
   return variables["params"]
 
 
+REPBN_ONLY = (param_paths.BN_GAMMA, param_paths.BN_BETA, param_paths.ETA)  # start at 0: RepBN adds nothing at first
+
+
 def merge(fresh: PyTree, given: PyTree) -> PyTree:
   """`fresh` (a model's initial parameters) with every tensor taken from `given` (a model with plain norms), γ̃ from
-  its norm's γ; ValueError naming what is missing, misshapen or unknown."""
+  its norm's γ, RepBN's parameters (which a plain norm has none of) at their initial values; ValueError naming what
+  is missing, misshapen or unknown."""
   flat_fresh, flat_given = traverse_util.flatten_dict(fresh), traverse_util.flatten_dict(given)
   merged, problems = {}, []
   for path, init_value in flat_fresh.items():
     source = path[:-1] + (param_paths.GAMMA,) if path[-1] == param_paths.GAMMA_TILDE else path
-    if source not in flat_given:
+    if path[-1] in REPBN_ONLY:
+      merged[path] = init_value
+    elif source not in flat_given:
       problems.append(f"{'/'.join(path)} is missing")
     elif jnp.shape(flat_given[source]) != init_value.shape:
       problems.append(f"{'/'.join(source)} has shape {jnp.shape(flat_given[source])}, expected {init_value.shape}")

@@ -79,11 +79,11 @@ def check_target(directory: str | os.PathLike) -> None:
 
 def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fold: bool = True,
          tokenizer: Any = None, extra: dict | None = None) -> epath.Path:
-  """Writes the model (folded first when `fold` and it has tapered norms) as an export; returns the directory."""
+  """Writes the model (folded first when `fold` and it has norms that fold) as an export; returns the directory."""
   cfg = ModelConfig.from_config(model_cfg)
   variables = nn.unbox(variables)
   variables = {"params": variables["params"], "calib": variables.get("calib", {})}
-  folded = fold and cfg.tapered
+  folded = fold and cfg.foldable
   if folded:
     variables, cfg = fold_lib.fold(variables, cfg)
   else:

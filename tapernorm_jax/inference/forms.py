@@ -16,9 +16,9 @@ PyTree = Any
 FORMS = ("baseline", "fixed", "folded", "identity")
 
 
-def fold_if_tapered(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelConfig]:
-  """Folds a model with tapered norms (its g = 0 forward); other models come back unchanged."""
-  return fold_lib.fold(variables, cfg) if cfg.tapered else (variables, cfg)
+def inference_form(variables: PyTree, cfg: ModelConfig) -> tuple[PyTree, ModelConfig]:
+  """The model as it runs at inference: its tapered or RepBN norms folded (its g = 0 forward); others unchanged."""
+  return fold_lib.fold(variables, cfg) if cfg.foldable else (variables, cfg)
 
 
 def forms(variables: PyTree, cfg: ModelConfig) -> dict[str, tuple[PyTree, ModelConfig]]:

@@ -1,7 +1,7 @@
 """Prompts in, continuations out: token ids or text through the tokenizer, fitted to the model's context, continued by
 one jitted prefill-and-decode call.
 
-    variables, cfg = forms.fold_if_tapered(loaded.variables, loaded.model_cfg)
+    variables, cfg = forms.inference_form(loaded.variables, loaded.model_cfg)
     outputs = prompts.continue_prompts(variables, cfg, prompts.encode_prompts(loaded, ["Once upon a time"]), 50)
 """
 

@@ -33,4 +33,8 @@ VARIANTS = {  # (internal norm, final norm, method, the scale loss on by default
     "internal_taper": ("taper", "plain", "taper", True),  # the paper's Internal-TaperLN (+ the fixed-target scale loss)
     "all_taper": ("taper", "taper", "taper", True),
     "fakeln": ("taper", "taper", "fakeln", True),  # its own scale loss, fakeln.scale_loss_weight
+    # PRepBN published no GPT-2 schedule: its λ is 1 until the paper's taper start and falls linearly to 0 at its end
+    "prepbn": ("repbn", "repbn", "prepbn", False),
 }
+# DyT and Derf have no gate: swapping them into a pretrained GPT-2 changes its function at step 0, so they train from
+# scratch only (taper/variants.py), not as fine-tuning variants.

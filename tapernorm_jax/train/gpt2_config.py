@@ -1,9 +1,9 @@
 """GPT-2 fine-tuning configs (docs/method.md §10), from `model=s|m|l|xl|demo,variant=...,aux=0|1,seed=N,pretrain=0|1`.
 
 `model=s|m|l|xl` is pretrained GPT-2 from the hub with the paper's per-size schedule; `demo` a 4-layer GPT-2-shaped
-model on the offline corpus (minutes on a CPU). `variant=baseline|internal_taper|all_taper|fakeln`; `aux=0|1`, the
-scale loss (default: on for internal_taper and all_taper with the paper's λ, and for FakeLN its own; off for
-baseline, whose `aux=1` is the matched control). The tables are `tapernorm_jax/taper/gpt2_variants.py`;
+model on the offline corpus (minutes on a CPU). `variant=baseline|internal_taper|all_taper|fakeln|prepbn`;
+`aux=0|1`, the scale loss (default: on for internal_taper and all_taper with the paper's λ, and for FakeLN its own;
+off for baseline, whose `aux=1` is the matched control, and for PRepBN, which has none). The tables are `tapernorm_jax/taper/gpt2_variants.py`;
 configs/gpt2.py is the name `--config=` files use, so an installed package fine-tunes GPT-2 without a checkout.
 (`method=` and `vanilla`, the names before, still work with a deprecation message.)
 """
@@ -54,6 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   start_ln2, gap_ln2, gap_ln1qk, gap_ln1v, fakeln_weight = FAKELN[size, aux]
   c.fakeln.update(start=start_ln2, gap_mlp=gap_ln2, gap_attn=gap_ln1qk, gap_attn_v=gap_ln1v, gap_final=gap_ln1v,
                   mu=0.1, sigma_steps=1, scale_loss_weight=fakeln_weight, eot_id=2 if demo else GPT2_EOT)
+  c.prepbn.update(warm_frac=start / steps, blend_end=end,
+                  scale_loss_weight=spec["scale_loss_weight"] if aux and method == "prepbn" else 0.0)
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
                  log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)

@@ -207,6 +207,8 @@ def test_save_round_trip_and_hf_layout(tmp_path, loaded, hf_config, hf_tensors):
 @pytest.mark.parametrize("changes, message", [
     (dict(internal_norm="taper"), "model.internal_norm='taper': a tapered norm"),
     (dict(final_norm="fixed"), "model.final_norm='fixed': a tapered norm"),
+    (dict(internal_norm="dyt"), "model.internal_norm='dyt': this norm is not a LayerNorm"),
+    (dict(final_norm="repbn"), "model.final_norm='repbn': this norm is not a LayerNorm"),
     (dict(internal_norm="identity"), "model.internal_norm='identity': Hugging Face GPT-2 has no identity-norm"),
     (dict(internal_norm="identity", final_norm="identity", tie_embeddings=False, logits_bias=True),  # as fold makes
      "model.internal_norm='identity': Hugging Face GPT-2 has no identity-norm"),

@@ -16,6 +16,7 @@ from tapernorm_jax.model import ModelConfig, Transformer, sharding
 from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.schedules import Phases
 from tapernorm_jax.train.run_config import validate
+from tapernorm_jax.taper.gpt2_variants import MODELS
 from tapernorm_jax.train.trainer import Trainer
 from locations import FIXTURES, ROOT, run_without_checkout
 
@@ -64,15 +65,20 @@ def test_fakeln_presets_are_its_authors_schedules(size, aux):
   assert removal[("final_norm",)] == start_lnf < cfg.train.steps
 
 
-def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one():
+@pytest.mark.parametrize("variant", ["all_taper", "prepbn"])
+def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one(variant):
   variables, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
-  cfg = base.override(gpt2.get_config("model=demo,variant=all_taper"), {
+  cfg = base.override(gpt2.get_config(f"model=demo,variant={variant}"), {
       "model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2})
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   pretrained.check_fits(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
   state = trainer.state_from_params(variables["params"])
   norm = state["params"]["block_1"]["mlp_norm"]
-  np.testing.assert_array_equal(norm["gamma_tilde"], norm["gamma"])
+  if variant == "all_taper":
+    np.testing.assert_array_equal(norm["gamma_tilde"], norm["gamma"])
+  else:  # PRepBN's λ is 1 until the paper's taper start, then linear to 0 at its end; RepBN starts at zero
+    assert (trainer.method.warm_end, trainer.method.off_step) == MODELS["demo"]["taper"]
+    assert not np.any(norm["bn_gamma"]) and float(trainer.method.gates(trainer.method.warm_end + 1).mlp[0]) < 1
   reference = np.load(FIXTURE / "reference_logits.npz")
   logits = Transformer(trainer.model_cfg).apply({"params": state["params"], "calib": state["calib"]},
                                                 reference["ids"], 1.0)

@@ -171,7 +171,7 @@ def test_generate_restores_params_and_calib_from_the_latest_training_checkpoint(
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 15"):
     loading.load_checkpoint(str(tmp_path), step=15)
   loaded = loading.load(str(tmp_path))
-  variables, folded_cfg = forms.fold_if_tapered(loaded.variables, loaded.model_cfg)
+  variables, folded_cfg = forms.inference_form(loaded.variables, loaded.model_cfg)
   prompts = [[1, 5, 7, 9], [1, 4]]
   got = prompts_lib.continue_prompts(variables, folded_cfg, prompts, 5)
   prompt_BxP, lengths_B = decode.pad_prompts(prompts)

@@ -124,7 +124,7 @@ def test_a_gs_workdir_trains_resumes_bit_exactly_and_exports(gcs, compile_cache,
 
   loaded = loading.load(WORKDIR)
   assert loaded.tokenizer is not None
-  variables, cfg = forms.fold_if_tapered(loaded.variables, loaded.model_cfg)
+  variables, cfg = forms.inference_form(loaded.variables, loaded.model_cfg)
   out = export.save("gs://bucket/exports/tiny", variables, cfg, fold=False, tokenizer=loaded.tokenizer)
   assert str(out) == "gs://bucket/exports/tiny" and export.is_export(out)
   assert sorted(os.listdir(gcs / "bucket" / "exports" / "tiny")) == [
