@@ -3,8 +3,9 @@
 `model=s|m|l|xl` is pretrained GPT-2 from the hub with the paper's per-size schedule; `demo` a 4-layer GPT-2-shaped
 model on the offline corpus (minutes on a CPU). `variant=baseline|internal_taper|all_taper|fakeln|prepbn`;
 `aux=0|1`, the scale loss (default: on for internal_taper and all_taper with the paper's λ, and for FakeLN its own;
-off for baseline, whose `aux=1` is the matched control, and for PRepBN, which has none). The tables are `tapernorm_jax/taper/gpt2_variants.py`;
-configs/gpt2.py is the name `--config=` files use, so an installed package fine-tunes GPT-2 without a checkout.
+off for baseline, whose `aux=1` is the matched control, and for PRepBN, which has none). The tables are
+`tapernorm_jax/taper/gpt2_variants.py`; configs/gpt2.py is the name `--config=` files use, so an installed package
+fine-tunes GPT-2 without a checkout.
 (`method=` and `vanilla`, the names before, still work with a deprecation message.)
 """
 
