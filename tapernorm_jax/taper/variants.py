@@ -18,5 +18,6 @@ VARIANTS = {  # (internal norm, final norm, aux loss on by default)
     "dyt": ("dyt", "dyt", False),  # every norm DyT from the start (Zhu et al., 2025): nothing to taper or fold
     "derf": ("derf", "derf", False),  # every norm Derf from the start (Chen et al., 2025)
     "prepbn": ("repbn", "repbn", False),  # every norm blended into RepBN (Guo et al., 2024); method=prepbn
+    "fakeln": ("taper", "taper", True),  # all_taper's norms removed one at a time (Baroni et al., 2025); method=fakeln
 }
-METHODS = {"prepbn": "prepbn"}  # variants trained by a method other than TaperNorm (taper/methods.py)
+METHODS = {"prepbn": "prepbn", "fakeln": "fakeln"}  # variants trained by a method other than TaperNorm

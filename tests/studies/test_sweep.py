@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-from configs.sweeps import cpu_mini, table2
+from configs.sweeps import cpu_mini, methods, table2
 from tapernorm_jax.studies import commands, grid, manifest, report, runner
 from tapernorm_jax.train import loop
 from locations import run_without_checkout
@@ -32,6 +32,13 @@ def test_the_shipped_sweeps_expand_to_their_grids():
   assert len({c.seed for c in mini}) >= 3 and {c.size for c in mini} == {"cpu"}
   cfg = mini[0].config()
   assert cfg.train.diag_every == dict(mini[0].overrides)["train.diag_every"] and cfg.data.source == "synthetic"
+  study = grid.expand(methods.get_config())
+  by_variant = {c.variant: c.config() for c in study}
+  assert {v: cfg.method for v, cfg in by_variant.items()} == {
+      "baseline": "taper", "internal_taper": "taper", "all_taper": "taper", "fakeln": "fakeln", "prepbn": "prepbn",
+      "dyt": "taper", "derf": "taper"}
+  assert by_variant["prepbn"].model.internal_norm == "repbn" and by_variant["dyt"].model.final_norm == "dyt"
+  assert len(study) == 8 * 3 and {c.aux for c in study if c.variant == "baseline"} == {0, 1}
 
 
 @pytest.mark.parametrize("change, message", [

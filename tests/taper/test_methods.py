@@ -11,7 +11,7 @@ from configs import base
 from tapernorm_jax.model import ModelConfig, Transformer, sharding
 from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import Norm
-from tapernorm_jax.taper import methods
+from tapernorm_jax.taper import losses, methods
 from tapernorm_jax.taper.fold import fold
 from tapernorm_jax.train.trainer import Trainer
 
@@ -170,7 +170,7 @@ def test_fakeln_aux_loss_pulls_every_token_to_the_mean_scale_of_the_ordinary_tok
   np.testing.assert_allclose(loss, np.mean((s - target) ** 2), rtol=1e-5)  # every token is pulled
   grad = jax.grad(lambda h: method.scale_loss_terms(h, None, jnp.int32(0), tokens_BxT)[1])(h_BxTxD)
   np.testing.assert_allclose(  # the target is held constant: the gradient of a fixed-target loss
-      grad, jax.grad(lambda h: methods.losses.scale_loss(h, jnp.float32(target), "ln", cfg.model.eps))(h_BxTxD),
+      grad, jax.grad(lambda h: losses.scale_loss(h, jnp.float32(target), "ln", cfg.model.eps))(h_BxTxD),
       rtol=1e-4, atol=1e-7)
 
 

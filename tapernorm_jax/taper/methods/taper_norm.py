@@ -1,0 +1,83 @@
+"""TaperNorm (docs/method.md §3–§5): one global gate, 1 while the calibration EMAs run, every tapered norm calibrated
+at the taper start (c* = num/(den + δ), γ̃ ← γ, s_tgt), then a half-cosine to 0; the fixed-target scale loss from
+the taper start on."""
+
+import dataclasses
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from tapernorm_jax import config_fields
+from tapernorm_jax.model import ModelConfig, param_paths
+from tapernorm_jax.model.gates import Gates
+from tapernorm_jax.taper import calibration, losses, schedules
+
+PyTree = Any
+NAME = "taper"
+DEFAULTS = dict(  # the `taper` section
+    gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
+    taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
+    mu=0.01,  # EMA weight of the calibration statistics
+    delta=1e-8,  # c* = num / (den + δ)
+    scale_loss_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
+
+
+@dataclasses.dataclass
+class TaperNorm:
+  """One global gate: 1 while the EMAs run, calibration of every tapered norm at the taper start, a half-cosine to 0."""
+
+  cfg: ml_collections.ConfigDict
+  model_cfg: ModelConfig
+  phases: schedules.Phases
+
+  def __post_init__(self):
+    self.norms = param_paths.norms_in(self.model_cfg, ("taper",))  # these record statistics and get calibrated
+    self.off_step = self.phases.taper_end  # every gate is 0 from here on
+    self.mu = self.cfg.taper.mu
+
+  @staticmethod
+  def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
+    """Raises ValueError naming the first bad `taper.*` field; warns when nothing anchors the pre-logit scale."""
+    config_fields.check(cfg, [
+        (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
+        (cfg.taper.scale_loss_weight >= 0, "taper.scale_loss_weight", "λ must be >= 0 (0 turns the scale loss off)"),
+        (cfg.taper.delta >= 0, "taper.delta", "must be >= 0")])
+    if "taper" in (model_cfg.internal_norm, model_cfg.final_norm) and phases.taper_start < 1:
+      raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
+                       "needs at least one (raise it or train.steps)")
+    if model_cfg.final_norm in ("taper", "fixed", "identity") and cfg.taper.scale_loss_weight == 0:
+      logging.warning("final_norm=%r with taper.scale_loss_weight=0: nothing anchors the pre-logit scale, so logits "
+                      "may grow without bound (logit chasing). A legitimate ablation; set taper.scale_loss_weight>0 "
+                      "to anchor.", model_cfg.final_norm)
+
+  def gates(self, step: jax.Array) -> Gates:
+    """The global gate on every norm (1 throughout for a model without tapered norms, which nothing would gate)."""
+    return Gates.uniform(schedules.gate(step, self.phases) if self.norms else 1.0, self.model_cfg.L)
+
+  def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
+    """c* = num/(den + δ), γ̃ ← γ and s_tgt at the taper start; unchanged at every other step."""
+    calibrated = calibration.calibrate(params, calib, self.norms, self.mu, self.cfg.taper.delta)
+    return tree_select(step == self.phases.taper_start, calibrated, (params, calib))
+
+  def stats_active(self, step: jax.Array) -> jax.Array:
+    """Every EMA runs until the taper start."""
+    return step < self.phases.taper_start
+
+  def scale_loss_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
+                       tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """λ (from the taper start on) and the fixed-target scale loss mean((s(h) − s_tgt)²)."""
+    del tokens_BxT
+    weight = jnp.where(step >= self.phases.taper_start, self.cfg.taper.scale_loss_weight, 0.0)
+    cfg = self.model_cfg
+    return weight, losses.scale_loss(h_BxTxD, calibration.s_target(calib), cfg.norm_kind, cfg.eps)
+
+
+def tree_select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
+  """Leafwise `where` with a scalar predicate."""
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+METHOD = TaperNorm  # the class methods/__init__.py registers under NAME
