@@ -68,7 +68,7 @@ def calib_scalar(module: nn.Module, name: str, value: float, dtype: Any = jnp.fl
 
 
 class Norm(nn.Module):
-  """A pre-norm normalization layer in one of the forms `plain`, `taper`, `fixed`, `identity`."""
+  """A pre-norm normalization layer in one of the forms `NORM_MODES` lists (the table above)."""
 
   kind: str = "rms"
   mode: str = "plain"
@@ -134,7 +134,6 @@ class Norm(nn.Module):
     blend = lambda g: (beta_D + g * normed_BxTxD + (1.0 - g) * fixed_BxTxD).astype(self.dtype)
     return blend(jnp.asarray(gate, sdt)) if gate_v is None else (blend(jnp.asarray(gate, sdt)),
                                                                  blend(jnp.asarray(gate_v, sdt)))
-
 
   def rep_bn(self, x_BxTxD: Array, feature_param: Any) -> Array:
     """RepBN(x) = BN(x) + η·x: BatchNorm over every token of the batch in a train step (recording its mean and
