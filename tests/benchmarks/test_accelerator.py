@@ -30,7 +30,7 @@ def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):
   assert "measured float32 GEMM rate" in peak["source"]
   assert train[0]["mfu"] == pytest.approx(train[0]["tokens_per_s"] * train[0]["flops_per_token"] / peak["flops"])
   forms = results["inference"]["forward"][0]["forms"]
-  assert set(forms) == {"baseline", "fixed", "folded", "identity", "baseline_every_position"}
+  assert set(forms) == {"baseline", "fixed", "folded", "identity", "dyt", "derf", "baseline_every_position"}
   assert forms["folded"]["median"] > 0
   assert "skipped" in results["peer"] or "table" in results["peer"]  # skipped where torch is not installed
   assert set(results["part_seconds"]) == {"tests", "train", "inference", "peer"}
