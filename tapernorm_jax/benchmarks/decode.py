@@ -58,7 +58,6 @@ class Settings:
   seed: int = 0
   pointwise: tuple[str, ...] = POINTWISE_MODES
 
-
   def __post_init__(self):
     known = self.known_modes()
     unknown = set(self.modes) - set(known)

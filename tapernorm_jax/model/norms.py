@@ -105,10 +105,10 @@ class Norm(nn.Module):
       return both((jax.scipy.special.erf(z_BxTxD + scalar(param_paths.SHIFT, self.shift_init)) * gamma_D
                    + beta_D).astype(self.dtype))
     hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
-    if self.mode == "plain":
-      return both((hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D).astype(self.dtype))
-    if self.mode == "repbn":
+    if self.mode in ("plain", "repbn"):
       normed_BxTxD = hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D
+      if self.mode == "plain":
+        return both(normed_BxTxD.astype(self.dtype))
       rep_BxTxD = self.rep_bn(x_BxTxD.astype(sdt), feature_param)
       g = jnp.asarray(gate, sdt)
       return both((g * normed_BxTxD + (1.0 - g) * rep_BxTxD).astype(self.dtype))

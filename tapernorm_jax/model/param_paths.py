@@ -64,6 +64,10 @@ class NormSite:
   biases: tuple[Path, ...]  # weights[i]'s bias
   internal: bool
 
+  def mode(self, cfg: Any) -> str:
+    """This norm's form in the model `cfg`: its internal or its final norm mode."""
+    return cfg.internal_norm if self.internal else cfg.final_norm
+
 
 def norm_sites(cfg: Any) -> list[NormSite]:
   """Every norm of the model `cfg` (a ModelConfig), internal ones first, block by block, then the final norm."""
@@ -79,8 +83,7 @@ def norm_sites(cfg: Any) -> list[NormSite]:
 
 def norms_in(cfg: Any, modes: tuple[str, ...] = CALIBRATED_MODES) -> list[Path]:
   """Paths of the norms whose form is one of `modes` (default: those that carry calibration state)."""
-  mode = lambda site: cfg.internal_norm if site.internal else cfg.final_norm
-  return [site.norm for site in norm_sites(cfg) if mode(site) in modes]
+  return [site.norm for site in norm_sites(cfg) if site.mode(cfg) in modes]
 
 
 def weight_paths(cfg: Any) -> dict[str, list[tuple[Path, ...]]]:

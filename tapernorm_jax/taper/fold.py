@@ -33,7 +33,6 @@ PyTree = Any
 def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
   """Folds every tapered or RepBN norm into the next projection; returns (folded variables, folded config)."""
   cfg = ModelConfig.from_config(model_cfg)
-  internal, final = cfg.internal_norm in param_paths.FOLDABLE_MODES, cfg.final_norm in param_paths.FOLDABLE_MODES
   if not cfg.foldable:
     raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
                      f"{cfg.final_norm!r}; fold needs TaperNorm or RepBN layers (a norm in one of the forms "
@@ -43,11 +42,11 @@ def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
   check_matches(plain, cfg)
   params = dict(traverse_util.flatten_dict(plain["params"]))
   calib = dict(traverse_util.flatten_dict(plain["calib"]))
-  if final and cfg.tie_embeddings:  # the head becomes a matrix of its own
+  if cfg.final_norm in param_paths.FOLDABLE_MODES and cfg.tie_embeddings:  # the head becomes a matrix of its own
     params[(param_paths.HEAD,)] = params[(param_paths.EMBED,)].T
   for site in param_paths.norm_sites(cfg):
-    if internal if site.internal else final:
-      mode = cfg.internal_norm if site.internal else cfg.final_norm
+    mode = site.mode(cfg)
+    if mode in param_paths.FOLDABLE_MODES:
       norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == site.norm}
       norm_calib = {k[-1]: v for k, v in calib.items() if k[:-1] == site.norm}
       row_scale_D, shift_D = (repbn_map(norm_params, norm_calib, cfg.eps) if mode == "repbn" else

@@ -19,6 +19,11 @@ def scale_loss(h_BxTxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
   return jnp.mean(jnp.square(pre_logit_scale(h_BxTxD, kind, eps) - s_tgt))
 
 
+def ordinary_tokens(tokens_BxT: Array, eot_id: int = -1) -> Array:
+  """Marks the tokens neither at position 0 (an attention sink) nor end-of-text (`eot_id`; -1: none), B×T."""
+  return (jnp.arange(tokens_BxT.shape[1]) > 0)[None, :] & (tokens_BxT != eot_id)
+
+
 def batch_scale_loss(h_BxTxD: Array, kind: str, eps: float, counted_BxT: Array | None = None) -> Array:
   """FakeLN's aux loss without λ: mean over every token of (s(h) − s̄)², s̄ the batch mean of s(h) over the tokens
   `counted_BxT` marks (all when None), held constant."""

@@ -73,9 +73,8 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.opt = ml_collections.ConfigDict(dict(
       lr=3e-3 if cpu else 3e-4, warmup_frac=0.05, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, clip=1.0))
 
-  c.taper = ml_collections.ConfigDict(dict(methods.DEFAULTS["taper"], scale_loss_weight=0.1 if aux else 0.0))
-  c.fakeln = ml_collections.ConfigDict(dict(methods.DEFAULTS["fakeln"], scale_loss_weight=0.1 if aux else 0.0))
-  c.prepbn = ml_collections.ConfigDict(dict(methods.DEFAULTS["prepbn"], scale_loss_weight=0.1 if aux else 0.0))
+  for section, defaults in methods.DEFAULTS.items():  # taper, fakeln, prepbn: each method's section
+    c[section] = ml_collections.ConfigDict(dict(defaults, scale_loss_weight=0.1 if aux else 0.0))
 
   c.train = ml_collections.ConfigDict(dict(
       steps=steps, batch_size=16, log_every=10 if cpu else 100, diag_every=50 if cpu else 1_000,

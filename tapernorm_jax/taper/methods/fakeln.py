@@ -93,7 +93,7 @@ class FakeLN:
     """λ (from step 0) and mean((s(h) − s̄)²) over every token, s̄ the batch mean over the tokens neither at position
     0 nor end-of-text, held constant."""
     del calib, step
-    ordinary_BxT = (jnp.arange(tokens_BxT.shape[1]) > 0)[None, :] & (tokens_BxT != self.cfg.fakeln.eot_id)
+    ordinary_BxT = losses.ordinary_tokens(tokens_BxT, self.cfg.fakeln.eot_id)
     cfg = self.model_cfg
     return jnp.float32(self.cfg.fakeln.scale_loss_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
                                                                             ordinary_BxT)

@@ -74,7 +74,7 @@ class PRepBN:
                        tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`prepbn.scale_loss_weight` (0 as published) and FakeLN's mean((s(h) − s̄)²), position 0 left out of s̄."""
     del calib, step
-    ordinary_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]) > 0, tokens_BxT.shape)
+    ordinary_BxT = losses.ordinary_tokens(tokens_BxT)
     cfg = self.model_cfg
     return jnp.float32(self.cfg.prepbn.scale_loss_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
                                                                                  ordinary_BxT)
