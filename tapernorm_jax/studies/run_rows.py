@@ -39,7 +39,7 @@ def scale_loss_weight(config: dict[str, Any]) -> float:
 
 
 def size_order(size: str) -> int:
-  """SIZES order (1m, 3m, 9m, 30m, cpu); unknown sizes last."""
+  """SIZES order (the cpu ladder, then 1m, 3m, 9m, 30m, 1b); unknown sizes last."""
   return list(SIZES).index(size) if size in SIZES else len(SIZES)
 
 
