@@ -28,6 +28,20 @@ def test_config_builds_its_model(name, arg):
   assert cfg.data.vocab_size == cfg.model.V
 
 
+def test_the_cpu_ladder_trains_offline_and_spans_a_decade_of_parameters():
+  ladder = [size for size, shape in variants.SIZES.items() if shape.get("cpu_scale")]
+  counts = []
+  for size in ladder:
+    cfg = run_config.get_config("baseline", f"size={size}")
+    model_cfg = ModelConfig.from_config(cfg.model)
+    assert (cfg.data.source, cfg.model.V, cfg.model.T, cfg.train.steps) == ("synthetic", 2_000, 128, 300)
+    assert model_cfg.D % model_cfg.H == 0 and model_cfg.D // model_cfg.H >= 4  # RoPE pairs in every head
+    shapes = jax.eval_shape(lambda: init(model_cfg, jax.random.key(0)))
+    counts.append(sum(x.value.size for x in jax.tree.leaves(shapes["params"], is_leaf=lambda x: hasattr(x, "value"))))
+  assert len(ladder) >= 4 and counts == sorted(counts) and counts[-1] / counts[0] > 7  # in SIZES order, 89K-650K
+  assert run_config.get_config("baseline", "size=1m").data.source == "tinystories"
+
+
 @pytest.mark.parametrize("arg,problem", [("size=2m", "size"), ("aux=maybe", "aux"), ("seed=x", "seed"),
                                          ("lr=3", "lr"), ("size", "key=value")])
 def test_bad_variant_arguments_are_named(arg, problem):

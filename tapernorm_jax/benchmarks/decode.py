@@ -160,6 +160,23 @@ def with_projections(forms: dict, rows: int, copies: dict[str, PyTree]) -> dict[
   return out
 
 
+def decode_calls(variables: PyTree, projection: Any, cfg: ModelConfig, prompt_BxP: jax.Array,
+                 new_tokens: int) -> tuple[Any, Any, decode.Cache]:
+  """One form's jitted prefill of `prompt_BxP` and its loop generating `new_tokens` after it (greedy from the
+  prefill's logits), as argument-free calls, and the cache the prefill fills."""
+  B, P = prompt_BxP.shape
+  decode.check_lengths(cfg, P, new_tokens)
+  lengths_B = jnp.full((B,), P, jnp.int32)
+  prefill = jax.jit(lambda v, p, n, c: decode.prefill(v, cfg, p, n, c, projection=projection))
+  empty = decode.init_cache(cfg, B, decode.cache_length(P, new_tokens))
+  logits_BxV, cache = prefill(variables, prompt_BxP, lengths_B, empty)
+  first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
+  loop = jax.jit(lambda v, f, n, c: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0), new_tokens,
+                                                       projection=projection))
+  return (lambda: prefill(variables, prompt_BxP, lengths_B, empty),
+          lambda: loop(variables, first_B, lengths_B, cache), cache)
+
+
 def bench_decode(forms: dict, s: Settings) -> list[dict]:
   """KV-cache generation: prefill and per-token decode timed apart; decode set against the roofline."""
   rows, copies = [], {}
@@ -171,18 +188,9 @@ def bench_decode(forms: dict, s: Settings) -> list[dict]:
       runs[ROWWISE] = (forms["folded"][0], few_rows.rowwise_projection, forms["folded"][1])
     P, N = s.prompt, s.new_tokens
     prompt_BxP = jax.random.randint(jax.random.key(B), (B, P), 0, next(iter(forms.values()))[1].V)
-    lengths_B = jnp.full((B,), P, jnp.int32)
     prefills, loops, traffic = {}, {}, {}
     for name, (v, projection, cfg) in runs.items():
-      decode.check_lengths(cfg, P, N)
-      prefill = jax.jit(lambda v, p, n, c, cfg=cfg, pr=projection: decode.prefill(v, cfg, p, n, c, projection=pr))
-      empty = decode.init_cache(cfg, B, decode.cache_length(P, N))
-      logits_BxV, cache = prefill(v, prompt_BxP, lengths_B, empty)
-      first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
-      loop = jax.jit(lambda v, f, n, c, cfg=cfg, pr=projection: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0),
-                                                                                  N, projection=pr))
-      prefills[name] = lambda prefill=prefill, v=v, empty=empty: prefill(v, prompt_BxP, lengths_B, empty)
-      loops[name] = lambda loop=loop, v=v, first_B=first_B, cache=cache: loop(v, first_B, lengths_B, cache)
+      prefills[name], loops[name], cache = decode_calls(v, projection, cfg, prompt_BxP, N)
       traffic[name] = bytes_per_decode_step(v, cfg, B, cache)
     step_bytes = traffic["folded"]["weights"] + traffic["folded"]["cache"]
     loops["read"] = bandwidth_probe(step_bytes)  # the roofline's bandwidth, sampled between the decode runs

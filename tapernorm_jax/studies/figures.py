@@ -1,4 +1,4 @@
-"""The study's figures: Figure 2 (validation loss against parameters), Figure 3 (logit norm, anchored vs
+"""The study's figures: Figure 2 (validation loss against parameters), each method's decode throughput, Figure 3 (logit norm, anchored vs
 unanchored), Figure 4 (gradient norm by weight type), and the training loss of baseline vs internal_taper with
 the gate; drawn without pyplot, saved as palette PNGs."""
 
@@ -21,10 +21,12 @@ from tapernorm_jax.studies.run_rows import Key, Run, label, params_text, size_or
 WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
 COLORS = {("baseline", 0): "#222222", ("internal_taper", 1): "#1f77b4", ("all_taper", 1): "#2ca02c",
           ("final_taper", 1): "#9467bd", ("internal_taper", 0): "#17becf", ("all_taper", 0): "#d62728",
-          ("final_taper", 0): "#ff7f0e", ("baseline", 1): "#7f7f7f"}
+          ("final_taper", 0): "#ff7f0e", ("baseline", 1): "#7f7f7f", ("fakeln", 1): "#e377c2",
+          ("prepbn", 0): "#bcbd22", ("dyt", 0): "#8c564b", ("derf", 0): "#ff9896"}
 DPI = 110
 FIGURES = {  # file name → (title in report.md, caption)
     "fig2_val_loss_vs_params.png": "Figure 2 — validation loss against parameter count",
+    "decode_throughput.png": "Decode throughput of each method's inference form",
     "fig3_logit_norm.png": "Figure 3 — mean logit L2 norm, anchored vs unanchored",
     "fig4_grad_norm.png": "Figure 4 — gradient norm by weight type",
     "train_loss_gate.png": "Training loss, baseline vs internal_taper (+aux), with the gate",
@@ -57,7 +59,7 @@ def _log_y(ax: Any) -> None:
 
 def _style(key: Key) -> dict[str, Any]:
   """Colour per variant; unanchored variants dashed."""
-  return {"color": COLORS.get(key, "#8c564b"), "linestyle": "--" if unanchored(*key) else "-"}
+  return {"color": COLORS.get(key, "#17becf"), "linestyle": "--" if unanchored(*key) else "-"}
 
 
 def _mark_taper(ax: Any, runs: Sequence[Run]) -> None:
@@ -104,6 +106,44 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   ax.set_title("Validation loss vs model size (mean ± std over seeds)")
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def figure_throughput(result: dict[str, Any] | None) -> Figure | None:
+  """Decode tokens/s of each method's inference form against parameters (log-log), and its ratio to the baseline
+  with the min–max over rounds (studies/throughput.py)."""
+  rows = (result or {}).get("rows") or []
+  if not rows:
+    return None
+  fig = new_figure(11.0, 4.4)
+  speed_ax, ratio_ax = fig.subplots(1, 2)
+  keys = sorted({(r["variant"], r["aux"]) for r in rows}, key=variant_order)
+  for i, key in enumerate(keys):
+    mine = sorted((r for r in rows if (r["variant"], r["aux"]) == key), key=lambda r: r["params"])
+    x = np.asarray([r["params"] for r in mine], float) * (1.0 + 0.02 * (i - (len(keys) - 1) / 2))
+    speed_ax.plot(x, [r["tokens_s"]["median"] for r in mine], marker="o", markersize=4, linewidth=1.5,
+                  label=f"{label(*key)} [{mine[0]['form']}]", **_style(key))
+    rated = [(xi, r["vs_baseline"]) for xi, r in zip(x, mine) if r["vs_baseline"]]
+    if rated:
+      xs, ratios = zip(*rated)
+      mid = np.asarray([q["median"] for q in ratios])
+      err = np.asarray([[m - q["min"] for m, q in zip(mid, ratios)], [q["max"] - m for m, q in zip(mid, ratios)]])
+      ratio_ax.errorbar(xs, mid, yerr=err, marker="o", markersize=4, capsize=3, linewidth=1.2, **_style(key))
+  ratio_ax.axhline(1.0, color="#888888", linewidth=0.8)
+  for ax in (speed_ax, ratio_ax):
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters (log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+  speed_ax.set_yscale("log")
+  speed_ax.set_ylabel("decode throughput (tokens/s, log scale)")
+  speed_ax.set_title("Tokens/s of the inference form")
+  ratio_ax.set_ylabel("× the baseline's tokens/s (same rounds)")
+  ratio_ax.set_title("Against the baseline (median, min–max over rounds)")
+  speed_ax.legend(fontsize=7)
+  s = result["settings"]
+  fig.suptitle(f"Decode throughput, batch {s['batch']}, {s['new_tokens']} tokens after a {s['prompt']}-token prompt, "
+               f"on {result['hardware']['cpu']}", fontsize=10)
   fig.tight_layout()
   return fig
 
@@ -215,10 +255,12 @@ def figure_train_loss(curves: Curves) -> Figure | None:
   return fig
 
 
-def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | None = None) -> dict[str, Figure]:
-  """Every figure the runs have data for, by file name."""
+def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | None = None,
+                 throughput: dict[str, Any] | None = None) -> dict[str, Figure]:
+  """Every figure the runs (and the study's throughput.json, if any) have data for, by file name."""
   curves = curves or Curves(runs)
-  figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups), "fig3_logit_norm.png": figure_logit_norm(curves),
+  figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups), "decode_throughput.png": figure_throughput(throughput),
+             "fig3_logit_norm.png": figure_logit_norm(curves),
              "fig4_grad_norm.png": figure_grad_norm(curves), "train_loss_gate.png": figure_train_loss(curves)}
   return {name: fig for name, fig in figures.items() if fig is not None}
 

@@ -1,5 +1,6 @@
-"""Study reports: report.md (status, setup, Table 2, the logit and gradient norms, the figures), results.csv (one row
-per run) and figures/*.png, written by `write_report` from a study directory."""
+"""Study reports: report.md (status, setup, Table 2, the gaps, decode throughput where measured, the logit and
+gradient norms, the figures), results.csv (one row per run) and figures/*.png, written by `write_report` from a
+study directory."""
 
 import csv
 import io
@@ -16,7 +17,7 @@ from etils import epath
 from tapernorm_jax import files
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies import manifest, throughput as throughput_lib
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
 from tapernorm_jax.studies.figures import FIGURES, make_figures, save_png
@@ -179,8 +180,8 @@ def generated_at() -> str:
 
 
 def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], figures: Sequence[str],
-                    dynamics: str) -> str:
-  """report.md: status, setup, Table 2, the dynamics table and the figures."""
+                    dynamics: str, throughput: dict[str, Any] | None = None) -> str:
+  """report.md: status, setup, Table 2, the gaps, the inference forms' throughput, the dynamics table, the figures."""
   with_paper = paper_setting(runs)
   listed = manifest.read_manifest(workdir) or {}
   title = listed.get("name") or os.path.basename(os.path.abspath(workdir))
@@ -201,6 +202,9 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                "alone. Negative is a lower loss. ± is the standard error of the difference of the two means (Welch, "
                "√(s₁²/n₁ + s₂²/n₂)) in % of the reference's mean; a gap under two standard errors is inside the "
                "noise of this many seeds."), "", controls, ""]
+  if throughput:
+    parts += ["## Decode throughput of each method's inference form", "", throughput_lib.settings_text(throughput), "",
+              throughput_lib.markdown(throughput), ""]
   if dynamics:
     parts += ["## Logit and gradient norms", "",
               ("Mean over seeds of the mean logit L2 norm at the taper start and at the last diagnostics step, and "
@@ -211,7 +215,7 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
   return "\n".join(parts)
 
 
-RECORDS = ("sweep.json", "results.json", "config.json", manifest.CELL_RECORD, "metrics.jsonl")  # what a report reads
+RECORDS = ("sweep.json", throughput_lib.FILE, "results.json", "config.json", manifest.CELL_RECORD, "metrics.jsonl")  # what a report reads
 
 
 def write_report(workdir: str, out: str | None = None) -> dict[str, Any]:
@@ -255,11 +259,12 @@ def _write_report(workdir: str, out: str) -> dict[str, Any]:
   groups = aggregate(runs)
   curves = Curves(runs)
   os.makedirs(os.path.join(out, "figures"), exist_ok=True)
-  figures = make_figures(runs, groups, curves)
+  speed = throughput_lib.read(workdir)
+  figures = make_figures(runs, groups, curves, speed)
   for name, fig in figures.items():
     save_png(fig, os.path.join(out, "figures", name))
   write_text_atomically(os.path.join(out, "results.csv"), csv_text(runs))
-  text = report_markdown(workdir, runs, groups, list(figures), dynamics_markdown(curves))
+  text = report_markdown(workdir, runs, groups, list(figures), dynamics_markdown(curves), speed)
   write_text_atomically(os.path.join(out, "report.md"), text)
   return {"report": os.path.join(out, "report.md"), "csv": os.path.join(out, "results.csv"),
           "figures": [os.path.join(out, "figures", n) for n in figures], "runs": len(runs),

@@ -17,7 +17,8 @@ from tapernorm_jax.taper.variants import SIZES, VARIANTS
 CSV_COLUMNS = ("cell", "variant", "aux", "scale_loss_weight", "size", "seed", "params", "steps", "tokens",
                "final_val_loss", "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus", "device")
 VARIANT_ORDER = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
-                 ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0))
+                 ("fakeln", 1), ("prepbn", 0), ("prepbn", 1), ("dyt", 0), ("dyt", 1), ("derf", 0), ("derf", 1),
+                 ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0), ("fakeln", 0))
 Key = tuple[str, int]  # (variant, aux)
 
 
@@ -43,9 +44,9 @@ def size_order(size: str) -> int:
   return list(SIZES).index(size) if size in SIZES else len(SIZES)
 
 
-def variant_order(key: Key) -> int:
-  """The baseline and its matched control first, anchored variants, then unanchored ones."""
-  return VARIANT_ORDER.index(key) if key in VARIANT_ORDER else len(VARIANT_ORDER)
+def variant_order(key: Key) -> tuple[int, str, int]:
+  """The baseline and its matched control first, anchored variants, then unanchored ones; others after, by name."""
+  return (VARIANT_ORDER.index(key) if key in VARIANT_ORDER else len(VARIANT_ORDER), *key)
 
 
 def params_text(params: int | None) -> str:
