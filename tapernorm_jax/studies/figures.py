@@ -1,6 +1,6 @@
-"""The study's figures: Figure 2 (validation loss against parameters), each method's decode throughput, Figure 3 (logit norm, anchored vs
-unanchored), Figure 4 (gradient norm by weight type), and the training loss of baseline vs internal_taper with
-the gate; drawn without pyplot, saved as palette PNGs."""
+"""The study's figures: Figure 2 (validation loss against parameters), each method's decode throughput, Figure 3
+(logit norm, anchored vs unanchored), Figure 4 (gradient norm by weight type), and the training loss of baseline vs
+internal_taper with the gate; drawn without pyplot, saved as palette PNGs."""
 
 import io
 import math
@@ -259,8 +259,8 @@ def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | 
                  throughput: dict[str, Any] | None = None) -> dict[str, Figure]:
   """Every figure the runs (and the study's throughput.json, if any) have data for, by file name."""
   curves = curves or Curves(runs)
-  figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups), "decode_throughput.png": figure_throughput(throughput),
-             "fig3_logit_norm.png": figure_logit_norm(curves),
+  figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups),
+             "decode_throughput.png": figure_throughput(throughput), "fig3_logit_norm.png": figure_logit_norm(curves),
              "fig4_grad_norm.png": figure_grad_norm(curves), "train_loss_gate.png": figure_train_loss(curves)}
   return {name: fig for name, fig in figures.items() if fig is not None}
 

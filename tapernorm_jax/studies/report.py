@@ -215,7 +215,8 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
   return "\n".join(parts)
 
 
-RECORDS = ("sweep.json", throughput_lib.FILE, "results.json", "config.json", manifest.CELL_RECORD, "metrics.jsonl")  # what a report reads
+RECORDS = ("sweep.json", throughput_lib.FILE, "results.json", "config.json", manifest.CELL_RECORD,
+           "metrics.jsonl")  # what a report reads
 
 
 def write_report(workdir: str, out: str | None = None) -> dict[str, Any]:
