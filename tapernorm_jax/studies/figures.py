@@ -14,9 +14,11 @@ import numpy as np
 from PIL import Image
 
 from tapernorm_jax import files
+from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group
 from tapernorm_jax.studies.curves import Curves, mean_curve, series, taper_start
 from tapernorm_jax.studies.run_rows import Key, Run, label, params_text, size_order, unanchored, variant_order
+from tapernorm_jax.studies.scaling import StudyFits
 
 WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
 COLORS = {("baseline", 0): "#222222", ("internal_taper", 1): "#1f77b4", ("all_taper", 1): "#2ca02c",
@@ -27,6 +29,8 @@ DPI = 110
 FIGURES = {  # file name → (title in report.md, caption)
     "fig2_val_loss_vs_params.png": "Figure 2 — validation loss against parameter count",
     "decode_throughput.png": "Decode throughput of each method's inference form",
+    "fits_gap_vs_params.png": "The gap against size, with its fitted law",
+    "fits_loss_vs_compute.png": "Loss against training compute, with each method's fitted law",
     "fig3_logit_norm.png": "Figure 3 — mean logit L2 norm, anchored vs unanchored",
     "fig4_grad_norm.png": "Figure 4 — gradient norm by weight type",
     "train_loss_gate.png": "Training loss, baseline vs internal_taper (+aux), with the gate",
@@ -148,6 +152,67 @@ def figure_throughput(result: dict[str, Any] | None) -> Figure | None:
   return fig
 
 
+def figure_gap_fits(study: StudyFits | None) -> Figure | None:
+  """Each method's gap against its matched control (the baseline where it has none) against parameters, log-log
+  (symmetric-log where a gap is negative): seeds' means ± standard error, the fitted ΔL(N) and its bootstrap band."""
+  fitted = [(m, m.vs_control or m.vs_baseline, m.control if m.vs_control else ("baseline", 0))
+            for m in (study.methods if study else [])]
+  if not fitted:
+    return None
+  fig = new_figure(7.5, 4.8)
+  ax = fig.add_subplot()
+  lowest = np.inf
+  for m, fit, reference in fitted:
+    n = np.asarray(fit.params)
+    grid = np.geomspace(n.min(), n.max(), 50)
+    line, low, high = (100 * y for y in fit.curve(grid))
+    style = _style(m.key)
+    ax.fill_between(grid, low, high, color=style["color"], alpha=0.12, linewidth=0)
+    ax.plot(grid, line, linewidth=1.4, **style)
+    ax.errorbar(n, 100 * np.asarray(fit.gaps), yerr=100 * np.asarray(fit.errors), fmt="o", markersize=4, capsize=3,
+                color=style["color"], label=f"{label(*m.key)} − {label(*reference)}: b = {fit.b.text('{:.2f}')}")
+    lowest = min(lowest, float(np.min(np.concatenate([100 * np.asarray(fit.gaps), low]))))
+  ax.set_xscale("log")
+  if lowest > 0:
+    _log_y(ax)
+    ax.set_ylabel("gap in validation loss (%, log scale)")
+  else:
+    ax.set_yscale("symlog", linthresh=0.1)
+    ax.axhline(0.0, color="#888888", linewidth=0.8)
+    ax.set_ylabel("gap in validation loss (%, symmetric log: linear within ±0.1%)")
+  ax.set_xlabel("parameters (log scale)")
+  ax.set_title(f"Gap against size, fitted ΔL(N) = a·N^(−b) with its {fits.LEVEL:.0%} bootstrap band")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return fig
+
+
+def figure_compute_fits(study: StudyFits | None) -> Figure | None:
+  """Validation loss against training compute per method, log-log: seeds' mean ± std and the fitted L(C)."""
+  laws = ([(("baseline", 0), study.baseline_law)] + [(m.key, m.law) for m in study.methods]) if study else []
+  if not laws:
+    return None
+  fig = new_figure(7.5, 4.8)
+  ax = fig.add_subplot()
+  for key, law in laws:
+    c = np.asarray(law.compute)
+    grid = np.geomspace(c.min(), c.max(), 50)
+    style = _style(key)
+    ax.plot(grid, law.curve(grid), linewidth=1.4, **style)
+    ax.plot(c, law.losses, "o", markersize=4, color=style["color"],
+            label=f"{label(*key)}: α = {law.alpha.text('{:.2f}')}")
+  ax.set_xscale("log")
+  _log_y(ax)
+  ax.set_xlabel("training compute (FLOPs, log scale)")
+  ax.set_ylabel("validation loss at g = 0 (nats/token, log scale)")
+  ax.set_title("Loss against compute, fitted L(C) = E + A·C^(−α) per method")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return fig
+
+
 def figure_logit_norm(curves: Curves) -> Figure | None:
   """Figure 3: mean logit L2 norm against step (log y), a panel per size; seeds thin, mean thick; taper start."""
   sizes = [s for s in curves.sizes() if any(curves.curves(rs, "logit_norm") for rs in curves.by_key(s).values())]
@@ -256,11 +321,12 @@ def figure_train_loss(curves: Curves) -> Figure | None:
 
 
 def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | None = None,
-                 throughput: dict[str, Any] | None = None) -> dict[str, Figure]:
-  """Every figure the runs (and the study's throughput.json, if any) have data for, by file name."""
+                 throughput: dict[str, Any] | None = None, study: StudyFits | None = None) -> dict[str, Figure]:
+  """Every figure the runs (the study's throughput.json and scaling fits, if any) have data for, by file name."""
   curves = curves or Curves(runs)
   figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups),
-             "decode_throughput.png": figure_throughput(throughput), "fig3_logit_norm.png": figure_logit_norm(curves),
+             "decode_throughput.png": figure_throughput(throughput), "fits_gap_vs_params.png": figure_gap_fits(study),
+             "fits_loss_vs_compute.png": figure_compute_fits(study), "fig3_logit_norm.png": figure_logit_norm(curves),
              "fig4_grad_norm.png": figure_grad_norm(curves), "train_loss_gate.png": figure_train_loss(curves)}
   return {name: fig for name, fig in figures.items() if fig is not None}
 

@@ -17,7 +17,7 @@ from etils import epath
 from tapernorm_jax import files
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import manifest, throughput as throughput_lib
+from tapernorm_jax.studies import manifest, scaling, throughput as throughput_lib
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
 from tapernorm_jax.studies.figures import FIGURES, make_figures, save_png
@@ -180,7 +180,8 @@ def generated_at() -> str:
 
 
 def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], figures: Sequence[str],
-                    dynamics: str, throughput: dict[str, Any] | None = None) -> str:
+                    dynamics: str, throughput: dict[str, Any] | None = None,
+                    fitted: scaling.StudyFits | None = None) -> str:
   """report.md: status, setup, Table 2, the gaps, the inference forms' throughput, the dynamics table, the figures."""
   with_paper = paper_setting(runs)
   listed = manifest.read_manifest(workdir) or {}
@@ -202,6 +203,8 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                "alone. Negative is a lower loss. ± is the standard error of the difference of the two means (Welch, "
                "√(s₁²/n₁ + s₂²/n₂)) in % of the reference's mean; a gap under two standard errors is inside the "
                "noise of this many seeds."), "", controls, ""]
+  if fitted is not None and fitted.methods:
+    parts += ["## Scaling fits", "", scaling.markdown(fitted), ""]
   if throughput:
     parts += ["## Decode throughput of each method's inference form", "", throughput_lib.settings_text(throughput), "",
               throughput_lib.markdown(throughput), ""]
@@ -261,11 +264,12 @@ def _write_report(workdir: str, out: str) -> dict[str, Any]:
   curves = Curves(runs)
   os.makedirs(os.path.join(out, "figures"), exist_ok=True)
   speed = throughput_lib.read(workdir)
-  figures = make_figures(runs, groups, curves, speed)
+  fitted = scaling.study_fits(runs, groups)
+  figures = make_figures(runs, groups, curves, speed, fitted)
   for name, fig in figures.items():
     save_png(fig, os.path.join(out, "figures", name))
   write_text_atomically(os.path.join(out, "results.csv"), csv_text(runs))
-  text = report_markdown(workdir, runs, groups, list(figures), dynamics_markdown(curves), speed)
+  text = report_markdown(workdir, runs, groups, list(figures), dynamics_markdown(curves), speed, fitted)
   write_text_atomically(os.path.join(out, "report.md"), text)
   return {"report": os.path.join(out, "report.md"), "csv": os.path.join(out, "results.csv"),
           "figures": [os.path.join(out, "figures", n) for n in figures], "runs": len(runs),

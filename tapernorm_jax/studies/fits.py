@@ -1,0 +1,239 @@
+"""Scaling laws fitted to a study, with scipy: a method's relative gap against parameters, ΔL(N) = a·(N/N₀)^(−b), and
+loss against training compute, L(C) = E + A·(C/C₀)^(−α), each by a Huber-loss least squares; intervals by the
+bootstrap over seeds (runs resampled within each cell); a method's effect as a compute multiplier against the
+baseline's law. N₀ and C₀ are the smallest size's, so that a and A are the gap and excess loss there."""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+LEVEL = 0.9  # the intervals' coverage
+HUBER_SCALE = 0.5  # residuals beyond half the data's scale count linearly (an outlying cell pulls less)
+
+
+@dataclasses.dataclass
+class Interval:
+  """A fitted number with its bootstrap interval (LEVEL coverage, percentile method)."""
+
+  value: float
+  low: float
+  high: float
+
+  def spans(self, x: float) -> bool:
+    """Whether `x` lies inside the interval."""
+    return self.low <= x <= self.high
+
+  def text(self, fmt: str = "{:.3g}") -> str:
+    """`1.23 [0.98, 1.51]`."""
+    return f"{fmt.format(self.value)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
+
+
+def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], jacobian: Callable[[np.ndarray], np.ndarray],
+                   start: np.ndarray, lower: Sequence[float], upper: Sequence[float]) -> np.ndarray:
+  """scipy's bounded least squares with a Huber loss, on residuals already divided by the data's scale."""
+  return optimize.least_squares(residuals, start, jac=jacobian, bounds=(lower, upper), loss="huber",
+                                f_scale=HUBER_SCALE).x
+
+
+def fit_gap(n: np.ndarray, gap: np.ndarray, start: Sequence[float] | None = None) -> tuple[float, float]:
+  """(a, b) of gap ≈ a·(n/n[0])^(−b): the gap at the smallest size and how fast it shrinks (b > 0) or grows."""
+  x = np.asarray(n, float) / np.min(n)
+  y = np.asarray(gap, float)
+  scale = max(float(np.max(np.abs(y))), 1e-12)
+  if start is None:
+    a0 = float(y[np.argmin(x)])
+    start = (a0 if a0 != 0 else scale, 0.3)
+  residuals = lambda p: (p[0] * x ** -p[1] - y) / scale
+  jacobian = lambda p: np.stack([x ** -p[1], -p[0] * x ** -p[1] * np.log(x)], axis=1) / scale
+  a, b = _least_squares(residuals, jacobian, np.asarray(start, float), [-np.inf, -3.0], [np.inf, 3.0])
+  return float(a), float(b)
+
+
+def fit_loss_compute(c: np.ndarray, loss: np.ndarray,
+                     start: Sequence[float] | None = None) -> tuple[float, float, float]:
+  """(E, A, α) of loss ≈ E + A·(c/c_min)^(−α), 0 ≤ E ≤ the lowest loss (the irreducible part), α in (0, 3]."""
+  x = np.asarray(c, float) / np.min(c)
+  y = np.asarray(loss, float)
+  scale = max(float(np.ptp(y)), 1e-3 * float(np.max(np.abs(y))), 1e-12)
+  if start is None:
+    e0 = max(float(np.min(y)) - scale, 0.0)
+    start = (e0, max(float(np.max(y)) - e0, 1e-9), 0.3)
+  start = np.clip(np.asarray(start, float), [0.0, 0.0, 1e-3], [float(np.min(y)), np.inf, 3.0])
+  residuals = lambda p: (p[0] + p[1] * x ** -p[2] - y) / scale
+  jacobian = lambda p: np.stack([np.ones_like(x), x ** -p[2], -p[1] * x ** -p[2] * np.log(x)], axis=1) / scale
+  e, a, alpha = _least_squares(residuals, jacobian, start, [0.0, 0.0, 1e-3], [float(np.min(y)), np.inf, 3.0])
+  return float(e), float(a), float(alpha)
+
+
+def compute_multiplier(law: tuple[float, float, float], c_min: float, loss: float, compute: float) -> float:
+  """How many times `compute` the baseline's law needs to reach `loss`: > 1 where the method is worth more compute
+  than it costs; inf where the law never reaches it (below its E)."""
+  e, a, alpha = law
+  if loss <= e or a <= 0:
+    return float("inf")
+  return float(c_min * ((loss - e) / a) ** (-1.0 / alpha) / compute)
+
+
+def widened(values: np.ndarray) -> np.ndarray:
+  """A cell's values moved away from their mean by √(n/(n−1)): resampling n values with replacement has a variance
+  (n−1)/n of theirs (2/3 at 3 seeds), which this undoes, so that intervals from few seeds are not too narrow."""
+  n = len(values)
+  return values if n < 2 else values.mean() + (values - values.mean()) * np.sqrt(n / (n - 1))
+
+
+def bootstrap(cells: Sequence[Sequence[float]], statistic: Callable[[list[np.ndarray]], np.ndarray],
+              resamples: int = 500, seed: int = 0) -> np.ndarray:
+  """`statistic` of every resample of `cells` (each cell's values, widened, drawn with replacement, cell by cell),
+  one row per resample; resamples where the fit failed (NaN) are dropped."""
+  rng = np.random.default_rng(seed)
+  arrays = [widened(np.asarray(c, float)) for c in cells]
+  out = []
+  for _ in range(resamples):
+    try:
+      value = np.asarray(statistic([a[rng.integers(0, len(a), len(a))] for a in arrays]), float)
+    except (ValueError, FloatingPointError, np.linalg.LinAlgError):
+      continue
+    if not np.any(np.isnan(value)):
+      out.append(value)
+  return np.asarray(out)
+
+
+def interval(value: float, samples: np.ndarray) -> Interval:
+  """`value` with the central LEVEL percentile interval of its bootstrap `samples`."""
+  if samples.size == 0:
+    return Interval(value, float("nan"), float("nan"))
+  tail = 100 * (1 - LEVEL) / 2
+  low, high = np.percentile(samples, [tail, 100 - tail], method="nearest")  # an order statistic: inf stays inf
+  return Interval(value, float(low), float(high))
+
+
+@dataclasses.dataclass
+class GapFit:
+  """ΔL(N) = a·(N/N₀)^(−b) of one method against one reference, with intervals and residuals."""
+
+  params: list[float]  # N per size
+  gaps: list[float]  # relative gap per size (method mean / reference mean − 1)
+  errors: list[float]  # the standard error of each gap, from its seeds (Welch)
+  a: Interval
+  b: Interval
+  residuals: list[float]
+  draws: np.ndarray = dataclasses.field(repr=False, default_factory=lambda: np.zeros((0, 2)))  # bootstrap (a, b)
+
+  def curve(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fitted gap at parameters `n`, and the LEVEL band of the bootstrap's curves there."""
+    x = np.asarray(n, float) / min(self.params)
+    fitted = self.a.value * x ** -self.b.value
+    if not len(self.draws):
+      return fitted, fitted, fitted
+    curves = self.draws[:, :1] * x[None, :] ** -self.draws[:, 1:]
+    tail = 100 * (1 - LEVEL) / 2
+    return fitted, np.percentile(curves, tail, axis=0), np.percentile(curves, 100 - tail, axis=0)
+
+  def lack_of_fit(self) -> float:
+    """The probability of residuals this large or larger were the law true and the seeds' noise the only error
+    (χ² of the residuals in standard errors, sizes − 2 degrees of freedom); 1 where none are left."""
+    dof = len(self.params) - 2
+    if dof < 1 or not all(e > 0 for e in self.errors):
+      return 1.0
+    chi2 = float(np.sum((np.asarray(self.residuals) / np.asarray(self.errors)) ** 2))
+    return float(stats.chi2.sf(chi2, dof))
+
+  def reading(self) -> str:
+    """What the data can and cannot say about the trend, in words."""
+    if len(self.params) < 3:
+      return (f"{len(self.params)} sizes: a two-parameter law goes through them exactly; no trend can be read "
+              f"(at least 3 sizes, better 4 or more)")
+    if (p := self.lack_of_fit()) < 1 - LEVEL:
+      worst = int(np.argmax(np.abs(np.asarray(self.residuals) / np.asarray(self.errors))))
+      return (f"the law does not fit (p = {p:.2g} that the seeds' noise alone leaves residuals this large; the "
+              f"worst, at {self.params[worst]:.3g} parameters, is {self.residuals[worst] / self.errors[worst]:+.1f} "
+              f"standard errors): no trend can be read from it")
+    if self.b.spans(0.0):
+      return (f"the exponent's interval {self.b.text()} spans 0: the data do not show the gap shrinking or growing "
+              f"with size")
+    way = "shrinks" if (self.b.value > 0) else "grows"
+    return f"the gap {way} with size: b = {self.b.text()} ({LEVEL:.0%} interval)"
+
+
+def gap_error(method: Sequence[float], reference: Sequence[float]) -> float:
+  """The standard error of method mean / reference mean − 1 (Welch's, over the reference's mean); 0 for one seed."""
+  m, r = np.asarray(method, float), np.asarray(reference, float)
+  if len(m) < 2 or len(r) < 2:
+    return 0.0
+  return float(np.sqrt(m.var(ddof=1) / len(m) + r.var(ddof=1) / len(r)) / r.mean())
+
+
+def gap_fit(params: Sequence[float], method: Sequence[Sequence[float]], reference: Sequence[Sequence[float]],
+            resamples: int = 500, seed: int = 0) -> GapFit:
+  """The relative gap of `method`'s losses to `reference`'s per size (each a list of seeds' losses), fitted against
+  `params`, with bootstrap intervals over the seeds of both."""
+  n = np.asarray(params, float)
+  k = len(method)
+
+  def gaps(cells: list[np.ndarray]) -> np.ndarray:
+    return np.asarray([cells[i].mean() / cells[k + i].mean() - 1.0 for i in range(k)])
+
+  observed = gaps([np.asarray(c, float) for c in (*method, *reference)])
+  a, b = fit_gap(n, observed)
+  samples = bootstrap([*method, *reference], lambda cells: np.asarray(fit_gap(n, gaps(cells), (a, b))), resamples,
+                      seed)
+  residuals = observed - a * (n / n.min()) ** -b
+  return GapFit(n.tolist(), observed.tolist(), [gap_error(m, r) for m, r in zip(method, reference, strict=True)],
+                interval(a, samples[:, 0] if samples.size else samples),
+                interval(b, samples[:, 1] if samples.size else samples), residuals.tolist(), samples.reshape(-1, 2))
+
+
+@dataclasses.dataclass
+class ComputeFit:
+  """L(C) = E + A·(C/C₀)^(−α) of one method, with intervals and residuals."""
+
+  compute: list[float]  # training FLOPs per size
+  losses: list[float]  # mean loss per size
+  e: Interval
+  a: Interval
+  alpha: Interval
+  residuals: list[float]
+
+  def curve(self, c: np.ndarray) -> np.ndarray:
+    """The fitted loss at compute `c`."""
+    e, a, alpha = self.law
+    return e + a * (np.asarray(c, float) / min(self.compute)) ** -alpha
+
+  @property
+  def law(self) -> tuple[float, float, float]:
+    """(E, A, α) at their fitted values."""
+    return self.e.value, self.a.value, self.alpha.value
+
+
+def compute_fit(compute: Sequence[float], losses: Sequence[Sequence[float]], resamples: int = 500,
+                seed: int = 0) -> ComputeFit:
+  """`losses` (seeds per size) against `compute`, with bootstrap intervals over the seeds."""
+  c = np.asarray(compute, float)
+  means = lambda cells: np.asarray([np.mean(x) for x in cells])
+  observed = means(losses)
+  law = fit_loss_compute(c, observed)
+  samples = bootstrap(losses, lambda cells: np.asarray(fit_loss_compute(c, means(cells), law)), resamples, seed)
+  residuals = observed - (law[0] + law[1] * (c / c.min()) ** -law[2])
+  pick = lambda i: samples[:, i] if samples.size else samples
+  return ComputeFit(c.tolist(), observed.tolist(), interval(law[0], pick(0)), interval(law[1], pick(1)),
+                    interval(law[2], pick(2)), residuals.tolist())
+
+
+def multiplier(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[float]], compute: Sequence[float],
+               resamples: int = 500, seed: int = 0) -> list[Interval]:
+  """Per size, the compute multiplier of `method` against the baseline's law L(C) (both seeds per size, trained
+  with the same `compute`): the baseline and the method resampled together."""
+  c = np.asarray(compute, float)
+  k = len(baseline)
+
+  def statistic(cells: list[np.ndarray], start: Sequence[float] | None = None) -> np.ndarray:
+    law = fit_loss_compute(c, np.asarray([x.mean() for x in cells[:k]]), start)
+    return np.asarray([compute_multiplier(law, c.min(), cells[k + i].mean(), c[i]) for i in range(k)])
+
+  arrays = [np.asarray(x, float) for x in (*baseline, *method)]
+  observed = statistic(arrays)
+  law = fit_loss_compute(c, np.asarray([x.mean() for x in arrays[:k]]))
+  samples = bootstrap(arrays, lambda cells: statistic(cells, law), resamples, seed)
+  return [interval(float(observed[i]), samples[:, i] if samples.size else samples) for i in range(k)]

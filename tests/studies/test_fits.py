@@ -1,0 +1,66 @@
+"""Scaling-law fits (studies/fits.py) against known answers: synthetic data drawn from a known law."""
+
+import numpy as np
+import pytest
+
+from tapernorm_jax.studies import fits
+
+PARAMS = np.array([1e5, 2.5e5, 6e5, 1.5e6])  # a ladder spanning 15×
+
+
+def test_the_gap_law_is_recovered_from_exact_and_from_noisy_data():
+  a, b = fits.fit_gap(PARAMS, 0.015 * (PARAMS / PARAMS[0]) ** -0.35)
+  assert (a, b) == pytest.approx((0.015, 0.35), rel=1e-5)
+  a, b = fits.fit_gap(PARAMS, -0.02 * (PARAMS / PARAMS[0]) ** 0.2)  # a negative gap that grows: a < 0, b < 0
+  assert (a, b) == pytest.approx((-0.02, -0.2), rel=1e-5)
+  rng = np.random.default_rng(0)
+  noisy = 0.015 * (PARAMS / PARAMS[0]) ** -0.35 * (1 + 0.01 * rng.standard_normal(4))
+  a, b = fits.fit_gap(PARAMS, noisy)
+  assert a == pytest.approx(0.015, rel=0.03) and b == pytest.approx(0.35, abs=0.03)
+
+
+def test_the_loss_compute_law_is_recovered_and_its_multiplier_is_the_closed_form():
+  compute = np.geomspace(1e12, 1e14, 6)
+  law = (1.5, 2.0, 0.3)
+  loss = law[0] + law[1] * (compute / compute[0]) ** -law[2]
+  assert fits.fit_loss_compute(compute, loss) == pytest.approx(law, rel=1e-4)
+  # A method trained with C that reaches the loss the baseline's law reaches at 2.5·C is worth 2.5× compute.
+  at = 1e13
+  reached = law[0] + law[1] * (2.5 * at / compute[0]) ** -law[2]
+  assert fits.compute_multiplier(law, compute[0], reached, at) == pytest.approx(2.5, rel=1e-9)
+  assert fits.compute_multiplier(law, compute[0], 1.4, at) == float("inf")  # below E: never reached
+
+
+def test_the_reading_says_when_no_trend_can_be_read():
+  seeds = lambda mean: [mean * (1 + d) for d in (-0.002, 0.0, 0.002)]
+  two = fits.gap_fit(PARAMS[:2], [seeds(1.02), seeds(1.01)], [seeds(1.0), seeds(1.0)], resamples=50)
+  assert "2 sizes" in two.reading() and "no trend" in two.reading()
+  flat = fits.gap_fit(PARAMS, [seeds(1.01), seeds(1.0), seeds(1.01), seeds(1.0)], [seeds(1.0)] * 4, resamples=200)
+  assert "does not fit" in flat.reading() and flat.lack_of_fit() < 0.01  # a gap that jumps about, seeds tight
+  loose = lambda mean: [mean * (1 + d) for d in (-0.01, 0.0, 0.01)]  # the same means, seeds spread 5× wider
+  noisy = fits.gap_fit(PARAMS, [loose(1.01), loose(1.0), loose(1.01), loose(1.0)], [loose(1.0)] * 4, resamples=200)
+  assert noisy.lack_of_fit() > 0.1 and "spans 0" in noisy.reading()
+  shrinking = fits.gap_fit(PARAMS, [seeds(1 + 0.03 * (n / PARAMS[0]) ** -0.5) for n in PARAMS], [seeds(1.0)] * 4,
+                           resamples=200)
+  assert "shrinks" in shrinking.reading() and shrinking.b.low > 0
+  assert shrinking.a.value == pytest.approx(0.03, rel=0.05) and len(shrinking.residuals) == 4
+
+
+def test_the_widening_restores_the_seeds_variance():
+  values = np.array([1.0, 2.0, 4.0])
+  draws = np.random.default_rng(0).choice(fits.widened(values), size=(200_000, 3)).mean(axis=1)
+  assert draws.var() == pytest.approx(values.var(ddof=1) / 3, rel=0.02)  # the variance of a 3-seed mean
+
+
+@pytest.mark.slow  # 120 synthetic studies of 100 resamples each: about 40 s
+def test_the_90_percent_interval_covers_the_true_exponent_about_90_percent_of_the_time():
+  rng = np.random.default_rng(1)
+  true_a, true_b, sigma = 0.02, 0.4, 0.004  # seeds' losses spread 0.4% around their law
+  covered = 0
+  studies = 120
+  for i in range(studies):
+    method = [1.0 + true_a * (n / PARAMS[0]) ** -true_b + sigma * rng.standard_normal(3) for n in PARAMS]
+    reference = [1.0 + sigma * rng.standard_normal(3) for _ in PARAMS]
+    fit = fits.gap_fit(PARAMS, method, reference, resamples=100, seed=i)
+    covered += fit.b.spans(true_b)
+  assert 0.78 <= covered / studies <= 0.98, covered / studies

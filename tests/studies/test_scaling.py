@@ -1,0 +1,80 @@
+"""A study's scaling fits (studies/scaling.py) on runs drawn from known laws."""
+
+import numpy as np
+import pytest
+
+from tapernorm_jax import hardware
+from tapernorm_jax.studies import aggregate, figures, scaling
+from tapernorm_jax.studies.run_rows import Run
+
+SIZES = {"cpu_xs": (32, 100_000), "cpu": (64, 250_000), "cpu_m": (96, 600_000), "cpu_l": (128, 1_500_000)}
+TOKENS = 300 * 16 * 128
+LAW = (1.0, 2.0, 0.3)  # the baseline's E, A, α in compute
+
+
+def compute_of(size: str) -> float:
+  """Training FLOPs of a run of `size` (2 layers, T = 128)."""
+  D, N = SIZES[size]
+  return hardware.train_flops_per_token(N, 2, D, 128) * TOKENS
+
+
+def runs(gap_a: float, gap_b: float, noise: float = 0.0, seeds: int = 3, control: float | None = None) -> list[Run]:
+  """Baseline runs on LAW and all_taper (+aux) runs a·(N/N₀)^(−b) above them, each seed's loss × (1 + noise·z); with
+  `control`, baseline (+aux) runs that much above the baseline too."""
+  rng = np.random.default_rng(0)
+  c0, n0 = compute_of("cpu_xs"), SIZES["cpu_xs"][1]
+  out = []
+  for size, (D, N) in SIZES.items():
+    base = LAW[0] + LAW[1] * (compute_of(size) / c0) ** -LAW[2]
+    cells = [("baseline", 0, base), ("all_taper", 1, base * (1 + gap_a * (N / n0) ** -gap_b))]
+    cells += [("baseline", 1, base * (1 + control))] if control is not None else []
+    for variant, aux, loss in cells:
+      for seed in range(seeds):
+        out.append(Run(f"{variant}-{size}-aux{aux}-seed{seed}", variant, aux, size, seed, "complete", params=N,
+                       tokens=TOKENS, final_val_loss=float(loss * (1 + noise * rng.standard_normal())),
+                       config={"model": {"L": 2, "D": D, "T": 128}}))
+  return out
+
+
+def test_exact_laws_are_recovered_with_the_closed_form_multiplier():
+  study = scaling.study_fits(rs := runs(0.02, 0.4), aggregate.aggregate(rs), resamples=20)
+  (method,) = study.methods
+  assert (method.vs_baseline.a.value, method.vs_baseline.b.value) == pytest.approx((0.02, 0.4), rel=1e-4)
+  assert study.baseline_law.law == pytest.approx(LAW, rel=1e-3)
+  c0 = compute_of("cpu_xs")
+  for size, m in zip(method.sizes, method.multipliers):  # where the baseline's law reaches the method's loss
+    loss = np.mean([r.final_val_loss for r in rs if (r.size, r.variant) == (size, "all_taper")])
+    expected = c0 * ((loss - LAW[0]) / LAW[1]) ** (-1 / LAW[2]) / compute_of(size)
+    assert m.value == pytest.approx(expected, rel=1e-3) and m.value < 1  # a worse loss: worth less compute
+  assert method.vs_control is None and method.control is None  # the study has no matched control
+  text = scaling.markdown(study)
+  assert "| all_taper (+aux) | baseline | cpu_xs, cpu, cpu_m, cpu_l | +2.00% [" in text
+  assert "the gap shrinks with size" in text
+
+
+def test_noisy_seeds_give_intervals_that_hold_the_truth_and_figures():
+  rs = runs(0.03, 0.5, noise=0.002)
+  study = scaling.study_fits(rs, aggregate.aggregate(rs), resamples=200)
+  fit = study.methods[0].vs_baseline
+  assert fit.b.spans(0.5) and fit.a.spans(0.03) and fit.b.low > 0
+  assert fit.lack_of_fit() > 0.01  # the law is the truth here
+  gap_fig = figures.figure_gap_fits(study)
+  assert gap_fig.axes[0].get_xscale() == "log" and gap_fig.axes[0].get_yscale() == "log"  # every gap positive
+  compute_fig = figures.figure_compute_fits(study)
+  assert len(compute_fig.axes[0].get_lines()) == 4  # the baseline's and the method's: fitted line and points
+
+
+def test_the_matched_control_is_fitted_too():
+  rs = runs(0.02, 0.4, control=0.01)
+  study = scaling.study_fits(rs, aggregate.aggregate(rs), resamples=20)
+  control, method = study.methods  # the control is fitted against the baseline like any method
+  n0 = SIZES["cpu_xs"][1]
+  expected = [(1 + 0.02 * (n / n0) ** -0.4) / 1.01 - 1 for _, n in SIZES.values()]
+  assert method.control == ("baseline", 1) and method.vs_control.gaps == pytest.approx(expected, rel=1e-9)
+  assert control.key == ("baseline", 1) and control.vs_baseline.gaps == pytest.approx([0.01] * 4, rel=1e-9)
+  assert "| all_taper (+aux) | baseline (+aux) |" in scaling.gaps_markdown(study)
+
+
+def test_one_size_has_no_fits():
+  rs = [r for r in runs(0.02, 0.4) if r.size == "cpu"]
+  assert scaling.study_fits(rs, aggregate.aggregate(rs)) is None
