@@ -5,7 +5,9 @@ ordinary run in DIR/<variant>-<size>-aux<0|1>-seed<N>/. Complete cells are skipp
 resume, a failing cell is recorded in its cell.json and the others go on. `--parallel=N` runs N
 cells at once on disjoint device groups; `--launch=ray` runs each pending cell as a task on a Ray
 cluster (DIR on storage every node mounts); `--launch=print` writes DIR/commands.txt instead, one
-command line per pending cell, for a scheduler. Then: `python -m experiments.report --workdir=DIR`.
+command line per pending cell, for a scheduler. `--hold_out_largest` trains every size but the largest,
+writes each method's predicted loss there (DIR/predictions.json), then trains it. Then:
+`python -m experiments.report --workdir=DIR`.
 """
 
 import sys
@@ -14,7 +16,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tapernorm_jax import cli, files
-from tapernorm_jax.studies import commands, grid, manifest, ray_launch, runner
+from tapernorm_jax.studies import commands, grid, manifest, predict, ray_launch, runner
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
@@ -36,6 +38,9 @@ _MAX_RETRIES = flags.DEFINE_integer("max_retries", 3, "--launch=ray: times a cel
 _RETRY = flags.DEFINE_bool("retry_failed", True, "Run failed cells again (False: leave them failed).")
 _PYTHON = flags.DEFINE_string("python", sys.executable, "Interpreter named in --launch=print command lines.")
 _PROGRESS = flags.DEFINE_float("progress_every", 30.0, "Seconds between progress lines.")
+_HOLD_OUT = flags.DEFINE_bool("hold_out_largest", False, "Train every size but the largest first, predict each "
+                              "method's loss at the largest from its fitted law (DIR/predictions.json), then train "
+                              "it; the report checks the predictions.")
 flags.mark_flags_as_required(["sweep", "workdir"])
 
 
@@ -51,23 +56,35 @@ def main(argv: list[str]) -> None:
     path, count = commands.write_commands(cells, workdir, _PYTHON.value)
     print(f"{count} of {len(cells)} cells pending; their command lines are in {path}")
     return
-  if _LAUNCH.value == "ray":
-    resources = ray_launch.parse_resources(_CELL_RESOURCES.value)  # a bad flag fails before Ray starts
-    try:
-      statuses = ray_launch.run(cells, workdir, address=_RAY_ADDRESS.value, resources=resources,
-                                max_retries=_MAX_RETRIES.value, retry_failed=_RETRY.value,
-                                progress_every=_PROGRESS.value)
-    except KeyboardInterrupt:  # ray_launch said what stopped and how to resume
-      sys.exit(130)
-  else:
-    statuses = runner.run(cells, workdir, parallel=_PARALLEL.value, oversubscribe=_OVERSUBSCRIBE.value,
-                          retry_failed=_RETRY.value, progress_every=_PROGRESS.value)
+  resources = ray_launch.parse_resources(_CELL_RESOURCES.value) if _LAUNCH.value == "ray" else None
+  stages = [cells]
+  if _HOLD_OUT.value:
+    stages = list(predict.split_largest(cells))  # too few sizes fails here, before anything trains
+    if files.is_url(workdir):
+      raise ValueError(f"--hold_out_largest reads the runs back here: --workdir={workdir} must be a local directory")
+  statuses = {}
+  for i, stage in enumerate(stages):
+    if i:  # the smaller sizes are done: predict the largest before it trains
+      print("\n".join(predict.predict_once(workdir, stage)), flush=True)
+    statuses.update(run_stage(stage, workdir, resources))
   failed = [name for name, s in statuses.items() if s.state == "failed"]
   print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
         + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")
         + f". Report: python -m experiments.report --workdir={workdir}")
   if failed:
     sys.exit(1)
+
+
+def run_stage(cells: list[grid.Cell], workdir: str, resources: dict | None) -> dict:
+  """Runs `cells` as --launch says (here or on Ray); their statuses by name."""
+  if _LAUNCH.value == "ray":
+    try:
+      return ray_launch.run(cells, workdir, address=_RAY_ADDRESS.value, resources=resources,
+                            max_retries=_MAX_RETRIES.value, retry_failed=_RETRY.value, progress_every=_PROGRESS.value)
+    except KeyboardInterrupt:  # ray_launch said what stopped and how to resume
+      sys.exit(130)
+  return runner.run(cells, workdir, parallel=_PARALLEL.value, oversubscribe=_OVERSUBSCRIBE.value,
+                    retry_failed=_RETRY.value, progress_every=_PROGRESS.value)
 
 
 if __name__ == "__main__":

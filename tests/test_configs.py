@@ -38,7 +38,7 @@ def test_the_cpu_ladder_trains_offline_and_spans_a_decade_of_parameters():
     assert model_cfg.D % model_cfg.H == 0 and model_cfg.D // model_cfg.H >= 4  # RoPE pairs in every head
     shapes = jax.eval_shape(lambda: init(model_cfg, jax.random.key(0)))
     counts.append(sum(x.value.size for x in jax.tree.leaves(shapes["params"], is_leaf=lambda x: hasattr(x, "value"))))
-  assert len(ladder) >= 4 and counts == sorted(counts) and counts[-1] / counts[0] > 7  # in SIZES order, 89K-650K
+  assert len(ladder) >= 4 and counts == sorted(counts) and counts[-1] / counts[0] > 10  # in SIZES order, 89K-934K
   assert run_config.get_config("baseline", "size=1m").data.source == "tinystories"
 
 

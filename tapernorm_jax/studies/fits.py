@@ -195,11 +195,20 @@ class ComputeFit:
   a: Interval
   alpha: Interval
   residuals: list[float]
+  draws: np.ndarray = dataclasses.field(repr=False, default_factory=lambda: np.zeros((0, 3)))  # bootstrap (E, A, α)
 
   def curve(self, c: np.ndarray) -> np.ndarray:
     """The fitted loss at compute `c`."""
     e, a, alpha = self.law
     return e + a * (np.asarray(c, float) / min(self.compute)) ** -alpha
+
+  def predict(self, c: float, noise: float = 0.0, seed: int = 0) -> Interval:
+    """The loss at compute `c` with its LEVEL interval: every bootstrap law's value there, plus a normal draw of
+    standard deviation `noise` (the seed noise of the mean to be measured)."""
+    x = c / min(self.compute)
+    values = self.draws[:, 0] + self.draws[:, 1] * x ** -self.draws[:, 2]
+    values = values + noise * np.random.default_rng(seed).standard_normal(len(values))
+    return interval(float(self.curve(c)), values)
 
   @property
   def law(self) -> tuple[float, float, float]:
@@ -218,7 +227,7 @@ def compute_fit(compute: Sequence[float], losses: Sequence[Sequence[float]], res
   residuals = observed - (law[0] + law[1] * (c / c.min()) ** -law[2])
   pick = lambda i: samples[:, i] if samples.size else samples
   return ComputeFit(c.tolist(), observed.tolist(), interval(law[0], pick(0)), interval(law[1], pick(1)),
-                    interval(law[2], pick(2)), residuals.tolist())
+                    interval(law[2], pick(2)), residuals.tolist(), samples.reshape(-1, 3))
 
 
 def multiplier(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[float]], compute: Sequence[float],

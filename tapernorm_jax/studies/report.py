@@ -17,7 +17,7 @@ from etils import epath
 from tapernorm_jax import files
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import manifest, scaling, throughput as throughput_lib
+from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
 from tapernorm_jax.studies.figures import FIGURES, make_figures, save_png
@@ -205,6 +205,13 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                "noise of this many seeds."), "", controls, ""]
   if fitted is not None and fitted.methods:
     parts += ["## Scaling fits", "", scaling.markdown(fitted), ""]
+  if predicted := predict.read(workdir):
+    parts += [f"## Predicted before {predicted['size']} ran", "",
+              (f"Written by `experiments.sweep --hold_out_largest` to `{predict.FILE}` before any run of "
+               f"{predicted['size']} started: each method's loss there from its L(C) fitted on the smaller sizes, "
+               f"at the compute {predicted['size']} was to spend ({predicted['compute']:.3g} FLOPs); the interval "
+               f"adds the seed noise of the mean to be measured to the bootstrap's spread of the law."), "",
+              predict.markdown(predicted, groups), ""]
   if throughput:
     parts += ["## Decode throughput of each method's inference form", "", throughput_lib.settings_text(throughput), "",
               throughput_lib.markdown(throughput), ""]
@@ -218,7 +225,7 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
   return "\n".join(parts)
 
 
-RECORDS = ("sweep.json", throughput_lib.FILE, "results.json", "config.json", manifest.CELL_RECORD,
+RECORDS = ("sweep.json", throughput_lib.FILE, predict.FILE, "results.json", "config.json", manifest.CELL_RECORD,
            "metrics.jsonl")  # what a report reads
 
 

@@ -2,13 +2,14 @@
 
 # The paper's widths and step counts (docs/method.md §8), all 8 layers deep with 16 heads; `1b` goes beyond the paper,
 # for TPU pods (docs/tpu.md): 24 layers of width 2048, 1.2B. The `cpu*` presets are a ladder that trains in minutes on
-# 2 cores (2 layers, the synthetic corpus, 300 steps), from 0.09M to 0.65M parameters; `cpu_xs` keeps a head width of 4
+# 2 cores (2 layers, the synthetic corpus, 300 steps), from 0.09M to 0.94M parameters; `cpu_xs` keeps a head width of 4
 # with 8 heads. `cpu_scale` marks them: CPU-scale data, vocabulary, context and learning rate (train/run_config.py).
 SIZES = {
     "cpu_xs": dict(D=32, L=2, H=8, steps=300, cpu_scale=True),
     "cpu": dict(D=64, L=2, steps=300, cpu_scale=True),
     "cpu_m": dict(D=96, L=2, steps=300, cpu_scale=True),
     "cpu_l": dict(D=128, L=2, steps=300, cpu_scale=True),
+    "cpu_xl": dict(D=160, L=2, steps=300, cpu_scale=True),
     "1m": dict(D=64, steps=500_000),
     "3m": dict(D=128, steps=500_000),
     "9m": dict(D=256, steps=750_000),

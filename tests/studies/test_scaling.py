@@ -1,11 +1,14 @@
-"""A study's scaling fits (studies/scaling.py) on runs drawn from known laws."""
+"""A study's scaling fits (studies/scaling.py) on runs drawn from known laws, and predict-then-check (predict.py)."""
+
+import os
 
 import numpy as np
 import pytest
 
 from tapernorm_jax import hardware
-from tapernorm_jax.studies import aggregate, figures, scaling
+from tapernorm_jax.studies import aggregate, figures, fits, grid, predict, run_rows, scaling
 from tapernorm_jax.studies.run_rows import Run
+from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
 
 SIZES = {"cpu_xs": (32, 100_000), "cpu": (64, 250_000), "cpu_m": (96, 600_000), "cpu_l": (128, 1_500_000)}
 TOKENS = 300 * 16 * 128
@@ -78,3 +81,52 @@ def test_the_matched_control_is_fitted_too():
 def test_one_size_has_no_fits():
   rs = [r for r in runs(0.02, 0.4) if r.size == "cpu"]
   assert scaling.study_fits(rs, aggregate.aggregate(rs)) is None
+
+
+LADDER = {"cpu_xs": 8, "cpu": 16, "cpu_m": 32, "cpu_l": 64}  # widths for a tiny ladder of the four CPU sizes
+
+
+def ladder_sweep(data_dir: str) -> dict:
+  """A tiny ladder: the four CPU sizes at widths 8–64, one layer, baseline and all_taper (+aux), 2 seeds."""
+  sweep = tiny_sweep(data_dir, [dict(variants=["baseline", "all_taper"], sizes=[size],
+                                     overrides={"model": {"D": width}}) for size, width in LADDER.items()])
+  return {**sweep, "seeds": (0, 1)}
+
+
+def test_holding_out_needs_three_smaller_sizes(data_dir):
+  cells = grid.expand(ladder_sweep(data_dir))
+  smaller, largest = predict.split_largest(cells)
+  assert {c.size for c in largest} == {"cpu_l"} and len(smaller) == 12
+  with pytest.raises(grid.SweepError, match="the grid has 3 size"):
+    predict.split_largest([c for c in cells if c.size != "cpu"])
+
+
+def test_a_prediction_from_an_exact_law_is_the_law():
+  compute = np.geomspace(1e10, 1e12, 4)
+  law = fits.compute_fit(compute, [[1.0 + 2.0 * (c / 1e10) ** -0.3] * 3 for c in compute], resamples=50)
+  assert law.predict(1e13).value == pytest.approx(1.0 + 2.0 * 1000 ** -0.3, rel=1e-4)
+  widened = law.predict(1e13, noise=0.01)
+  assert widened.high - widened.low == pytest.approx(2 * 1.645 * 0.01, rel=0.35)  # the noise alone, ± z(0.95)·σ
+
+
+@pytest.mark.slow
+def test_predict_then_check_end_to_end(tmp_path, data_dir):
+  sweep_file = write_sweep_file(tmp_path / "ladder.py", ladder_sweep(data_dir))
+  workdir = tmp_path / "study"
+  out = run_cli("experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}", "--hold_out_largest").stdout
+  assert "predicted at cpu_l: baseline " in out and "predicted at cpu_l: all_taper (+aux) " in out
+  written = os.path.getmtime(workdir / predict.FILE)
+  assert all(written < os.path.getmtime(workdir / c.name / "config.json")  # before any run of cpu_l began
+             for c in grid.expand(ladder_sweep(data_dir)) if c.size == "cpu_l")
+  prediction = predict.read(str(workdir))
+  runs = run_rows.read_runs(str(workdir))
+  assert prediction["compute"] == pytest.approx(scaling.training_compute(runs)["cpu_l"], rel=1e-9)  # as it ran
+  again = run_cli("experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}", "--hold_out_largest").stdout
+  assert "keeping the prediction written before cpu_l started" in again
+  assert os.path.getmtime(workdir / predict.FILE) == written
+  run_cli("experiments.report", f"--workdir={workdir}")
+  text = (workdir / "report.md").read_text()
+  assert "## Predicted before cpu_l ran" in text and "## Scaling fits" in text
+  for variant in ("baseline", "all_taper (+aux)"):
+    row = next(line for line in text.splitlines() if line.startswith(f"| {variant} | cpu_xs, cpu, cpu_m |"))
+    assert row.endswith(("| yes |", "| **no** |")) and "(n = 2)" in row

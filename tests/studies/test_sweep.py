@@ -12,8 +12,8 @@ import time
 import jax
 import pytest
 
-from configs.sweeps import cpu_mini, methods, table2
-from tapernorm_jax.studies import commands, grid, manifest, report, runner
+from configs.sweeps import cpu_mini, ladder, methods, table2
+from tapernorm_jax.studies import commands, grid, manifest, predict, report, runner
 from tapernorm_jax.train import loop
 from locations import run_without_checkout
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
@@ -38,7 +38,10 @@ def test_the_shipped_sweeps_expand_to_their_grids():
       "baseline": "taper", "internal_taper": "taper", "all_taper": "taper", "fakeln": "fakeln", "prepbn": "prepbn",
       "dyt": "taper", "derf": "taper"}
   assert by_variant["prepbn"].model.internal_norm == "repbn" and by_variant["dyt"].model.final_norm == "dyt"
-  assert len(study) == 8 * 3 and {c.aux for c in study if c.variant == "baseline"} == {0, 1}
+  assert len(study) == 8 * 3 * 3 and {c.aux for c in study if c.variant == "baseline"} == {0, 1}
+  assert {c.size for c in study} == {"cpu_xs", "cpu", "cpu_l"}
+  steps = grid.expand(ladder.get_config())
+  assert len(steps) == 4 * 5 * 3 and len(predict.split_largest(steps)[1]) == 4 * 3  # cpu_xl held out
 
 
 @pytest.mark.parametrize("change, message", [

@@ -1,0 +1,114 @@
+"""Predict, then check: before a study's largest size trains, each method's loss there is predicted from its
+loss-compute law fitted on the smaller sizes (studies/fits.py), with an interval, and written to
+DIR/predictions.json; the report then says whether each measured loss fell inside its interval."""
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tapernorm_jax import hardware
+from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.markdown import markdown_table
+from tapernorm_jax.model import ModelConfig, abstract_variables, param_count
+from tapernorm_jax.studies import fits
+from tapernorm_jax.studies.aggregate import Group, aggregate
+from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.studies.run_rows import label, read_runs, size_order, variant_order
+from tapernorm_jax.studies.scaling import RESAMPLES, training_compute
+
+FILE = "predictions.json"
+MIN_FITTED = 3  # sizes below the held-out one: the law has three parameters
+
+
+def split_largest(cells: Sequence[Cell]) -> tuple[list[Cell], list[Cell]]:
+  """(the cells of every size but the largest, the largest size's cells); a SweepError where too few sizes remain
+  to fit a law."""
+  sizes = sorted({c.size for c in cells}, key=size_order)
+  if len(sizes) < MIN_FITTED + 1:
+    raise SweepError(f"--hold_out_largest: the grid has {len(sizes)} size(s) ({', '.join(sizes)}); predicting the "
+                     f"largest needs at least {MIN_FITTED} below it to fit L(C) = E + A·C^(−α); add sizes")
+  return [c for c in cells if c.size != sizes[-1]], [c for c in cells if c.size == sizes[-1]]
+
+
+def planned_compute(cell: Cell) -> float:
+  """Training FLOPs `cell` will spend (6·N + 12·L·D·T per token × its tokens), from its config alone."""
+  cfg = cell.config()
+  model_cfg = ModelConfig.from_config(cfg.model)
+  params = param_count(abstract_variables(model_cfg)["params"])
+  tokens = cfg.train.steps * cfg.train.batch_size * model_cfg.T
+  return hardware.train_flops_per_token(params, model_cfg.L, model_cfg.D, model_cfg.T) * tokens
+
+
+def pooled_std(groups: Sequence[Group]) -> float:
+  """The seeds' standard deviation pooled over `groups` (0 where no group has two seeds)."""
+  dof = sum(g.n - 1 for g in groups if g.n > 1)
+  return float(np.sqrt(sum((g.n - 1) * g.std ** 2 for g in groups if g.n > 1) / dof)) if dof else 0.0
+
+
+def predict_once(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) -> list[str]:
+  """Predicts the held-out size (`predict`) unless a prediction was written before; lines saying what holds. A
+  size that has started without one gets none: it would not be a prediction."""
+  if (earlier := read(workdir)) is not None:
+    return [f"keeping the prediction written before {earlier['size']} started ({workdir}/{FILE})"]
+  if started := [c.name for c in held_out if os.path.exists(os.path.join(workdir, c.name))]:
+    return [f"no prediction: {held_out[0].size} had started before one was written ({', '.join(started)})"]
+  return [*describe(predict(workdir, held_out, resamples)),
+          f"(written to {workdir}/{FILE} before {held_out[0].size} starts)"]
+
+
+def predict(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) -> dict[str, Any]:
+  """Each held-out method's predicted loss at its size, from the study's complete smaller runs; writes FILE."""
+  runs = read_runs(workdir)
+  groups = aggregate([r for r in runs if r.size != held_out[0].size])
+  compute = training_compute(runs)
+  size = held_out[0].size
+  target = planned_compute(held_out[0])
+  rows = []
+  for key in sorted({(c.variant, c.aux) for c in held_out}, key=variant_order):
+    mine = sorted((g for g in groups if (g.variant, g.aux) == key and g.n and g.size in compute),
+                  key=lambda g: size_order(g.size))
+    seeds = sum(1 for c in held_out if (c.variant, c.aux) == key)
+    row = {"variant": key[0], "aux": key[1], "fitted_sizes": [g.size for g in mine], "seeds": seeds}
+    if len(mine) >= MIN_FITTED:
+      law = fits.compute_fit([compute[g.size] for g in mine], [g.losses for g in mine], resamples)
+      predicted = law.predict(target, pooled_std(mine) / np.sqrt(seeds))
+      row.update(predicted=predicted.value, low=predicted.low, high=predicted.high, law=list(law.law))
+    rows.append(row)
+  result = {"size": size, "compute": target, "level": fits.LEVEL, "rows": rows}
+  write_json_atomically(os.path.join(workdir, FILE), result)
+  return result
+
+
+def describe(result: dict[str, Any]) -> list[str]:
+  """One line per method: its prediction, or why there is none."""
+  lines = []
+  for r in result["rows"]:
+    what = (f"{r['predicted']:.4f} [{r['low']:.4f}, {r['high']:.4f}]" if "predicted" in r else
+            f"no prediction: {len(r['fitted_sizes'])} smaller size(s) complete, {MIN_FITTED} needed")
+    lines.append(f"predicted at {result['size']}: {label(r['variant'], r['aux'])} {what}")
+  return lines
+
+
+def read(workdir: str) -> dict[str, Any] | None:
+  """DIR/predictions.json, or None where the study made none."""
+  path = os.path.join(workdir, FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def markdown(result: dict[str, Any], groups: Sequence[Group]) -> str:
+  """Each prediction beside the loss measured afterwards, and whether it fell inside the interval."""
+  measured = {(g.variant, g.aux): g for g in groups if g.size == result["size"] and g.n}
+  body = []
+  for r in result["rows"]:
+    g = measured.get((r["variant"], r["aux"]))
+    guess = f"{r['predicted']:.4f} [{r['low']:.4f}, {r['high']:.4f}]" if "predicted" in r else "—"
+    seen = f"{g.mean:.4f} (n = {g.n})" if g else "not yet measured"
+    inside = "—" if not (g and "predicted" in r) else ("yes" if r["low"] <= g.mean <= r["high"] else "**no**")
+    body.append([label(r["variant"], r["aux"]), ", ".join(r["fitted_sizes"]), guess, seen, inside])
+  return markdown_table(["method", "fitted on", f"predicted [{result['level']:.0%}]", "measured", "inside"], body)
