@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.run_rows import Run, size_order, variant_order
 from tapernorm_jax.taper.variants import SIZES
 
@@ -71,9 +72,7 @@ def gap(group: Group, reference: Group) -> Gap | None:
   """`group` against `reference`; None unless both have a complete seed."""
   if group.mean is None or reference.mean is None:
     return None
-  se = None
-  if group.std is not None and reference.std is not None:
-    se = 100.0 * float(np.sqrt(group.std**2 / group.n + reference.std**2 / reference.n)) / reference.mean
+  se = 100.0 * fits.gap_error(group.losses, reference.losses) if group.n > 1 and reference.n > 1 else None
   return Gap(100.0 * (group.mean - reference.mean) / reference.mean, se)
 
 

@@ -236,13 +236,13 @@ def multiplier(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[fl
   with the same `compute`): the baseline and the method resampled together."""
   c = np.asarray(compute, float)
   k = len(baseline)
-
-  def statistic(cells: list[np.ndarray], start: Sequence[float] | None = None) -> np.ndarray:
-    law = fit_loss_compute(c, np.asarray([x.mean() for x in cells[:k]]), start)
-    return np.asarray([compute_multiplier(law, c.min(), cells[k + i].mean(), c[i]) for i in range(k)])
-
   arrays = [np.asarray(x, float) for x in (*baseline, *method)]
-  observed = statistic(arrays)
   law = fit_loss_compute(c, np.asarray([x.mean() for x in arrays[:k]]))
-  samples = bootstrap(arrays, lambda cells: statistic(cells, law), resamples, seed)
+
+  def statistic(cells: list[np.ndarray]) -> np.ndarray:  # each resample's law, started from the observed one
+    fitted = fit_loss_compute(c, np.asarray([x.mean() for x in cells[:k]]), law)
+    return np.asarray([compute_multiplier(fitted, c.min(), cells[k + i].mean(), c[i]) for i in range(k)])
+
+  observed = [compute_multiplier(law, c.min(), arrays[k + i].mean(), c[i]) for i in range(k)]
+  samples = bootstrap(arrays, statistic, resamples, seed)
   return [interval(float(observed[i]), samples[:, i] if samples.size else samples) for i in range(k)]
