@@ -190,7 +190,8 @@ def figure_gap_fits(study: StudyFits | None) -> Figure | None:
 
 def figure_compute_fits(study: StudyFits | None) -> Figure | None:
   """Validation loss against training compute per method, log-log: seeds' mean ± std and the fitted L(C)."""
-  laws = ([(("baseline", 0), study.baseline_law)] + [(m.key, m.law) for m in study.methods]) if study else []
+  laws = ([(("baseline", 0), study.baseline_law)] + [(m.key, m.law) for m in study.methods if m.law]
+          if study and study.baseline_law else [])
   if not laws:
     return None
   fig = new_figure(7.5, 4.8)

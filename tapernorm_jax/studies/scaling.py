@@ -13,7 +13,8 @@ from tapernorm_jax.studies.aggregate import Group, control_of
 from tapernorm_jax.studies.run_rows import Key, Run, flops_per_token, label, size_order, variant_order
 
 BASELINE: Key = ("baseline", 0)
-RESAMPLES = 500
+RESAMPLES = 300
+MIN_LAW_SIZES = 3  # the loss-compute law has three parameters
 
 
 @dataclasses.dataclass
@@ -26,7 +27,7 @@ class MethodFits:
   vs_baseline: fits.GapFit | None
   vs_control: fits.GapFit | None
   control: Key | None
-  law: fits.ComputeFit | None
+  law: fits.ComputeFit | None  # None below MIN_LAW_SIZES sizes
   multipliers: list[fits.Interval]
 
 
@@ -63,7 +64,9 @@ def study_fits(runs: Sequence[Run], groups: Sequence[Group], resamples: int = RE
   params = {size: float(g.params) for size, g in base.items()}
   sizes_of = lambda key: sorted(set(by_key[key]) & set(base), key=size_order)
   base_sizes = sorted(base, key=size_order)
-  base_law = fits.compute_fit([compute[s] for s in base_sizes], [base[s].losses for s in base_sizes], resamples)
+  base_law = None
+  if len(base_sizes) >= MIN_LAW_SIZES:
+    base_law = fits.compute_fit([compute[s] for s in base_sizes], [base[s].losses for s in base_sizes], resamples)
   methods = []
   for key in sorted(by_key, key=variant_order):
     sizes = sizes_of(key)
@@ -78,8 +81,10 @@ def study_fits(runs: Sequence[Run], groups: Sequence[Group], resamples: int = RE
     if control and control != BASELINE and len(set(sizes) & set(by_key.get(control, {}))) == len(sizes):
       vs_control = fits.gap_fit(n, mine, [by_key[control][s].losses for s in sizes], resamples)
     c = [compute[s] for s in sizes]
-    law = fits.compute_fit(c, mine, resamples)
-    multipliers = fits.multiplier([base[s].losses for s in sizes], mine, c, resamples)
+    law, multipliers = None, []
+    if len(sizes) >= MIN_LAW_SIZES:
+      law = fits.compute_fit(c, mine, resamples)
+      multipliers = fits.multiplier([base[s].losses for s in sizes], mine, c, resamples)
     methods.append(MethodFits(key, sizes, vs_base, vs_control, control, law, multipliers))
   return StudyFits(params, compute, base_law, methods)
 
@@ -107,7 +112,7 @@ def compute_markdown(study: StudyFits) -> str:
   sizes = sorted(study.compute, key=size_order)
   rows = []
   for key, law, multipliers, mine in ([(BASELINE, study.baseline_law, [], [])] +
-                                      [(m.key, m.law, m.multipliers, m.sizes) for m in study.methods]):
+                                      [(m.key, m.law, m.multipliers, m.sizes) for m in study.methods if m.law]):
     at = dict(zip(mine, multipliers))
     cells = [at[s].text("{:.2f}") + "×" if s in at else "—" for s in sizes]
     rows.append([label(*key), law.e.text("{:.3f}"), law.a.text("{:.3f}"), law.alpha.text("{:.2f}"),
@@ -116,20 +121,26 @@ def compute_markdown(study: StudyFits) -> str:
   return markdown_table(head, rows)
 
 
+COMPUTE_TEXT = (
+    "Loss against training compute C (6·N + 12·L·D·T FLOPs per token × tokens), L(C) = E + A·(C/C₀)^(−α) with C₀ the "
+    "smallest size's compute. The compute multiplier of a method at a size is the compute at which the baseline's law "
+    "reaches the method's loss, divided by the compute the method was trained with: above 1 the method is worth more "
+    "compute than it used, below 1 it costs compute (inf: the baseline's law never reaches that loss). With three "
+    "sizes the three-parameter law goes through the points (no degree of freedom left): read its intervals, not its "
+    "values.")
+
+
 def markdown(study: StudyFits) -> str:
   """The report's scaling section: what was fitted, the two tables, how to read them."""
-  sizes = sorted(study.compute, key=size_order)
   span = max(study.params.values()) / min(study.params.values())
-  return "\n".join([
-      f"Fitted with scipy (Huber-loss least squares) over {len(sizes)} sizes spanning {span:.1f}× in parameters. "
-      f"Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's seeds resampled with replacement "
-      f"({RESAMPLES} times; studies/fits.py) and the whole fit redone. The gap is the relative difference of mean "
-      f"validation losses, ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters (b > 0: the gap shrinks "
-      f"with size); \"lack of fit p\" is the chance that the seeds' noise alone leaves residuals as large as the "
-      f"fit's (small: the law does not describe the data).", "", gaps_markdown(study), "",
-      "Loss against training compute C (6·N + 12·L·D·T FLOPs per token × tokens), L(C) = E + A·(C/C₀)^(−α) with C₀ "
-      "the smallest size's compute. The compute multiplier of a method at a size is the compute at which the "
-      "baseline's law reaches the method's loss, divided by the compute the method was trained with: above 1 the "
-      "method is worth more compute than it used, below 1 it costs compute (inf: the baseline's law never reaches "
-      "that loss). With fewer than four sizes the three-parameter law has at most one degree of freedom: read its "
-      "intervals, not its values.", "", compute_markdown(study)])
+  parts = [f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
+           f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's seeds resampled with "
+           f"replacement ({RESAMPLES} times; studies/fits.py) and the whole fit redone. The gap is the relative "
+           f"difference of mean validation losses, ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters "
+           f"(b > 0: the gap shrinks with size); \"lack of fit p\" is the chance that the seeds' noise alone leaves "
+           f"residuals as large as the fit's (small: the law does not describe the data).", "", gaps_markdown(study),
+           ""]
+  if study.baseline_law is None:
+    return "\n".join(parts + [f"No loss-compute law: the baseline has {len(study.params)} sizes, and the law's three "
+                               f"parameters need at least {MIN_LAW_SIZES}."])
+  return "\n".join(parts + [COMPUTE_TEXT, "", compute_markdown(study)])
