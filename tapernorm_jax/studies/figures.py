@@ -178,6 +178,7 @@ def figure_gap_fits(study: StudyFits | None) -> Figure | None:
     ax.set_ylabel("gap in validation loss (%, log scale)")
   else:
     ax.set_yscale("symlog", linthresh=0.1)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.axhline(0.0, color="#888888", linewidth=0.8)
     ax.set_ylabel("gap in validation loss (%, symmetric log: linear within ±0.1%)")
   ax.set_xlabel("parameters (log scale)")

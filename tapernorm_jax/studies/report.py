@@ -1,6 +1,6 @@
-"""Study reports: report.md (status, setup, Table 2, the gaps, decode throughput where measured, the logit and
-gradient norms, the figures), results.csv (one row per run) and figures/*.png, written by `write_report` from a
-study directory."""
+"""Study reports: report.md (status, setup, Table 2, the gaps, the scaling fits and the predictions made before the
+largest size ran, decode throughput where measured, the logit and gradient norms, the figures), results.csv (one row
+per run) and figures/*.png, written by `write_report` from a study directory."""
 
 import csv
 import io
@@ -181,8 +181,9 @@ def generated_at() -> str:
 
 def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], figures: Sequence[str],
                     dynamics: str, throughput: dict[str, Any] | None = None,
-                    fitted: scaling.StudyFits | None = None) -> str:
-  """report.md: status, setup, Table 2, the gaps, the inference forms' throughput, the dynamics table, the figures."""
+                    fitted: scaling.StudyFits | None = None, predicted: dict[str, Any] | None = None) -> str:
+  """report.md: status, setup, Table 2, the gaps, the fits and predictions, the inference forms' throughput, the
+  dynamics table, the figures."""
   with_paper = paper_setting(runs)
   listed = manifest.read_manifest(workdir) or {}
   title = listed.get("name") or os.path.basename(os.path.abspath(workdir))
@@ -205,7 +206,7 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                "noise of this many seeds."), "", controls, ""]
   if fitted is not None and fitted.methods:
     parts += ["## Scaling fits", "", scaling.markdown(fitted), ""]
-  if predicted := predict.read(workdir):
+  if predicted:
     parts += [f"## Predicted before {predicted['size']} ran", "",
               (f"Written by `experiments.sweep --hold_out_largest` to `{predict.FILE}` before any run of "
                f"{predicted['size']} started: each method's loss there from its L(C) fitted on the smaller sizes, "
@@ -276,7 +277,8 @@ def _write_report(workdir: str, out: str) -> dict[str, Any]:
   for name, fig in figures.items():
     save_png(fig, os.path.join(out, "figures", name))
   write_text_atomically(os.path.join(out, "results.csv"), csv_text(runs))
-  text = report_markdown(workdir, runs, groups, list(figures), dynamics_markdown(curves), speed, fitted)
+  text = report_markdown(workdir, runs, groups, list(figures), dynamics_markdown(curves), speed, fitted,
+                         predict.read(workdir))
   write_text_atomically(os.path.join(out, "report.md"), text)
   return {"report": os.path.join(out, "report.md"), "csv": os.path.join(out, "results.csv"),
           "figures": [os.path.join(out, "figures", n) for n in figures], "runs": len(runs),
