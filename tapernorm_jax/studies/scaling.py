@@ -101,10 +101,11 @@ def gaps_markdown(study: StudyFits) -> str:
     for reference, fit in ((BASELINE, m.vs_baseline), (m.control, m.vs_control)):
       if fit is None:
         continue
+      residuals = ", ".join(f"{r / e:+.1f}" if e > 0 else "—" for r, e in zip(fit.residuals, fit.errors))
       rows.append([label(*m.key), label(*reference), ", ".join(m.sizes), _pct(fit.a), fit.b.text("{:.2f}"),
-                   f"{fit.lack_of_fit():.2g}", fit.reading()])
-  return markdown_table(["method", "against", "sizes", "gap at the smallest, a", "exponent b", "lack of fit p",
-                         "reading"], rows)
+                   residuals, f"{fit.lack_of_fit():.2g}", fit.reading()])
+  return markdown_table(["method", "against", "sizes", "gap at the smallest, a", "exponent b",
+                         "residuals (standard errors)", "lack of fit p", "reading"], rows)
 
 
 def compute_markdown(study: StudyFits) -> str:
@@ -137,7 +138,8 @@ def markdown(study: StudyFits) -> str:
            f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's seeds resampled with "
            f"replacement ({RESAMPLES} times; studies/fits.py) and the whole fit redone. The gap is the relative "
            f"difference of mean validation losses, ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters "
-           f"(b > 0: the gap shrinks with size); \"lack of fit p\" is the chance that the seeds' noise alone leaves "
+           f"(b > 0: the gap shrinks with size); the residuals are each size's measured gap minus the fitted one, in "
+           f"standard errors of that gap; \"lack of fit p\" is the chance that the seeds' noise alone leaves "
            f"residuals as large as the fit's (small: the law does not describe the data).", "", gaps_markdown(study),
            ""]
   if study.baseline_law is None:
