@@ -100,6 +100,14 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     f.write(text)
 
 
+def read_json(path: str | os.PathLike) -> Any | None:
+  """A local JSON file's content, or None where there is no such file."""
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def write_json_atomically(path: str | os.PathLike, obj: Any) -> None:
   """Writes `obj` as indented, key-sorted JSON, atomically."""
   write_text_atomically(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

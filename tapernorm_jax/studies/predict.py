@@ -2,7 +2,6 @@
 loss-compute law fitted on the smaller sizes (studies/fits.py), with an interval, and written to
 DIR/predictions.json; the report then says whether each measured loss fell inside its interval."""
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from tapernorm_jax import hardware
-from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.files import read_json, write_json_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, abstract_variables, param_count
 from tapernorm_jax.studies import fits
@@ -94,11 +93,7 @@ def describe(result: dict[str, Any]) -> list[str]:
 
 def read(workdir: str) -> dict[str, Any] | None:
   """DIR/predictions.json, or None where the study made none."""
-  path = os.path.join(workdir, FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return read_json(os.path.join(workdir, FILE))
 
 
 def markdown(result: dict[str, Any], groups: Sequence[Group]) -> str:

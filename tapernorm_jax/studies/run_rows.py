@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tapernorm_jax import config_fields, hardware
+from tapernorm_jax import config_fields, files, hardware
 from tapernorm_jax.studies import manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
@@ -93,14 +93,6 @@ class Run:
     return {c: ("" if getattr(self, c) is None else getattr(self, c)) for c in CSV_COLUMNS}
 
 
-def _read_json(path: str) -> dict[str, Any]:
-  """A JSON file, or {} when absent."""
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
-
-
 def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
   """`metrics.jsonl`, thinned to about `max_points` step records (every diagnostics record and the last kept).
 
@@ -145,7 +137,7 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   name = os.path.basename(os.path.normpath(run_dir))
   status = manifest.cell_status(run_dir)
   results = dict(status.results or {})
-  config = config_fields.upgrade(_read_json(os.path.join(run_dir, "config.json")))
+  config = config_fields.upgrade(files.read_json(os.path.join(run_dir, "config.json")) or {})
   record = manifest.read_record(run_dir)
   ident = {**(expected or {}), **record}
   if config:

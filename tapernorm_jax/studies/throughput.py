@@ -4,7 +4,6 @@ PRepBN fold; the baseline keeps its norms; DyT and Derf run their tanh or erf), 
 alternated over the variants of a size. Written to DIR/throughput.json; the report reads it."""
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -14,7 +13,7 @@ from tapernorm_jax import hardware
 from tapernorm_jax.benchmarks.decode import decode_calls
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.cpu_kernels import few_rows
-from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.files import read_json, write_json_atomically
 from tapernorm_jax.inference import forms, loading
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig
@@ -97,11 +96,7 @@ def measure(workdir: str, s: Settings) -> dict[str, Any]:
 
 def read(workdir: str) -> dict[str, Any] | None:
   """DIR/throughput.json, or None where the study has none."""
-  path = os.path.join(workdir, FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return read_json(os.path.join(workdir, FILE))
 
 
 def markdown(result: dict[str, Any]) -> str:
