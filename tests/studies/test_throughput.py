@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tapernorm_jax.studies import figures, grid, report, runner, throughput
-from sweep_helpers import quiet, tiny_sweep
+from sweep_helpers import quiet, run_cli, tiny_sweep
 
 
 def row(size: str, variant: str, aux: int, params: int, tokens_s: float, ratio: tuple[float, float, float] | None,
@@ -77,3 +77,8 @@ def test_bad_settings_and_an_empty_study_are_named(tmp_path):
     throughput.measure(str(tmp_path), throughput.Settings())
   with pytest.raises(ValueError, match="no such directory"):
     throughput.measure(str(tmp_path / "missing"), throughput.Settings())
+
+
+def test_throughput_needs_the_checkpoints_here():
+  done = run_cli("experiments.report", "--workdir=gs://bucket/study", "--throughput", check=False)
+  assert done.returncode == 2 and "--throughput needs the study's checkpoints here" in done.stderr + done.stdout
