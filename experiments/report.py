@@ -7,7 +7,7 @@ and OUT/figures/*.png. Works on partial studies: missing and failed cells are li
 reported beside the losses; a study measured before keeps its file until this flag is given again).
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from tapernorm_jax import cli, files
 from tapernorm_jax.studies import report, throughput
@@ -24,6 +24,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _THROUGHPUT.value:
+    logging.set_verbosity(logging.WARNING)  # not Orbax's lines for every checkpoint it restores
     if files.is_url(_WORKDIR.value):
       raise ValueError(f"--throughput needs the study's checkpoints here: --workdir={_WORKDIR.value} is a URL; copy "
                        f"the study to a local directory or drop --throughput")

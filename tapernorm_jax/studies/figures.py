@@ -28,7 +28,7 @@ COLORS = {("baseline", 0): "#222222", ("internal_taper", 1): "#1f77b4", ("all_ta
 DPI = 110
 FIGURES = {  # file name → (title in report.md, caption)
     "fig2_val_loss_vs_params.png": "Figure 2 — validation loss against parameter count",
-    "decode_throughput.png": "Decode throughput of each method's inference form",
+    "decode_throughput.png": "Decode throughput against size, each method in its inference form",
     "fits_gap_vs_params.png": "The gap against size, with its fitted law",
     "fits_loss_vs_compute.png": "Loss against training compute, with each method's fitted law",
     "fig3_logit_norm.png": "Figure 3 — mean logit L2 norm, anchored vs unanchored",
