@@ -64,19 +64,20 @@ def predict(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) 
   groups = aggregate([r for r in runs if r.size != held_out[0].size])
   compute = training_compute(runs)
   size = held_out[0].size
-  target = planned_compute(held_out[0])
   rows = []
   for key in sorted({(c.variant, c.aux) for c in held_out}, key=variant_order):
+    target = planned_compute(next(c for c in held_out if (c.variant, c.aux) == key))
     mine = sorted((g for g in groups if (g.variant, g.aux) == key and g.n and g.size in compute),
                   key=lambda g: size_order(g.size))
     seeds = sum(1 for c in held_out if (c.variant, c.aux) == key)
-    row = {"variant": key[0], "aux": key[1], "fitted_sizes": [g.size for g in mine], "seeds": seeds}
+    row = {"variant": key[0], "aux": key[1], "fitted_sizes": [g.size for g in mine], "seeds": seeds,
+           "compute": target}
     if len(mine) >= MIN_FITTED:
       law = fits.compute_fit([compute[g.size] for g in mine], [g.losses for g in mine], resamples)
       predicted = law.predict(target, pooled_std(mine) / np.sqrt(seeds))
       row.update(predicted=predicted.value, low=predicted.low, high=predicted.high, law=list(law.law))
     rows.append(row)
-  result = {"size": size, "compute": target, "level": fits.LEVEL, "rows": rows}
+  result = {"size": size, "level": fits.LEVEL, "rows": rows}
   write_json_atomically(os.path.join(workdir, FILE), result)
   return result
 

@@ -210,8 +210,8 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
     parts += [f"## Predicted before {predicted['size']} ran", "",
               (f"Written by `experiments.sweep --hold_out_largest` to `{predict.FILE}` before any run of "
                f"{predicted['size']} started: each method's loss there from its L(C) fitted on the smaller sizes, "
-               f"at the compute {predicted['size']} was to spend ({predicted['compute']:.3g} FLOPs); the interval "
-               f"adds the seed noise of the mean to be measured to the bootstrap's spread of the law."), "",
+               f"at the compute its runs of {predicted['size']} were to spend (6·N + 12·L·D·T FLOPs per token); the "
+               f"interval adds the seed noise of the mean to be measured to the bootstrap's spread of the law."), "",
               predict.markdown(predicted, groups), ""]
   if throughput:
     parts += ["## Decode throughput of each method's inference form", "", throughput_lib.settings_text(throughput), "",
