@@ -38,7 +38,7 @@ def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], jacobian: Call
 
 
 def fit_gap(n: np.ndarray, gap: np.ndarray, start: Sequence[float] | None = None) -> tuple[float, float]:
-  """(a, b) of gap ≈ a·(n/n[0])^(−b): the gap at the smallest size and how fast it shrinks (b > 0) or grows."""
+  """(a, b) of gap ≈ a·(n/min n)^(−b): the gap at the smallest size and how fast it shrinks (b > 0) or grows."""
   x = np.asarray(n, float) / np.min(n)
   y = np.asarray(gap, float)
   scale = max(float(np.max(np.abs(y))), 1e-12)
