@@ -16,10 +16,9 @@ from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group, aggregate
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.run_rows import label, read_runs, size_order, variant_order
-from tapernorm_jax.studies.scaling import RESAMPLES, training_compute
+from tapernorm_jax.studies.scaling import MIN_LAW_SIZES as MIN_FITTED, RESAMPLES, training_compute
 
 FILE = "predictions.json"
-MIN_FITTED = 3  # sizes below the held-out one: the law has three parameters
 
 
 def split_largest(cells: Sequence[Cell]) -> tuple[list[Cell], list[Cell]]:
