@@ -17,7 +17,8 @@ from tapernorm_jax import files
 from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group
 from tapernorm_jax.studies.curves import Curves, mean_curve, series, taper_start
-from tapernorm_jax.studies.run_rows import Key, Run, label, params_text, size_order, unanchored, variant_order
+from tapernorm_jax.studies.run_rows import (Key, Run, label, params_text, size_order, split_size, unanchored,
+                                            variant_order)
 from tapernorm_jax.studies.scaling import StudyFits
 
 WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
@@ -89,17 +90,24 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   keys = sorted({(g.variant, g.aux) for g in done}, key=variant_order)
   if not keys:
     return None
-  sizes = sorted({g.size for g in done}, key=size_order)
-  at = {s: float(next((g.params for g in done if g.size == s and (g.variant, g.aux) == ("baseline", 0)),
-                      np.median([g.params for g in done if g.size == s]))) for s in sizes}
+  sizes = sorted({split_size(g.size)[0] for g in done}, key=size_order)
+  budgets = sorted({split_size(g.size)[1] for g in done}, key=lambda b: size_order(f"@{b}"))
+  params_at = lambda s, key=None: [g.params for g in done if split_size(g.size)[0] == s
+                                   and (key is None or (g.variant, g.aux) == key)]
+  at = {s: float(next(iter(params_at(s, ("baseline", 0))), np.median(params_at(s)))) for s in sizes}
   fig = new_figure(7.0, 4.6)
   ax = fig.add_subplot()
   for i, key in enumerate(keys):
     shift = 1.0 + 0.025 * (i - (len(keys) - 1) / 2)
-    pts = [(at[g.size] * shift, g.mean, g.std or 0.0) for g in sorted(done, key=lambda g: size_order(g.size))
-           if (g.variant, g.aux) == key]
-    x, y, err = (np.asarray(v, float) for v in zip(*pts))
-    ax.errorbar(x, y, yerr=err, marker="o", markersize=4, capsize=3, linewidth=1.5, label=label(*key), **_style(key))
+    for j, budget in enumerate(budgets):  # one line per token budget, told apart by its marker
+      pts = [(at[split_size(g.size)[0]] * shift, g.mean, g.std or 0.0)
+             for g in sorted(done, key=lambda g: size_order(g.size))
+             if (g.variant, g.aux) == key and split_size(g.size)[1] == budget]
+      if not pts:
+        continue
+      x, y, err = (np.asarray(v, float) for v in zip(*pts))
+      ax.errorbar(x, y, yerr=err, marker="osD^v<>"[j % 7], markersize=4, capsize=3, linewidth=1.5,
+                  label=label(*key) + (f", budget {budget}" if budget else ""), **_style(key))
   ax.set_xscale("log")
   ax.set_xticks([at[s] for s in sizes], [f"{s}\n{params_text(int(at[s]))}" for s in sizes])
   ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -182,7 +190,8 @@ def figure_gap_fits(study: StudyFits | None) -> Figure | None:
     ax.axhline(0.0, color="#888888", linewidth=0.8)
     ax.set_ylabel("gap in validation loss (%, symmetric log: linear within ±0.1%)")
   ax.set_xlabel("parameters (log scale)")
-  ax.set_title(f"Gap against size, fitted ΔL(N) = a·N^(−b) with its {fits.LEVEL:.0%} bootstrap band")
+  ax.set_title(f"Gap against size, fitted ΔL(N) = a·N^(−b) with its {fits.LEVEL:.0%} bootstrap band"
+               + (f"\n(token budget {study.budget})" if study.budget else ""))
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
@@ -208,7 +217,8 @@ def figure_compute_fits(study: StudyFits | None) -> Figure | None:
   _log_y(ax)
   ax.set_xlabel("training compute (FLOPs, log scale)")
   ax.set_ylabel("validation loss at g = 0 (nats/token, log scale)")
-  ax.set_title("Loss against compute, fitted L(C) = E + A·C^(−α) per method")
+  ax.set_title("Loss against compute, fitted L(C) = E + A·C^(−α) per method"
+               + (f"\n(token budget {study.budget})" if study.budget else ""))
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
@@ -323,14 +333,25 @@ def figure_train_loss(curves: Curves) -> Figure | None:
 
 
 def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | None = None,
-                 throughput: dict[str, Any] | None = None, study: StudyFits | None = None) -> dict[str, Figure]:
-  """Every figure the runs (the study's throughput.json and scaling fits, if any) have data for, by file name."""
+                 throughput: dict[str, Any] | None = None, studies: Sequence[StudyFits] = ()) -> dict[str, Figure]:
+  """Every figure the runs (the study's throughput.json and scaling fits, if any) have data for, by file name; the
+  fits' figures once per token budget (`fits_gap_vs_params@tpp20.png`)."""
   curves = curves or Curves(runs)
   figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups),
-             "decode_throughput.png": figure_throughput(throughput), "fits_gap_vs_params.png": figure_gap_fits(study),
-             "fits_loss_vs_compute.png": figure_compute_fits(study), "fig3_logit_norm.png": figure_logit_norm(curves),
-             "fig4_grad_norm.png": figure_grad_norm(curves), "train_loss_gate.png": figure_train_loss(curves)}
+             "decode_throughput.png": figure_throughput(throughput)}
+  for study in studies:
+    at = f"@{study.budget}" if study.budget else ""
+    figures |= {f"fits_gap_vs_params{at}.png": figure_gap_fits(study),
+                f"fits_loss_vs_compute{at}.png": figure_compute_fits(study)}
+  figures |= {"fig3_logit_norm.png": figure_logit_norm(curves), "fig4_grad_norm.png": figure_grad_norm(curves),
+              "train_loss_gate.png": figure_train_loss(curves)}
   return {name: fig for name, fig in figures.items() if fig is not None}
+
+
+def figure_title(name: str) -> str:
+  """The report's heading for a figure file: FIGURES's, with the token budget where the name has one."""
+  base, _, budget = name.removesuffix(".png").partition("@")
+  return FIGURES[f"{base}.png"] + (f" (token budget {budget})" if budget else "")
 
 
 def save_png(fig: Figure, path: str) -> None:

@@ -1,19 +1,22 @@
-"""The grid of a sweep file: variants × sizes × seeds with their config overrides, expanded into cells, each checked
-before anything runs; a bad name or value is a SweepError naming the field."""
+"""The grid of a sweep file: variants × sizes × token budgets × seeds with their config overrides, expanded into
+cells, each checked before anything runs; a bad name or value is a SweepError naming the field."""
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 import ml_collections
 
 from tapernorm_jax.errors import UserError
+from tapernorm_jax.model import ModelConfig, abstract_variables, param_count
 from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
 
 SWEEP_FIELDS = ("grids", "name", "overrides", "seeds")
-GRID_FIELDS = ("variants", "sizes", "seeds", "overrides")
+GRID_FIELDS = ("variants", "sizes", "budgets", "seeds", "overrides")
+BUDGET_KINDS = {"steps": "steps", "tokens_per_param": "tpp"}  # a budget's spelling in the sweep file → in its label
 
 
 class SweepError(UserError, ValueError):
@@ -22,18 +25,25 @@ class SweepError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One run of the grid: a variant with its aux setting, a size, a seed and the config overrides."""
+  """One run of the grid: a variant with its aux setting, a size, a seed, the config overrides and a token budget."""
 
   variant: str
   size: str
   aux: int
   seed: int
   overrides: tuple[tuple[str, Any], ...] = ()  # (dotted config key, value), sorted by key
+  budget: str = ""  # "": the size's own steps; "steps600": 600 steps; "tpp20": 20 training tokens per parameter
+
+  @property
+  def point(self) -> str:
+    """The size and budget as studies group them: `cpu`, or `cpu@tpp20` with a budget."""
+    return point(self.size, self.budget)
 
   @property
   def name(self) -> str:
-    """`<variant>-<size>-aux<0|1>-seed<N>`, the same name `experiments.tinystories` gives its default workdir."""
-    return f"{self.variant}-{self.size}-aux{self.aux}-seed{self.seed}"
+    """`<variant>-<point>-aux<0|1>-seed<N>`; without a budget, the name `experiments.tinystories` gives its default
+    workdir."""
+    return f"{self.variant}-{self.point}-aux{self.aux}-seed{self.seed}"
 
   @property
   def config_arg(self) -> str:
@@ -45,18 +55,57 @@ class Cell:
     cfg = run_config.get_config(self.variant, self.config_arg)
     for key, value in self.overrides:
       set_field(cfg, key, value)
+    if self.budget:
+      cfg.train.steps = budget_steps(self.budget, cfg)
     return cfg
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-friendly description (the manifest and cell records hold it)."""
     return {"name": self.name, "variant": self.variant, "size": self.size, "aux": self.aux, "seed": self.seed,
-            "overrides": dict(self.overrides)}
+            "overrides": dict(self.overrides), **({"budget": self.budget} if self.budget else {})}
 
   @classmethod
   def from_json(cls, entry: Mapping[str, Any]) -> Self:
     """The cell `to_json` described (JSON lists back to tuples)."""
     return cls(entry["variant"], entry["size"], int(entry["aux"]), int(entry["seed"]),
-               frozen_overrides(entry.get("overrides") or {}))
+               frozen_overrides(entry.get("overrides") or {}), entry.get("budget", ""))
+
+
+def point(size: str, budget: str) -> str:
+  """`cpu` without a budget, `cpu@tpp20` with one."""
+  return f"{size}@{budget}" if budget else size
+
+
+def parse_budget(spec: Any, where: str) -> str:
+  """`"steps=600"` → "steps600", `"tokens_per_param=20"` → "tpp20", None or "" → "" (the size's own steps)."""
+  if spec in (None, ""):
+    return ""
+  kind, _, value = spec.partition("=") if isinstance(spec, str) else ("", "", "")
+  try:
+    number = float(value) if kind == "tokens_per_param" else int(value)
+  except ValueError:
+    number = 0
+  if kind not in BUDGET_KINDS or not number > 0:
+    raise SweepError(f"{where}={spec!r}: a budget is 'steps=<positive integer>', 'tokens_per_param=<positive "
+                     "number>' (steps = that × parameters ÷ tokens per step), or None for the size's own steps")
+  return f"{BUDGET_KINDS[kind]}{number:g}"
+
+
+@functools.lru_cache(maxsize=64)
+def _model_params(model_cfg: ModelConfig) -> int:
+  """Trainable parameters of a model, from shapes alone."""
+  return param_count(abstract_variables(model_cfg)["params"])
+
+
+def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
+  """The training steps a budget label gives `cfg`: tokens per parameter × the parameters of its size's baseline
+  model ÷ tokens per step (batch size × context)."""
+  if budget.startswith("steps"):
+    return int(budget.removeprefix("steps"))
+  internal, final, _ = VARIANTS["baseline"]  # the size's baseline: every variant of a size trains the same steps
+  params = _model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
+                                             final_norm=final))
+  return max(1, round(float(budget.removeprefix("tpp")) * params / (cfg.train.batch_size * cfg.model.T)))
 
 
 def frozen_overrides(flat: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -144,8 +193,11 @@ def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -
   for i, seed in enumerate(seeds):
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
       raise SweepError(f"{where}.seeds[{i}]={seed!r}: seeds are non-negative integers")
+  budgets = [parse_budget(b, f"{where}.budgets[{i}]") for i, b in enumerate(_as_list(grid.get("budgets", [None]),
+                                                                                   f"{where}.budgets"))]
   overrides = frozen_overrides({**flatten(sweep.get("overrides") or {}), **flatten(grid.get("overrides") or {})})
-  return [Cell(variant, size, aux, seed, overrides) for size in sizes for variant, aux in variants for seed in seeds]
+  return [Cell(variant, size, aux, seed, overrides, budget) for size in sizes for budget in budgets
+          for variant, aux in variants for seed in seeds]
 
 
 def _check_overrides(cells: Sequence[Cell]) -> None:
@@ -159,6 +211,9 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
     for name, value in cell.overrides:
       if "." not in name:
         raise SweepError(f"overrides.{name}={value!r}: set variants, sizes and seeds in the grid, not as overrides")
+      if name == "train.steps" and any(c.budget for c in cells):
+        raise SweepError(f"overrides.train.steps={value!r}: the grid has budgets, which set each cell's steps; "
+                         "give the steps as a budget ('steps=N') instead")
     if int(methods.scale_loss_weight(cell.config()) > 0) != cell.aux:
       field = next(f"overrides.{n}={v!r}" for n, v in cell.overrides
                    if n.endswith(("scale_loss_weight", "aux_weight")))

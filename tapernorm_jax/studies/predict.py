@@ -24,6 +24,9 @@ FILE = "predictions.json"
 def split_largest(cells: Sequence[Cell]) -> tuple[list[Cell], list[Cell]]:
   """(the cells of every size but the largest, the largest size's cells); a SweepError where too few sizes remain
   to fit a law."""
+  if len(budgets := sorted({c.budget or "the sizes' own steps" for c in cells})) > 1:
+    raise SweepError(f"--hold_out_largest: the grid has {len(budgets)} token budgets ({', '.join(budgets)}); a "
+                     "prediction follows one budget's ladder, so sweep one budget at a time")
   sizes = sorted({c.size for c in cells}, key=size_order)
   if len(sizes) < MIN_FITTED + 1:
     raise SweepError(f"--hold_out_largest: the grid has {len(sizes)} size(s) ({', '.join(sizes)}); predicting the "
@@ -52,17 +55,17 @@ def predict_once(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMP
   if (earlier := read(workdir)) is not None:
     return [f"keeping the prediction written before {earlier['size']} started ({workdir}/{FILE})"]
   if started := [c.name for c in held_out if os.path.exists(os.path.join(workdir, c.name))]:
-    return [f"no prediction: {held_out[0].size} had started before one was written ({', '.join(started)})"]
+    return [f"no prediction: {held_out[0].point} had started before one was written ({', '.join(started)})"]
   return [*describe(predict(workdir, held_out, resamples)),
-          f"(written to {workdir}/{FILE} before {held_out[0].size} starts)"]
+          f"(written to {workdir}/{FILE} before {held_out[0].point} starts)"]
 
 
 def predict(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) -> dict[str, Any]:
   """Each held-out method's predicted loss at its size, from the study's complete smaller runs; writes FILE."""
   runs = read_runs(workdir)
-  groups = aggregate([r for r in runs if r.size != held_out[0].size])
+  groups = aggregate([r for r in runs if r.size != held_out[0].point])
   compute = training_compute(runs)
-  size = held_out[0].size
+  size = held_out[0].point
   rows = []
   for key in sorted({(c.variant, c.aux) for c in held_out}, key=variant_order):
     target = planned_compute(next(c for c in held_out if (c.variant, c.aux) == key))

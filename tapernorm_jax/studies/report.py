@@ -20,7 +20,7 @@ from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
-from tapernorm_jax.studies.figures import FIGURES, make_figures, save_png
+from tapernorm_jax.studies.figures import figure_title, make_figures, save_png
 from tapernorm_jax.studies.run_rows import (CSV_COLUMNS, Run, label, params_text, read_runs, size_order, unanchored,
                                             variant_order)
 
@@ -181,7 +181,7 @@ def generated_at() -> str:
 
 def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], figures: Sequence[str],
                     dynamics: str, throughput: dict[str, Any] | None = None,
-                    fitted: scaling.StudyFits | None = None, predicted: dict[str, Any] | None = None) -> str:
+                    fitted: Sequence[scaling.StudyFits] = (), predicted: dict[str, Any] | None = None) -> str:
   """report.md: status, setup, Table 2, the gaps, the fits and predictions, the inference forms' throughput, the
   dynamics table, the figures."""
   with_paper = paper_setting(runs)
@@ -204,8 +204,10 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                "alone. Negative is a lower loss. ± is the standard error of the difference of the two means (Welch, "
                "√(s₁²/n₁ + s₂²/n₂)) in % of the reference's mean; a gap under two standard errors is inside the "
                "noise of this many seeds."), "", controls, ""]
-  if fitted is not None and fitted.methods:
-    parts += ["## Scaling fits", "", scaling.markdown(fitted), ""]
+  for study in fitted:
+    if study.methods:
+      parts += [f"## Scaling fits{f' (token budget {study.budget})' if study.budget else ''}", "",
+                scaling.markdown(study), ""]
   if predicted:
     parts += [f"## Predicted before {predicted['size']} ran", "",
               (f"Written by `experiments.sweep --hold_out_largest` to `{predict.FILE}` before any run of "
@@ -222,7 +224,7 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
                "of the global gradient norm over the last 10% of steps (its ratio to the baseline's)."), "",
               dynamics, ""]
   for name in figures:
-    parts += [f"## {FIGURES[name]}", "", f"![{FIGURES[name]}](figures/{name})", ""]
+    parts += [f"## {figure_title(name)}", "", f"![{figure_title(name)}](figures/{name})", ""]
   return "\n".join(parts)
 
 
@@ -272,7 +274,7 @@ def _write_report(workdir: str, out: str) -> dict[str, Any]:
   curves = Curves(runs)
   os.makedirs(os.path.join(out, "figures"), exist_ok=True)
   speed = throughput_lib.read(workdir)
-  fitted = scaling.study_fits(runs, groups)
+  fitted = scaling.fits_by_budget(runs, groups)
   figures = make_figures(runs, groups, curves, speed, fitted)
   for name, fig in figures.items():
     save_png(fig, os.path.join(out, "figures", name))

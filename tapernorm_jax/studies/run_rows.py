@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tapernorm_jax import config_fields, files, hardware
-from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies import grid, manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 CSV_COLUMNS = ("cell", "variant", "aux", "scale_loss_weight", "size", "seed", "params", "steps", "tokens",
@@ -39,9 +39,19 @@ def scale_loss_weight(config: dict[str, Any]) -> float:
   return float(config.get(config.get("method", "taper"), {}).get("scale_loss_weight", 0.0))
 
 
-def size_order(size: str) -> int:
-  """SIZES order (the cpu ladder, then 1m, 3m, 9m, 30m, 1b); unknown sizes last."""
-  return list(SIZES).index(size) if size in SIZES else len(SIZES)
+def split_size(size: str) -> tuple[str, str]:
+  """`cpu@tpp20` → ("cpu", "tpp20"): the size preset and the token budget ("" where the sweep gave none)."""
+  preset, _, budget = size.partition("@")
+  return preset, budget
+
+
+def size_order(size: str) -> tuple[int, int, float]:
+  """SIZES order (the cpu ladder, then 1m, 3m, 9m, 30m, 1b; unknown sizes last); a size's token budgets
+  (`cpu@steps600`, `cpu@tpp20`) after it, steps then tokens per parameter, each ascending."""
+  preset, budget = split_size(size)
+  kind = 0 if not budget else 1 if budget.startswith("steps") else 2
+  number = float(budget.removeprefix("steps").removeprefix("tpp") or 0) if kind else 0.0
+  return list(SIZES).index(preset) if preset in SIZES else len(SIZES), kind, number
 
 
 def variant_order(key: Key) -> tuple[int, str, int]:
@@ -66,7 +76,7 @@ class Run:
   cell: str
   variant: str
   aux: int  # the scale loss on (1) or off (0)
-  size: str
+  size: str  # the size preset, `@` its token budget where the sweep gave one (`cpu@tpp20`; studies/grid.py)
   seed: int
   status: str  # complete | failed | incomplete | pending (never started) | missing (in the grid, no directory)
   path: str = ""
@@ -154,7 +164,8 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   if not all(k in ident for k in ("variant", "size", "seed", "aux")):
     raise ValueError(f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
                      "move it out of the study directory")
-  run = Run(cell=name, variant=ident["variant"], aux=int(ident["aux"]), size=ident["size"], seed=int(ident["seed"]),
+  run = Run(cell=name, variant=ident["variant"], aux=int(ident["aux"]), seed=int(ident["seed"]),
+            size=grid.point(ident["size"], ident.get("budget", "")),
             status=status.state, path=run_dir, error=status.error, config=config, scale_loss_weight=weight)
   if status.state == "incomplete":
     where = f"at step {status.step} of {config.get('train', {}).get('steps', '?')}"
@@ -191,6 +202,7 @@ def read_runs(workdir: str) -> list[Run]:
   runs = [read_run(os.path.join(workdir, name), expected.get(name)) for name in sorted(os.listdir(workdir))
           if is_run_dir(os.path.join(workdir, name))]
   present = {r.cell for r in runs}
-  runs += [Run(cell=name, variant=c["variant"], aux=int(c["aux"]), size=c["size"], seed=int(c["seed"]),
+  runs += [Run(cell=name, variant=c["variant"], aux=int(c["aux"]), size=grid.point(c["size"], c.get("budget", "")),
+               seed=int(c["seed"]),
                status="missing") for name, c in expected.items() if name not in present]
   return sorted(runs, key=lambda r: (size_order(r.size), r.size, variant_order(r.key), r.variant, r.aux, r.seed))

@@ -10,7 +10,7 @@ import numpy as np
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group, control_of
-from tapernorm_jax.studies.run_rows import Key, Run, flops_per_token, label, size_order, variant_order
+from tapernorm_jax.studies.run_rows import Key, Run, flops_per_token, label, size_order, split_size, variant_order
 
 BASELINE: Key = ("baseline", 0)
 RESAMPLES = 300
@@ -33,12 +33,14 @@ class MethodFits:
 
 @dataclasses.dataclass
 class StudyFits:
-  """Every method's fits, the baseline's law, and each size's parameters and training compute."""
+  """Every method's fits, the baseline's law, and each size's parameters and training compute, along one token
+  budget's ladder ("": the sizes' own steps)."""
 
   params: dict[str, float]
   compute: dict[str, float]
   baseline_law: fits.ComputeFit | None
   methods: list[MethodFits]
+  budget: str = ""
 
 
 def training_compute(runs: Sequence[Run]) -> dict[str, float]:
@@ -87,6 +89,17 @@ def study_fits(runs: Sequence[Run], groups: Sequence[Group], resamples: int = RE
       multipliers = fits.multiplier([base[s].losses for s in sizes], mine, c, resamples)
     methods.append(MethodFits(key, sizes, vs_base, vs_control, control, law, multipliers))
   return StudyFits(params, compute, base_law, methods)
+
+
+def fits_by_budget(runs: Sequence[Run], groups: Sequence[Group], resamples: int = RESAMPLES) -> list[StudyFits]:
+  """`study_fits` along each token budget's ladder (a study without a budget axis has one), budgets in size_order;
+  a budget with too few sizes is left out."""
+  fitted = []
+  for budget in sorted({split_size(g.size)[1] for g in groups}, key=lambda b: size_order(f"@{b}")):
+    mine = lambda items: [x for x in items if split_size(x.size)[1] == budget]
+    if (study := study_fits(mine(runs), mine(groups), resamples)) is not None:
+      fitted.append(dataclasses.replace(study, budget=budget))
+  return fitted
 
 
 def _pct(interval: fits.Interval) -> str:

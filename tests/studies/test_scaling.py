@@ -1,5 +1,6 @@
 """A study's scaling fits (studies/scaling.py) on runs drawn from known laws, and predict-then-check (predict.py)."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -76,6 +77,27 @@ def test_the_matched_control_is_fitted_too():
   assert method.control == ("baseline", 1) and method.vs_control.gaps == pytest.approx(expected, rel=1e-9)
   assert control.key == ("baseline", 1) and control.vs_baseline.gaps == pytest.approx([0.01] * 4, rel=1e-9)
   assert "| all_taper (+aux) | baseline (+aux) |" in scaling.gaps_markdown(study)
+
+
+def test_each_token_budget_is_fitted_along_its_own_ladder():
+  at = lambda rs, budget: [dataclasses.replace(r, size=grid.point(r.size, budget), cell=f"{r.cell}-{budget}")
+                           for r in rs]
+  rs = at(runs(0.02, 0.4), "tpp1") + at(runs(0.05, 0.2), "tpp4")
+  fitted = scaling.fits_by_budget(rs, aggregate.aggregate(rs), resamples=20)
+  assert [study.budget for study in fitted] == ["tpp1", "tpp4"]
+  for study, (a, b) in zip(fitted, [(0.02, 0.4), (0.05, 0.2)]):  # each budget's own law, not a blend of both
+    (method,) = study.methods
+    assert (method.vs_baseline.a.value, method.vs_baseline.b.value) == pytest.approx((a, b), rel=1e-4)
+    assert method.sizes == [f"{size}@{study.budget}" for size in SIZES]
+  names = figures.make_figures(rs, aggregate.aggregate(rs), studies=fitted)
+  assert {"fits_gap_vs_params@tpp1.png", "fits_loss_vs_compute@tpp4.png"} <= set(names)
+  assert figures.figure_title("fits_gap_vs_params@tpp4.png").endswith("(token budget tpp4)")
+  scaling_fig = names["fig2_val_loss_vs_params.png"]  # a line per method and budget, each size's tick once
+  assert len(scaling_fig.axes[0].containers) == 4 and len(scaling_fig.axes[0].get_xticks()) == len(SIZES)
+  plain = runs(0.02, 0.4)  # a study without budgets: one fit, named as before
+  (only,) = scaling.fits_by_budget(plain, aggregate.aggregate(plain), resamples=20)
+  assert only.budget == "" and "fits_gap_vs_params.png" in figures.make_figures(plain, aggregate.aggregate(plain),
+                                                                                  studies=[only])
 
 
 def test_one_size_has_no_fits():

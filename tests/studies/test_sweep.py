@@ -12,8 +12,8 @@ import time
 import jax
 import pytest
 
-from configs.sweeps import cpu_mini, ladder, methods, table2
-from tapernorm_jax.studies import commands, grid, manifest, predict, report, runner
+from configs.sweeps import budgets, cpu_mini, ladder, methods, table2
+from tapernorm_jax.studies import commands, grid, manifest, predict, report, run_rows, runner
 from tapernorm_jax.train import loop
 from locations import run_without_checkout
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
@@ -42,6 +42,8 @@ def test_the_shipped_sweeps_expand_to_their_grids():
   assert {c.size for c in study} == {"cpu_xs", "cpu", "cpu_l"}
   steps = grid.expand(ladder.get_config())
   assert len(steps) == 4 * 5 * 3 and len(predict.split_largest(steps)[1]) == 4 * 3  # cpu_xl held out
+  by_budget = grid.expand(budgets.get_config())
+  assert len(by_budget) == 3 * 3 * 3 * 3 and {c.point for c in by_budget} >= {"cpu_xs@tpp1", "cpu_m@tpp4"}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -57,12 +59,55 @@ def test_the_shipped_sweeps_expand_to_their_grids():
     (dict(overrides={"seed": 3}), "overrides.seed=3: set variants, sizes and seeds in the grid"),
     (dict(overrides={"taper": {"scale_loss_weight": 0.5}}),
      "overrides.taper.scale_loss_weight=0.5 contradicts baseline:aux=0"),
+    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["tokens=5"])]),
+     "grids[0].budgets[0]='tokens=5': a budget is 'steps=<positive integer>', 'tokens_per_param=<positive number>'"),
+    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["steps=0"])]), "grids[0].budgets[0]='steps=0'"),
+    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["steps=600"])], overrides={"train": {"steps": 5}}),
+     "overrides.train.steps=5: the grid has budgets, which set each cell's steps"),
 ])
 def test_bad_sweeps_name_the_field_and_value(change, message):
   bad = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu"])], **change}
   with pytest.raises(grid.SweepError) as e:
     grid.expand(bad)
   assert message in str(e.value)
+
+
+def test_token_budgets_are_part_of_each_cell_and_order_after_their_size():
+  sweep = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu_xs", "cpu"],
+                                         budgets=[None, "steps=600", "tokens_per_param=2.5"])]}
+  cells = grid.expand(sweep)
+  assert [c.name for c in cells[:3]] == ["baseline-cpu_xs-aux0-seed0", "baseline-cpu_xs@steps600-aux0-seed0",
+                                         "baseline-cpu_xs@tpp2.5-aux0-seed0"]
+  assert [c.config().train.steps for c in cells[:2]] == [300, 600]
+  tapered = grid.expand({**sweep, "grids": [{**sweep["grids"][0], "variants": ["all_taper:aux=1"]}]})
+  assert [c.config().train.steps for c in tapered] == [c.config().train.steps for c in cells]  # matched budgets
+  assert all(grid.Cell.from_json(c.to_json()) == c for c in cells)  # the manifest keeps the budget
+  labels = ["cpu@tpp20", "cpu_xs", "cpu@steps600", "cpu", "cpu@tpp2.5", "cpu_xs@tpp1"]
+  assert sorted(labels, key=run_rows.size_order) == ["cpu_xs", "cpu_xs@tpp1", "cpu", "cpu@steps600", "cpu@tpp2.5",
+                                                     "cpu@tpp20"]
+  with pytest.raises(grid.SweepError, match="the grid has 3 token budgets"):  # each budget is its own ladder
+    predict.split_largest(grid.expand({**sweep, "grids": [{**sweep["grids"][0],
+                                                          "sizes": ["cpu_xs", "cpu", "cpu_m", "cpu_l"]}]}))
+
+
+def test_a_budget_sweep_trains_each_budget_and_reports_it(tmp_path, data_dir):
+  overrides = tiny_sweep(data_dir, [])["overrides"]
+  train = {k: v for k, v in overrides["train"].items() if k != "steps"}  # the budgets set the steps
+  sweep = {**tiny_sweep(data_dir, [dict(variants=["baseline"], sizes=["cpu"],
+                                        budgets=["steps=3", "tokens_per_param=0.02"])]),
+           "overrides": {**overrides, "train": train}}
+  workdir = str(tmp_path / "study")
+  run_cli("experiments.sweep", f"--sweep={write_sweep_file(tmp_path / 'budgets.py', sweep)}", f"--workdir={workdir}",
+          "--parallel=2")
+  rows = {r.size: r for r in run_rows.read_runs(workdir)}
+  assert set(rows) == {"cpu@steps3", "cpu@tpp0.02"} and all(r.status == "complete" for r in rows.values())
+  tpp = rows["cpu@tpp0.02"]  # its steps from the parameters the trained model reports, by the rule's closed form
+  assert rows["cpu@steps3"].steps == 3 and tpp.steps == round(0.02 * tpp.params / (train["batch_size"] * 32))
+  assert tpp.tokens == tpp.steps * train["batch_size"] * 32
+  report.write_report(workdir)
+  with open(os.path.join(workdir, "report.md")) as f:
+    text = f.read()
+  assert "| cpu@steps3 |" in text and "| cpu@tpp0.02 |" in text
 
 
 def test_device_groups_pack_cells_onto_devices():
