@@ -195,6 +195,14 @@ def cell_log(run_dir: str) -> Iterator[TextIO]:
     mirror.close()
 
 
+def study_config(cell: Cell, workdir: str) -> ml_collections.ConfigDict:
+  """The cell's config as the study trains it: its tracker runs grouped under the study directory's name."""
+  cfg = cell.config()
+  if not cfg.tracking.wandb_group:
+    cfg.tracking.wandb_group = os.path.basename(os.path.normpath(str(workdir)))
+  return cfg
+
+
 def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, routed: Routed | None = None, *,
              reraise: bool = False, where: Mapping[str, str] | None = None) -> CellStatus:
   """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json (with the host and
@@ -211,7 +219,7 @@ def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, ro
     if routed is not None:
       routed.targets.stream = log
     try:
-      results = run_fn(cell.config(), run_dir, devices=list(devices))
+      results = run_fn(study_config(cell, workdir), run_dir, devices=list(devices))
       record["status"] = "complete" if results.get("complete") else "incomplete"
     except Exception as e:  # noqa: BLE001 - one failing cell must not stop the sweep
       error = e

@@ -29,6 +29,7 @@ from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, param_count, sharding
 from tapernorm_jax.taper import methods
+from tapernorm_jax.train import tracking
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl
 from tapernorm_jax.train.trainer import State, Trainer
@@ -313,7 +314,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
     train_it.set_state(data_state)
   eval_sets = evaluation_batches(trainer, cfg, prepared)
   rundir.truncate_metrics(start)
-  writer = MetricsWriter(rundir.path)
+  writer = MetricsWriter(rundir.path, trackers=tracking.trackers(cfg, rundir.path) if jax.process_index() == 0 else ())
   log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
       f"{jax.default_backend()} devices, writing to {rundir.path}")
   bar = tqdm(total=steps, initial=start, disable=jax.process_index() != 0, mininterval=1.0, dynamic_ncols=True,

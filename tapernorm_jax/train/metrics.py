@@ -1,4 +1,5 @@
-"""Metrics to JSON lines (always) and TensorBoard event files (no TensorFlow needed).
+"""Metrics to JSON lines (always), TensorBoard event files (no TensorFlow needed) and the trackers of
+`tracking.py` (Weights & Biases).
 
 In a remote run directory (`gs://...`) both are written to a local `files.Mirror` and uploaded whole (an object
 store cannot append, and TensorBoard's writer writes local files only): every `upload_every_s` seconds, at every
@@ -9,6 +10,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any, Mapping
 
 import jax
@@ -17,6 +19,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from tapernorm_jax import files
+from tapernorm_jax.train.tracking import Tracker
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -29,11 +32,19 @@ def to_python(value: Any) -> Any:
   return value
 
 
-class MetricsWriter:
-  """Appends `{"step": ..., **metrics}` to `metrics.jsonl` and the same scalars to TensorBoard."""
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+  """A record's numbers, without its step: what TensorBoard and the trackers receive."""
+  return {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
 
-  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, upload_every_s: float = 60.0):
+
+class MetricsWriter:
+  """Appends `{"step": ..., **metrics}` to `metrics.jsonl` and hands the same scalars to TensorBoard and to each
+  tracker."""
+
+  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, upload_every_s: float = 60.0,
+               trackers: Sequence[Tracker] = ()):
     self.active = jax.process_index() == 0
+    self.trackers = list(trackers) if self.active else []
     root = files.workdir_path(workdir)
     self.path = root / METRICS_FILE
     self._mirror = files.Mirror(root) if self.active and files.is_url(root) else None
@@ -43,6 +54,10 @@ class MetricsWriter:
     self._file = (local / METRICS_FILE).open("a") if self.active else None
     self._tb = EventFileWriter(os.fspath(local / "tensorboard")) if (self.active and tensorboard) else None
     self.upload_every_s, self._uploaded_at = upload_every_s, time.time()
+    if self.trackers:  # what a tracker lacks of the run so far (a killed session's steps it never stored)
+      for record in read_jsonl(local / METRICS_FILE):
+        for tracker in self.trackers:
+          tracker.log(record["step"], scalars(record))
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Writes one record; arrays are fetched to the host."""
@@ -52,10 +67,11 @@ class MetricsWriter:
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()
     if self._tb is not None:
-      values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in record.items()
-                if k != "step" and isinstance(v, (int, float))]
+      values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars(record).items()]
       self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
                                          summary=summary_pb2.Summary(value=values)))
+    for tracker in self.trackers:
+      tracker.log(int(step), scalars(record))
     if self._mirror and time.time() - self._uploaded_at >= self.upload_every_s:
       self.flush()
 
@@ -71,7 +87,9 @@ class MetricsWriter:
       self._uploaded_at = time.time()
 
   def close(self) -> None:
-    """Flushes and closes both files (uploading them, in a remote run directory)."""
+    """Flushes and closes both files (uploading them, in a remote run directory) and ends each tracker's run."""
+    for tracker in self.trackers:
+      tracker.close()
     if self._file:
       self._file.close()
     if self._tb:

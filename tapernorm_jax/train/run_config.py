@@ -15,6 +15,7 @@ from tapernorm_jax.data import corpora
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper import methods, schedules
 from tapernorm_jax.train.checkpoint import ON_DAMAGED
+from tapernorm_jax.train import tracking
 from tapernorm_jax.taper.variants import METHODS as VARIANT_METHODS, SIZES, VARIANTS
 
 def parse_arg(arg: str | None, known: tuple[str, ...] = ("size", "aux", "seed"),
@@ -91,6 +92,10 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.checkpoint = ml_collections.ConfigDict(dict(
       every=100 if cpu else 5_000, keep=3,
       on_damaged="stop"))  # a latest checkpoint that cannot be read: stop (naming it), or fallback to an older one
+  c.tracking = ml_collections.ConfigDict(dict(  # beside metrics.jsonl and TensorBoard (train/tracking.py)
+      wandb_project="",  # set (or $WANDB_PROJECT): log to Weights & Biases (pip install 'tapernorm-jax[wandb]')
+      wandb_entity="", wandb_tags=(), wandb_mode="",  # online, offline (wandb sync later), disabled; "": $WANDB_MODE
+      wandb_group=""))  # "": none for a run, the study directory's name for a sweep's cells
   return c
 
 
@@ -127,6 +132,9 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   if phases.taper_start > phases.taper_end:
     raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac}: the taper would start at step "
                      f"{phases.taper_start}, after taper.taper_end={phases.taper_end}")
+  if (mode := cfg.get("tracking", {}).get("wandb_mode", "")) not in tracking.WANDB_MODES:
+    raise ValueError(f"tracking.wandb_mode={mode!r}: choose online, offline or disabled (\"\": $WANDB_MODE, else "
+                     "online)")
   if cfg.checkpoint.get("on_damaged", "stop") not in ON_DAMAGED:
     raise ValueError(f"checkpoint.on_damaged={cfg.checkpoint.on_damaged!r}: choose one of {ON_DAMAGED} (fallback "
                      "resumes from the newest checkpoint that restores and moves damaged ones aside)")
