@@ -29,8 +29,7 @@ TASKS = ["tapernorm_tiny_choice", "tapernorm_tiny_rolling", "tapernorm_tiny_unti
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch, tmp_path):
-  """The tasks' data files are found beside this file; Hugging Face libraries never reach a network."""
-  monkeypatch.chdir(HERE)
+  """Hugging Face libraries never reach a network (the tasks read their documents from beside this file)."""
   for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     monkeypatch.setenv(name, "1")
   monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
@@ -127,7 +126,7 @@ def test_a_gpt2_export_with_its_bpe_tokenizer_is_scored_the_same_way(tmp_path):
 def test_the_command_line_is_lm_evals_own_with_the_model_registered(run_dir, tmp_path):
   done = subprocess.run([sys.executable, "-m", "tapernorm_jax.harness", "--model", "tapernorm", "--model_args",
                          f"path={run_dir},form=folded", "--tasks", TASKS[0], "--include_path", str(HERE),
-                         "--output_path", str(tmp_path / "out")], cwd=HERE, capture_output=True, text=True,
+                         "--output_path", str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True,
                         timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   (written,) = [os.path.join(d, f) for d, _, names in os.walk(tmp_path / "out") for f in names
