@@ -96,12 +96,14 @@ def test_generation_is_the_greedy_continuation_cut_at_the_stop_sequences(run_dir
   lm = TaperNormLM(run_dir, batch_size=3)
   samples = evaluate(lm, TASKS[2:])["samples"]["tapernorm_tiny_until"]
   loaded = loading.load(run_dir)
+  forward = jax.jit(lambda tokens_1xT: Transformer(loaded.model_cfg).apply(loaded.variables, tokens_1xT, 0.0))
   for sample in samples:
     tokens = [lm.prefix_token_id, *lm.tok_encode(sample["doc"]["context"])]
     new = []
-    for _ in range(12):  # greedy by full forwards, no cache: a second path to the same tokens
-      logits = Transformer(loaded.model_cfg).apply(loaded.variables, np.asarray([tokens + new], np.int32), 0.0)
-      new.append(int(np.argmax(logits[0, -1])))
+    for _ in range(12):  # greedy by full forwards, no cache: a second path to the same tokens (causal: the zeros
+      padded_1xT = np.zeros((1, loaded.model_cfg.T), np.int32)  # after the sequence change nothing before them)
+      padded_1xT[0, :len(tokens) + len(new)] = tokens + new
+      new.append(int(np.argmax(forward(padded_1xT)[0, len(tokens) + len(new) - 1])))
       if new[-1] == lm.eot_token_id:
         break
     text = lm.tok_decode(new)
