@@ -88,11 +88,11 @@ def parse_budget(spec: Any, where: str) -> str:
   if kind not in BUDGET_KINDS or not number > 0:
     raise SweepError(f"{where}={spec!r}: a budget is 'steps=<positive integer>', 'tokens_per_param=<positive "
                      "number>' (steps = that × parameters ÷ tokens per step), or None for the size's own steps")
-  return f"{BUDGET_KINDS[kind]}{number:g}"
+  return f"{BUDGET_KINDS[kind]}{number:g}" if kind == "tokens_per_param" else f"steps{number}"
 
 
 @functools.lru_cache(maxsize=64)
-def _model_params(model_cfg: ModelConfig) -> int:
+def model_params(model_cfg: ModelConfig) -> int:
   """Trainable parameters of a model, from shapes alone."""
   return param_count(abstract_variables(model_cfg)["params"])
 
@@ -103,7 +103,7 @@ def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
   if budget.startswith("steps"):
     return int(budget.removeprefix("steps"))
   internal, final, _ = VARIANTS["baseline"]  # the size's baseline: every variant of a size trains the same steps
-  params = _model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
+  params = model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
                                              final_norm=final))
   return max(1, round(float(budget.removeprefix("tpp")) * params / (cfg.train.batch_size * cfg.model.T)))
 

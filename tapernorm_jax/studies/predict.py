@@ -11,10 +11,10 @@ import numpy as np
 from tapernorm_jax import hardware
 from tapernorm_jax.files import read_json, write_json_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.model import ModelConfig, abstract_variables, param_count
+from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group, aggregate
-from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.studies.grid import Cell, SweepError, model_params
 from tapernorm_jax.studies.run_rows import label, read_runs, size_order, variant_order
 from tapernorm_jax.studies.scaling import MIN_LAW_SIZES as MIN_FITTED, RESAMPLES, training_compute
 
@@ -38,7 +38,7 @@ def planned_compute(cell: Cell) -> float:
   """Training FLOPs `cell` will spend (6·N + 12·L·D·T per token × its tokens), from its config alone."""
   cfg = cell.config()
   model_cfg = ModelConfig.from_config(cfg.model)
-  params = param_count(abstract_variables(model_cfg)["params"])
+  params = model_params(model_cfg)
   tokens = cfg.train.steps * cfg.train.batch_size * model_cfg.T
   return hardware.train_flops_per_token(params, model_cfg.L, model_cfg.D, model_cfg.T) * tokens
 
