@@ -60,7 +60,7 @@ class TaperNormLM(TemplateLM):
     self.variables, self.cfg = loaded.variables, loaded.model_cfg
     if form == "folded":
       self.variables, self.cfg = forms.inference_form(self.variables, self.cfg)
-    self.tokenizer, self.form = loaded.tokenizer, form
+    self.tokenizer = loaded.tokenizer
     self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" → 8
     self.max_length = int(max_length) if max_length else self.cfg.T
 

@@ -17,8 +17,8 @@ from tapernorm_jax import files
 from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group
 from tapernorm_jax.studies.curves import Curves, mean_curve, series, taper_start
-from tapernorm_jax.studies.run_rows import (Key, Run, label, params_text, size_order, split_size, unanchored,
-                                            variant_order)
+from tapernorm_jax.studies.run_rows import (Key, Run, budgets, label, params_text, size_order, split_size,
+                                            unanchored, variant_order)
 from tapernorm_jax.studies.scaling import StudyFits
 
 WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
@@ -91,7 +91,7 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   if not keys:
     return None
   sizes = sorted({split_size(g.size)[0] for g in done}, key=size_order)
-  budgets = sorted({split_size(g.size)[1] for g in done}, key=lambda b: size_order(f"@{b}"))
+  study_budgets = budgets(g.size for g in done)
   params_at = lambda s, key=None: [g.params for g in done if split_size(g.size)[0] == s
                                    and (key is None or (g.variant, g.aux) == key)]
   at = {s: float(next(iter(params_at(s, ("baseline", 0))), np.median(params_at(s)))) for s in sizes}
@@ -99,7 +99,7 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   ax = fig.add_subplot()
   for i, key in enumerate(keys):
     shift = 1.0 + 0.025 * (i - (len(keys) - 1) / 2)
-    for j, budget in enumerate(budgets):  # one line per token budget, told apart by its marker
+    for j, budget in enumerate(study_budgets):  # one line per token budget, told apart by its marker
       pts = [(at[split_size(g.size)[0]] * shift, g.mean, g.std or 0.0)
              for g in sorted(done, key=lambda g: size_order(g.size))
              if (g.variant, g.aux) == key and split_size(g.size)[1] == budget]

@@ -97,15 +97,22 @@ def model_params(model_cfg: ModelConfig) -> int:
   return param_count(abstract_variables(model_cfg)["params"])
 
 
+def budget_number(budget: str) -> tuple[str, float]:
+  """"steps600" → ("steps", 600.0), "tpp20" → ("tpp", 20.0): a budget label's kind and number."""
+  kind = "steps" if budget.startswith("steps") else "tpp"
+  return kind, float(budget.removeprefix(kind))
+
+
 def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
   """The training steps a budget label gives `cfg`: tokens per parameter × the parameters of its size's baseline
   model ÷ tokens per step (batch size × context)."""
-  if budget.startswith("steps"):
-    return int(budget.removeprefix("steps"))
+  kind, number = budget_number(budget)
+  if kind == "steps":
+    return int(number)
   internal, final, _ = VARIANTS["baseline"]  # the size's baseline: every variant of a size trains the same steps
   params = model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
                                              final_norm=final))
-  return max(1, round(float(budget.removeprefix("tpp")) * params / (cfg.train.batch_size * cfg.model.T)))
+  return max(1, round(number * params / (cfg.train.batch_size * cfg.model.T)))
 
 
 def frozen_overrides(flat: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

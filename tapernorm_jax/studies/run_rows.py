@@ -5,7 +5,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,9 +49,13 @@ def size_order(size: str) -> tuple[int, int, float]:
   """SIZES order (the cpu ladder, then 1m, 3m, 9m, 30m, 1b; unknown sizes last); a size's token budgets
   (`cpu@steps600`, `cpu@tpp20`) after it, steps then tokens per parameter, each ascending."""
   preset, budget = split_size(size)
-  kind = 0 if not budget else 1 if budget.startswith("steps") else 2
-  number = float(budget.removeprefix("steps").removeprefix("tpp") or 0) if kind else 0.0
-  return list(SIZES).index(preset) if preset in SIZES else len(SIZES), kind, number
+  kind, number = grid.budget_number(budget) if budget else ("", 0.0)
+  return list(SIZES).index(preset) if preset in SIZES else len(SIZES), ("", "steps", "tpp").index(kind), number
+
+
+def budgets(sizes: Iterable[str]) -> list[str]:
+  """The token budgets among size labels, ordered as size_order orders them ("", the sizes' own steps, first)."""
+  return sorted({split_size(size)[1] for size in sizes}, key=lambda budget: size_order(f"@{budget}"))
 
 
 def variant_order(key: Key) -> tuple[int, str, int]:

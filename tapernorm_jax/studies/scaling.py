@@ -10,7 +10,8 @@ import numpy as np
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group, control_of
-from tapernorm_jax.studies.run_rows import Key, Run, flops_per_token, label, size_order, split_size, variant_order
+from tapernorm_jax.studies.run_rows import (Key, Run, budgets, flops_per_token, label, size_order, split_size,
+                                            variant_order)
 
 BASELINE: Key = ("baseline", 0)
 RESAMPLES = 300
@@ -95,7 +96,7 @@ def fits_by_budget(runs: Sequence[Run], groups: Sequence[Group], resamples: int 
   """`study_fits` along each token budget's ladder (a study without a budget axis has one), budgets in size_order;
   a budget with too few sizes is left out."""
   fitted = []
-  for budget in sorted({split_size(g.size)[1] for g in groups}, key=lambda b: size_order(f"@{b}")):
+  for budget in budgets(g.size for g in groups):
     mine = lambda items: [x for x in items if split_size(x.size)[1] == budget]
     if (study := study_fits(mine(runs), mine(groups), resamples)) is not None:
       fitted.append(dataclasses.replace(study, budget=budget))

@@ -44,7 +44,7 @@ class MetricsWriter:
   def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, upload_every_s: float = 60.0,
                trackers: Sequence[Tracker] = ()):
     self.active = jax.process_index() == 0
-    self.trackers = list(trackers) if self.active else []
+    self.trackers = list(trackers)  # the caller makes them on the first process only
     root = files.workdir_path(workdir)
     self.path = root / METRICS_FILE
     self._mirror = files.Mirror(root) if self.active and files.is_url(root) else None
@@ -66,12 +66,13 @@ class MetricsWriter:
     record = {"step": int(step), **{k: to_python(v) for k, v in jax.device_get(dict(metrics)).items()}}
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()
+    numbers = scalars(record)
     if self._tb is not None:
-      values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars(record).items()]
+      values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
       self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
                                          summary=summary_pb2.Summary(value=values)))
     for tracker in self.trackers:
-      tracker.log(int(step), scalars(record))
+      tracker.log(int(step), numbers)
     if self._mirror and time.time() - self._uploaded_at >= self.upload_every_s:
       self.flush()
 

@@ -8,6 +8,7 @@ bit-exact, after the checkpoint resumed from), and at the start it is handed met
 steps of a killed session that W&B never stored.
 """
 
+import glob
 import hashlib
 import json
 import os
@@ -85,12 +86,16 @@ def wandb_history(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]
       yield int(record.history.step.num), {k: v for k, v in items.items() if not k.startswith("_")}
 
 
-def logged_steps(wandb_dir: str | os.PathLike, rid: str) -> list[int]:
-  """Every step the W&B runs with id `rid` under `wandb_dir` hold, in the order logged (all earlier sessions)."""
-  logs = sorted(p for p in (os.path.join(wandb_dir, d, f"run-{rid}.wandb") for d in
-                            (os.listdir(wandb_dir) if os.path.isdir(wandb_dir) else []) if not d.startswith("latest"))
-                if os.path.exists(p))
-  return [step for path in logs for step, _ in wandb_history(path)]
+def last_logged_step(wandb_dir: str | os.PathLike, rid: str) -> int:
+  """The last step the earlier sessions of W&B run `rid` under `wandb_dir` hold (-1: none); each session is a
+  folder `<offline-run|run>-<time>-<rid>` (`latest-run` is a link to one of them)."""
+  logs = glob.glob(os.path.join(glob.escape(os.fspath(wandb_dir)), f"*-{rid}", f"run-{rid}.wandb"))
+  return max((step for path in logs for step, _ in wandb_history(path)), default=-1)
+
+
+def brief(error: Exception, limit: int) -> str:
+  """An exception's message on one line, at most `limit` characters."""
+  return " ".join(str(error).split())[:limit]
 
 
 class WandbTracker:
@@ -109,7 +114,7 @@ class WandbTracker:
     rid = run_id(run_dir)  # W&B writes into <home>/wandb: the run directory, or a local cache for a URL
     home = os.path.join(files.cache_dir(), "wandb", rid) if files.is_url(run_dir) else os.fspath(run_dir)
     os.makedirs(home, exist_ok=True)
-    done = logged_steps(os.path.join(home, WANDB_DIR), rid)
+    held = last_logged_step(os.path.join(home, WANDB_DIR), rid)
     try:
       self.run = wandb.init(
           project=project, entity=tracking.get("wandb_entity") or None, id=rid, resume="allow", mode=mode or None,
@@ -118,8 +123,8 @@ class WandbTracker:
           settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 - W&B raises its own kinds (no login, no network, refused)
       where = f"tracking.wandb_project={project!r}, mode={mode or 'W&B default'}"
-      raise TrackerError(f"W&B could not start the run ({where}): {' '.join(str(e).split())[:300]}") from None
-    self.logged_through = max([*done, int(self.run.step or 0) - 1, -1])  # a resumed online run knows its step
+      raise TrackerError(f"W&B could not start the run ({where}): {brief(e, 300)}") from None
+    self.logged_through = max(held, int(self.run.step or 0) - 1)  # a resumed online run knows its step
 
   def log(self, step: int, scalars: Mapping[str, float]) -> None:
     """Logs the step unless the run holds it already."""
@@ -145,7 +150,7 @@ class Guarded:
       getattr(self.tracker, method)(*args)
     except Exception as e:  # noqa: BLE001 - any failure of a tracker is reported the same way
       self.tracker = None
-      warn(f"{self.name} stopped ({type(e).__name__}: {' '.join(str(e).split())[:200]}); training goes on, "
+      warn(f"{self.name} stopped ({type(e).__name__}: {brief(e, 200)}); training goes on, "
            "metrics.jsonl has every record")
 
   def log(self, step: int, scalars: Mapping[str, float]) -> None:
