@@ -9,8 +9,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from etils import epath
 
-from tapernorm_jax import config_fields, files, hardware
+from tapernorm_jax import config_fields, files, hardware, integrity
 from tapernorm_jax.studies import grid, manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
@@ -108,9 +109,11 @@ class Run:
 
 
 def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
-  """`metrics.jsonl`, thinned to about `max_points` step records (every diagnostics record and the last kept).
+  """`metrics.jsonl`, thinned to about `max_points` step records (every diagnostics record and the last kept); a
+  torn or damaged line raises integrity.DamagedLinesError naming the file, the line and the fix.
 
-  Streams the file, parsing only the lines it keeps, so million-step runs read in seconds.
+  Streams the file, checking every line's checksum but parsing only the lines it keeps, so million-step runs read in
+  seconds.
   """
   path = os.path.join(run_dir, "metrics.jsonl")
   if not os.path.exists(path):
@@ -119,14 +122,22 @@ def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
     head = f.read(65536)
     lines_estimate = os.path.getsize(path) / max(len(head) / max(head.count("\n"), 1), 1)
     every = max(1, int(lines_estimate // max_points))
+    checked = integrity.carries_checksums(head)
     f.seek(0)
     records, last, kept_last = [], "", True
     for i, line in enumerate(f):
       if not line.strip():
         continue
-      last, kept_last = line, i % every == 0 or '"logit_norm"' in line
+      body = integrity.line_body(line) if checked else line
+      if body is None:
+        _, damage = integrity.read_lines(epath.Path(path))
+        raise integrity.DamagedLinesError(
+            f"{path}: {damage}; the history of this run cannot be trusted, so it is not reported. Run its training "
+            "command again on this directory (it cuts the history back to its last verified record, and says which "
+            "steps that loses), or move the run aside and train the cell again")
+      last, kept_last = body, i % every == 0 or '"logit_norm"' in line
       if kept_last:
-        records.append(json.loads(line))
+        records.append(json.loads(body))
   if not kept_last:
     records.append(json.loads(last))
   return records

@@ -31,7 +31,7 @@ from tapernorm_jax.model import ModelConfig, param_count, sharding
 from tapernorm_jax.taper import methods
 from tapernorm_jax.train import tracking
 from tapernorm_jax.train.checkpoint import Checkpointer
-from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl
+from tapernorm_jax.train.metrics import METRICS_FILE, MetricsWriter
 from tapernorm_jax.train.trainer import State, Trainer
 
 PATHS_FILE = "cpu_paths.json"  # the CPU paths a run started with (train/paths.py)
@@ -81,10 +81,17 @@ class RunDir:
       write_json_atomically(path, resolved)
 
   def truncate_metrics(self, step: int) -> None:
-    """Drops metric records from `step` on (left by a run that died after its last checkpoint)."""
-    path = self.file("metrics.jsonl")
-    if self.writer and path.exists():
-      write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] < step))
+    """Drops metric records from `step` on (left by a run that died after its last checkpoint), and every record from
+    a torn or damaged line on, saying so."""
+    path = self.file(METRICS_FILE)
+    if not (self.writer and path.exists()):
+      return
+    records, damage = integrity.read_lines(path)
+    if damage:
+      last = max([r["step"] for r in records if r["step"] < step], default=-1)
+      gap = f"; steps {last + 1}–{step - 1} now have no record" if last < step - 1 else ""
+      log(f"{path}: {damage}; kept the verified records before it and dropped the rest{gap}")
+    write_text_atomically(path, "".join(integrity.checked_line(r) for r in records if r["step"] < step))
 
   def started_paths(self) -> str | None:
     """The CPU paths this run started with (`cpu_paths.json`), which a resume keeps; None for a new run."""

@@ -4,9 +4,11 @@
 In a remote run directory (`gs://...`) both are written to a local `files.Mirror` and uploaded whole (an object
 store cannot append, and TensorBoard's writer writes local files only): every `upload_every_s` seconds, at every
 checkpoint (`flush`) and on `close`. A resumed run first downloads metrics.jsonl to append to it.
+
+Every record of metrics.jsonl carries the CRC-32 of its own line (`integrity.checked_line`), so a torn or changed line
+is found even where it still parses (`integrity.read_lines`).
 """
 
-import json
 import math
 import os
 import time
@@ -18,7 +20,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from tapernorm_jax import files
+from tapernorm_jax import files, integrity
 from tapernorm_jax.train.tracking import Tracker
 
 METRICS_FILE = "metrics.jsonl"
@@ -64,7 +66,7 @@ class MetricsWriter:
     if not self.active:
       return
     record = {"step": int(step), **{k: to_python(v) for k, v in jax.device_get(dict(metrics)).items()}}
-    self._file.write(json.dumps(record) + "\n")
+    self._file.write(integrity.checked_line(record))
     self._file.flush()
     numbers = scalars(record)
     if self._tb is not None:
@@ -100,6 +102,8 @@ class MetricsWriter:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """All records of a metrics file (local or remote)."""
-  with files.workdir_path(path).open() as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """All records of a metrics file (local or remote); a damaged line raises DamagedHistoryError naming it."""
+  records, damage = integrity.read_lines(files.workdir_path(path))
+  if damage:
+    raise integrity.DamagedLinesError(f"{path}: {damage}")
+  return records

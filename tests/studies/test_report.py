@@ -4,10 +4,12 @@ import csv
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
 
+from tapernorm_jax import integrity
 from tapernorm_jax.studies import aggregate, curves, figures, grid, manifest, report, run_rows
 
 STEPS = 40
@@ -39,7 +41,7 @@ def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: 
                 "tokens_per_s": 1000.0 + step, **{f"grad_norm/{w}": 0.5 + seed for w, _ in figures.WEIGHT_TYPES}}
       if step % 5 == 4:
         record.update(logit_norm=10.0 * growth ** step, val_loss=4.0)
-      f.write(json.dumps(record) + "\n")
+      f.write(integrity.checked_line(record))
   if loss is None:
     with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
       json.dump({**cell.to_json(), "status": "failed", "error": "FloatingPointError: loss is nan at step 11"}, f)
@@ -222,6 +224,19 @@ def test_logit_growth_shows_in_the_dynamics_table(study):
 def test_an_empty_directory_is_a_short_error(tmp_path):
   with pytest.raises(ValueError, match="no run directories"):
     report.write_report(str(tmp_path))
+
+
+def test_a_damaged_history_is_refused_by_name(study):
+  path = os.path.join(study, grid.Cell("baseline", "3m", 0, 1).name, "metrics.jsonl")
+  with open(path) as f:
+    lines = f.readlines()
+  lines[7] = lines[7].replace('"loss": 4.3', '"loss": 4.4')  # still parses; the checksum no longer matches
+  with open(path, "w") as f:
+    f.writelines(lines)
+  with pytest.raises(integrity.DamagedLinesError, match=re.escape(f"{path}: line 8 of {STEPS} (after step 6) is "
+                                                                  "damaged (it does not match its checksum); the "
+                                                                  "history of this run cannot be trusted")):
+    report.write_report(study)
 
 
 def test_long_metrics_files_are_thinned_keeping_diagnostics_and_the_last_step(tmp_path):

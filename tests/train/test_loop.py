@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,47 @@ def test_resume_in_a_fresh_process_is_bit_identical(uninterrupted, data_dir, tmp
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   assert results["resumed_from"] == stop and results["final_val_loss"] == uninterrupted[1]["final_val_loss"]
+
+
+def damage_metrics(workdir: str, step: int, torn_last: bool = False) -> None:
+  """Changes one digit of step `step`'s loss in metrics.jsonl (the line still parses), and cuts the last line short."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  with open(path) as f:
+    lines = f.readlines()
+  record = json.loads(lines[step])
+  digits = repr(record["loss"])
+  lines[step] = lines[step].replace(digits, digits[:-1] + ("1" if digits[-1] != "1" else "2"))
+  assert json.loads(lines[step])["loss"] != record["loss"]
+  if torn_last:
+    lines[-1] = lines[-1][:len(lines[-1]) // 2]
+  with open(path, "w") as f:
+    f.writelines(lines)
+
+
+@pytest.mark.slow  # three short runs
+def test_a_damaged_metrics_history_is_cut_back_to_its_last_verified_record_and_said(uninterrupted, data_dir,
+                                                                                    tmp_path, capsys):
+  untimed = lambda workdir: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "data_wait_frac")}
+                             for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+  reference = untimed(uninterrupted[0])
+  tail = str(tmp_path / "tail")  # damage after the checkpoint resumed from: nothing is lost
+  loop.run(config(data_dir), tail, stop_after=15)
+  shutil.rmtree(os.path.join(tail, "checkpoints", "15"))  # as if killed while saving step 15: resumes from 12
+  damage_metrics(tail, 13, torn_last=True)
+  capsys.readouterr()
+  results = loop.run(config(data_dir), tail)
+  said = capsys.readouterr().out
+  assert "metrics.jsonl: line 14 of 15 (after step 12) is damaged (it does not match its checksum); kept the " \
+         "verified records before it and dropped the rest" in said, said
+  assert untimed(tail) == reference and results["resumed_from"] == 12
+  middle = str(tmp_path / "middle")  # damage before it: the steps between are said to have no record
+  loop.run(config(data_dir), middle, stop_after=12)
+  damage_metrics(middle, 5)
+  capsys.readouterr()
+  loop.run(config(data_dir), middle)
+  assert "line 6 of 12 (after step 4) is damaged" in (said := capsys.readouterr().out) and \
+         "steps 5–11 now have no record" in said, said
+  assert untimed(middle) == reference[:5] + reference[12:]
 
 
 @pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
