@@ -15,7 +15,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tapernorm_jax import cli, files
+from tapernorm_jax import cli, directory_lock, files
 from tapernorm_jax.studies import commands, grid, manifest, predict, ray_launch, runner
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
@@ -51,6 +51,14 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)
   workdir = str(files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
   cells = grid.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
+  with directory_lock.hold(workdir, "--workdir") as removed:  # one driver per study; a killed one's leftovers go
+    if removed:
+      print(f"removed {len(removed)} temporary files left by writers that are gone", flush=True)
+    sweep(cells, workdir)
+
+
+def sweep(cells: list[grid.Cell], workdir: str) -> None:
+  """Runs (or prints the commands of) the study's pending cells; exits 1 when any failed."""
   manifest.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
   if _LAUNCH.value == "print":
     path, count = commands.write_commands(cells, workdir, _PYTHON.value)

@@ -11,6 +11,7 @@ The workdir may be local or a URL (`--workdir=gs://bucket/run`): run-directory f
 (etils.epath), checkpoints through Orbax, metrics and TensorBoard events through `metrics.MetricsWriter`.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,7 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import allocator, compilation_cache, data, files, hardware, integrity
+from tapernorm_jax import allocator, compilation_cache, data, directory_lock, files, hardware, integrity
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, param_count, sharding
@@ -310,6 +311,15 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   if started:
     log(f"resuming with the CPU paths this run started with: {started} ({PATHS_FILE})")
   rundir.path.mkdir(parents=True, exist_ok=True)
+  with directory_lock.hold(rundir.path, "--workdir") if rundir.writer else contextlib.nullcontext([]) as removed:
+    if removed:
+      log(f"removed {len(removed)} temporary files left by writers that are gone: {', '.join(removed)}")
+    return train_run(cfg, rundir, trainer, mesh, stop_after, t_start)
+
+
+def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, mesh: jax.sharding.Mesh,
+              stop_after: int | None, t_start: float) -> dict[str, Any]:
+  """`run` once the run directory is held: restore or initialise, train, evaluate, write the results."""
   ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
   state, start, data_state = restore_or_init(trainer, ckpt, cfg)  # before the data: a damaged checkpoint fails fast
   rundir.write_config(cfg)
