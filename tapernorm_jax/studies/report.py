@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from tapernorm_jax import files
+from tapernorm_jax import files, retries
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib
@@ -259,7 +259,7 @@ def copy_records(study: epath.Path, local: Path) -> None:
     for name in RECORDS:
       if (directory / name).exists():
         target.mkdir(parents=True, exist_ok=True)
-        (directory / name).copy(epath.Path(target / name), overwrite=True)
+        retries.copy(directory / name, epath.Path(target / name))
 
 
 def _write_report(workdir: str, out: str) -> dict[str, Any]:
