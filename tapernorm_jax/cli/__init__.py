@@ -51,14 +51,18 @@ def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> di
   import jax  # the training stack: only for the entry points that train
   from tapernorm_jax import files
   from tapernorm_jax.model import sharding
-  from tapernorm_jax.train import loop
+  from tapernorm_jax.train import loop, peers
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if stop_after is not None and stop_after < 1:
     raise app.UsageError(f"--stop_after={stop_after}: must be a step >= 1 (leave it out to train to the end)")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
   sharding.initialize_distributed(cfg.mesh)  # with mesh.distributed: one process per host (or per GPU)
-  results = loop.run(cfg, workdir, stop_after=stop_after)
+  try:
+    results = loop.run(cfg, workdir, stop_after=stop_after)
+  except Exception:
+    peers.settle()  # a collective failed as another process was lost: that process's line and exit 1, not this
+    raise
   if jax.process_index() == 0:
     print(json.dumps(results, indent=2))
     print(f"run directory: {files.workdir_path(workdir)}")

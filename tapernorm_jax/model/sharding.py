@@ -18,6 +18,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from tapernorm_jax.train import peers
+
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = MESH_AXES  # the batch is split over every device
 # Logical parameter axis → mesh axis: parameters are fully sharded along `embed` over `fsdp`.
@@ -117,6 +119,7 @@ def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] |
   """`jax.distributed.initialize`'s arguments from `mesh.*` (None: single process); unset fields are auto-detected."""
   address, count, index = (mesh_cfg.get("coordinator_address", ""), mesh_cfg.get("num_processes", -1),
                            mesh_cfg.get("process_id", -1))
+  peers.check_timeout(mesh_cfg.get("peer_timeout_s", peers.DEFAULT_TIMEOUT_S))
   given = [f"mesh.{name}={value!r}" for name, value, unset in (("coordinator_address", address, ""),
                                                                ("num_processes", count, -1),
                                                                ("process_id", index, -1)) if value != unset]
@@ -138,10 +141,13 @@ def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] |
 
 
 def initialize_distributed(mesh_cfg: ml_collections.ConfigDict) -> None:
-  """`jax.distributed.initialize` with `distributed_options(mesh_cfg)` when `mesh.distributed` is set."""
+  """`jax.distributed.initialize` with `distributed_options(mesh_cfg)` when `mesh.distributed` is set, then the
+  watchdog that stops this process once another is lost for `mesh.peer_timeout_s` seconds (train/peers.py)."""
   options = distributed_options(mesh_cfg)
   if options is not None:
-    jax.distributed.initialize(**options)
+    timeout_s = mesh_cfg.get("peer_timeout_s", peers.DEFAULT_TIMEOUT_S)
+    jax.distributed.initialize(**options, heartbeat_timeout_seconds=peers.jax_heartbeat_timeout_s(timeout_s))
+    peers.start(timeout_s)
 
 
 def shardings(variables: Any, mesh: Mesh) -> Any:
