@@ -9,10 +9,12 @@ never sees half a file, a crash never leaves one). An object store has no atomic
 copy and a delete) but publishes an object only when its upload completes, so there the file is
 written locally and uploaded in one piece, straight to its name. Writers that only write local files
 or that append (TensorBoard's, the profiler's, metrics.jsonl) write into a `Mirror`: a local
-directory whose files are uploaded whole to the remote one.
+directory whose files are uploaded whole to the remote one. Each copy to or from a URL is retried whole, with
+backoff, after a transient error (`retries.py`).
 """
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -24,6 +26,7 @@ from typing import Any
 import fsspec
 from etils import epath
 
+from tapernorm_jax import retries
 from tapernorm_jax.errors import UserError
 
 
@@ -55,6 +58,61 @@ def workdir_path(path: str | os.PathLike) -> epath.Path:
                                  "gcs extra: pip install 'tapernorm_jax[gcs]'") from e
 
 
+class DiskFullError(UserError, OSError):
+  """A write that found no space left on its device (or its quota spent)."""
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+FULL_DISK_WORDS = ("No space left on device", "Disk quota exceeded")  # how TensorStore and others say it in text
+
+
+def is_full_disk(error: BaseException) -> bool:
+  """Whether `error`, or an error it was raised from, says the disk or the quota is full."""
+  while error is not None:
+    if (isinstance(error, OSError) and error.errno in FULL_DISK) or any(w in str(error) for w in FULL_DISK_WORDS):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def in_bytes(count: float) -> str:
+  """A byte count for people: '512 B', '3.4 MB'."""
+  for unit in ("B", "kB", "MB", "GB"):
+    if count < 1000 or unit == "GB":
+      return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+    count /= 1000
+  return ""
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+  """Free bytes on the local device holding `path` (its nearest existing parent), None for a URL."""
+  if is_url(path):
+    return None
+  path = os.path.abspath(os.fspath(path))
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return shutil.disk_usage(path).free
+
+
+@contextlib.contextmanager
+def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = None) -> Iterator[None]:
+  """Turns a full disk inside the block into one DiskFullError: what was being written, where, the space it needs
+  (`needed` bytes, where known) and the space free."""
+  try:
+    yield
+  except DiskFullError:
+    raise
+  except Exception as e:
+    if not is_full_disk(e):
+      raise
+    free = free_bytes(path)
+    raise DiskFullError(
+        f"no space left for {what} in {path} (it needs {in_bytes(needed) if needed else 'more'}"
+        f"{'' if free is None else f'; {in_bytes(free)} free'}). Free space there (or move the directory), then run "
+        "the same command again: what was complete before is intact, and a run resumes from its newest complete "
+        "checkpoint") from None
+
+
 def cache_dir() -> str:
   """Where prepared data, downloads and built kernels go by default: $TAPERNORM_CACHE, else ~/.cache/tapernorm_jax."""
   return os.environ.get("TAPERNORM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tapernorm_jax")
@@ -75,18 +133,20 @@ def staging_path(path: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[str]:
   """A local temporary file to write (by any writer) that becomes `path` when the block succeeds: renamed into
-  place locally, uploaded in one piece to a URL."""
+  place locally, uploaded in one piece to a URL. A full disk is a DiskFullError naming `path` and the `needed`
+  bytes (where the caller knows them), and leaves `path` as it was."""
   if is_url(path):
     fd, tmp = tempfile.mkstemp(prefix="tapernorm-upload-")
     os.close(fd)
   else:
     tmp = staging_path(path)
   try:
-    yield tmp
+    with full_disk_named(os.path.basename(path), os.path.dirname(tmp), needed):
+      yield tmp
     if is_url(path):
-      epath.Path(tmp).copy(workdir_path(path), overwrite=True)
+      retries.copy(epath.Path(tmp), workdir_path(path))  # one whole-object upload, retried whole
     else:
       os.replace(tmp, path)
   finally:
@@ -96,7 +156,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
   """Writes `text` to a temporary file and moves it to `path` (see `atomic_path`)."""
-  with atomic_path(path) as tmp, open(tmp, "w") as f:
+  with atomic_path(path, needed=len(text.encode())) as tmp, open(tmp, "w") as f:
     f.write(text)
 
 
@@ -127,7 +187,7 @@ def upload_tree(local: str | os.PathLike, remote: epath.Path) -> None:
     target = remote / os.path.relpath(root, local)
     target.mkdir(parents=True, exist_ok=True)
     for name in names:
-      epath.Path(root, name).copy(target / name, overwrite=True)
+      retries.copy(epath.Path(root, name), target / name)
 
 
 def download_tree(remote: epath.Path, local: pathlib.Path | None = None) -> pathlib.Path:
@@ -138,7 +198,7 @@ def download_tree(remote: epath.Path, local: pathlib.Path | None = None) -> path
     if item.is_dir():
       download_tree(item, local / item.name)
     else:
-      item.copy(local / item.name, overwrite=True)
+      retries.copy(item, epath.Path(local / item.name))
   return local
 
 
@@ -154,7 +214,7 @@ class Mirror:
     """Copies the remote file `name`, if there is one, into the staging directory (to append to it)."""
     source = self.remote / name
     if source.exists():
-      source.copy(self.local / name, overwrite=True)
+      retries.copy(source, self.local / name)
       self._uploaded[name] = self._stamp(name)
 
   def upload(self) -> None:
@@ -164,7 +224,7 @@ class Mirror:
         relative = os.path.relpath(os.path.join(root, name), self.local)
         if self._uploaded.get(relative) != (stamp := self._stamp(relative)):
           (self.remote / relative).parent.mkdir(parents=True, exist_ok=True)
-          (self.local / relative).copy(self.remote / relative, overwrite=True)
+          retries.copy(self.local / relative, self.remote / relative)
           self._uploaded[relative] = stamp
 
   def close(self) -> None:

@@ -59,6 +59,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=False, cleanup_tmp_directories=True,
                                            async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._saving: tuple[str, int | None] = ("no checkpoint", None)  # the save in flight, and the bytes it needs
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None."""
@@ -72,9 +73,11 @@ class Checkpointer:
     """Starts an asynchronous save of `state` and the data iterator state at `step` (once the previous one is
     complete and recorded)."""
     self.record_complete()
-    self.directory.mkdir(parents=True, exist_ok=True)
-    self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     data=ocp.args.JsonSave(data_state)), force=True)
+    self._saving = (f"the checkpoint at step {step}", sum(x.nbytes for x in jax.tree.leaves(state)))
+    with files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
+      self.directory.mkdir(parents=True, exist_ok=True)
+      self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                       data=ocp.args.JsonSave(data_state)), force=True)
 
   def restore(self, step: int, target: PyTree) -> tuple[PyTree, Any]:
     """Restores (state, data state) at `step` onto `target`'s shapes, dtypes and shardings; a checkpoint that cannot
@@ -153,8 +156,10 @@ class Checkpointer:
 
   def record_complete(self) -> None:
     """Waits for pending saves; then process 0 writes `<step>/manifest.json` (every file's size and SHA-256) for each
-    complete checkpoint that has none, so that damage found later is named before Orbax reads it."""
-    self._manager.wait_until_finished()
+    complete checkpoint that has none, so that damage found later is named before Orbax reads it. A save that found
+    the disk full raises files.DiskFullError; the checkpoints complete before it stay complete."""
+    with files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
+      self._manager.wait_until_finished()
     if jax.process_index() != 0:
       return
     for step in self.all_steps():

@@ -66,8 +66,10 @@ class MetricsWriter:
     if not self.active:
       return
     record = {"step": int(step), **{k: to_python(v) for k, v in jax.device_get(dict(metrics)).items()}}
-    self._file.write(integrity.checked_line(record))
-    self._file.flush()
+    line = integrity.checked_line(record)
+    with files.full_disk_named(f"step {step}'s record", self.path, len(line)):  # a torn line is cut on resume
+      self._file.write(line)
+      self._file.flush()
     numbers = scalars(record)
     if self._tb is not None:
       values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]

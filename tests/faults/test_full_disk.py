@@ -1,0 +1,86 @@
+"""A full disk, on a small filesystem made for the test (a tmpfs with a size limit; skipped where this process may not
+mount one): the save that hits it stops the run in one line naming what, the space needed and the space free; the
+newest complete checkpoint stays complete, nothing half-written counts as a checkpoint, and once space is freed the
+same command resumes bit-exact. A study's records and its report, the same."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from etils import epath
+
+from configs import base
+from tapernorm_jax import files, integrity
+from tapernorm_jax.studies import manifest
+from tapernorm_jax.train import loop
+from tapernorm_jax.train.checkpoint import Checkpointer
+from tapernorm_jax.train.metrics import read_jsonl
+from multihost import TINY
+
+CHANGES = {**TINY, "train.steps": 12, "checkpoint.every": 4, "train.diag_every": 4, "taper.gate_warmup_frac": 0.25}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 8 MB tmpfs mounted for the test (root only); skipped, with the reason, where it cannot be mounted."""
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True,
+                        text=True)
+  if done.returncode:
+    pytest.skip(f"cannot mount a small tmpfs to fill here ({(done.stderr or 'mount failed').strip()}); the test "
+                "needs root (or CAP_SYS_ADMIN)")
+  yield mount
+  subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: os.PathLike, leave: int) -> str:
+  """Writes a ballast file that leaves `leave` bytes free on `directory`'s device; returns its path."""
+  ballast = os.path.join(directory, "ballast")
+  with open(ballast, "wb") as f:
+    f.write(b"\0" * max(shutil.disk_usage(directory).free - leave, 0))
+  return ballast
+
+
+def untimed(workdir: str) -> list[dict]:
+  return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "data_wait_frac")}
+          for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_resumes_bit_exact(small_disk, tmp_path):
+  cfg = lambda: base.override(base.get_config("all_taper"), {**CHANGES, "data.data_dir": str(tmp_path / "data")})
+  reference = loop.run(cfg(), str(tmp_path / "reference"))
+  workdir = str(small_disk / "run")
+  loop.run(cfg(), workdir, stop_after=8)  # checkpoints at 4 and 8
+  ballast = fill(small_disk, leave=64_000)  # room for metrics and events, not for the next checkpoint
+  with pytest.raises(files.DiskFullError) as full:
+    loop.run(cfg(), workdir)
+  message = str(full.value)
+  state_bytes = reference["params"] * 4 * 3 + 4 * 9  # parameters, Adam's two moments, the small scalars
+  assert message.startswith(f"no space left for the checkpoint at step 12 in {workdir}/checkpoints (it needs "), message
+  assert "\n" not in message and "free). Free space there" in message
+  needed = float(message.split("(it needs ")[1].split(" kB")[0]) * 1000
+  assert state_bytes * 0.9 < needed < state_bytes * 1.5, (needed, state_bytes)
+  checkpoints = Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert checkpoints.all_steps() == [4, 8]  # the half-written step 12 is not taken for a checkpoint
+  for step in (4, 8):
+    assert not integrity.check(epath.Path(workdir, "checkpoints", str(step)))
+  checkpoints.close()
+  os.remove(ballast)
+  results = loop.run(cfg(), workdir)
+  assert results["resumed_from"] == 8 and results["final_val_loss"] == reference["final_val_loss"]
+  assert untimed(workdir) == untimed(str(tmp_path / "reference"))
+
+
+def test_a_study_record_that_fills_the_disk_is_named_and_the_old_one_kept(small_disk):
+  run_dir = str(small_disk / "cell")
+  os.makedirs(run_dir)
+  manifest.write_record(run_dir, {"status": "running"})
+  ballast = fill(small_disk, leave=0)
+  with pytest.raises(files.DiskFullError, match=r"^no space left for cell.json in .*cell \(it needs 10.0 kB; 0 B free\)"):
+    manifest.write_record(run_dir, {"status": "complete", "note": "x" * 10_000})
+  assert manifest.read_record(run_dir) == {"status": "running"} and os.listdir(run_dir) == ["cell.json"]
+  os.remove(ballast)
+  manifest.write_record(run_dir, {"status": "complete"})
+  assert manifest.read_record(run_dir) == {"status": "complete"}
