@@ -20,7 +20,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fsspec
@@ -95,9 +95,10 @@ def free_bytes(path: str | os.PathLike) -> int | None:
 
 
 @contextlib.contextmanager
-def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = None) -> Iterator[None]:
+def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = None,
+                    written: Callable[[], int] | None = None) -> Iterator[None]:
   """Turns a full disk inside the block into one DiskFullError: what was being written, where, the space it needs
-  (`needed` bytes, where known) and the space free."""
+  (`needed` bytes where known, else more than the bytes `written` reports) and the space free."""
   try:
     yield
   except DiskFullError:
@@ -106,8 +107,9 @@ def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = Non
     if not is_full_disk(e):
       raise
     free = free_bytes(path)
+    size = in_bytes(needed) if needed else f"more than the {in_bytes(written())} written" if written else "more"
     raise DiskFullError(
-        f"no space left for {what} in {path} (it needs {in_bytes(needed) if needed else 'more'}"
+        f"no space left for {what} in {path} (it needs {size}"
         f"{'' if free is None else f'; {in_bytes(free)} free'}). Free space there (or move the directory), then run "
         "the same command again: what was complete before is intact, and a run resumes from its newest complete "
         "checkpoint") from None
@@ -143,7 +145,8 @@ def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[
   else:
     tmp = staging_path(path)
   try:
-    with full_disk_named(os.path.basename(path), os.path.dirname(tmp), needed):
+    with full_disk_named(os.path.basename(path), os.path.dirname(tmp), needed,
+                         lambda: os.path.getsize(tmp) if os.path.exists(tmp) else 0):
       yield tmp
     if is_url(path):
       retries.copy(epath.Path(tmp), workdir_path(path))  # one whole-object upload, retried whole

@@ -18,7 +18,6 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from tapernorm_jax.train import peers
 
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = MESH_AXES  # the batch is split over every device
@@ -119,7 +118,6 @@ def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] |
   """`jax.distributed.initialize`'s arguments from `mesh.*` (None: single process); unset fields are auto-detected."""
   address, count, index = (mesh_cfg.get("coordinator_address", ""), mesh_cfg.get("num_processes", -1),
                            mesh_cfg.get("process_id", -1))
-  peers.check_timeout(mesh_cfg.get("peer_timeout_s", peers.DEFAULT_TIMEOUT_S))
   given = [f"mesh.{name}={value!r}" for name, value, unset in (("coordinator_address", address, ""),
                                                                ("num_processes", count, -1),
                                                                ("process_id", index, -1)) if value != unset]
@@ -138,16 +136,6 @@ def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] |
                      "leave it empty to auto-detect")
   return {"coordinator_address": address or None, "num_processes": None if count == -1 else count,
           "process_id": None if index == -1 else index}
-
-
-def initialize_distributed(mesh_cfg: ml_collections.ConfigDict) -> None:
-  """`jax.distributed.initialize` with `distributed_options(mesh_cfg)` when `mesh.distributed` is set, then the
-  watchdog that stops this process once another is lost for `mesh.peer_timeout_s` seconds (train/peers.py)."""
-  options = distributed_options(mesh_cfg)
-  if options is not None:
-    timeout_s = mesh_cfg.get("peer_timeout_s", peers.DEFAULT_TIMEOUT_S)
-    jax.distributed.initialize(**options, heartbeat_timeout_seconds=peers.jax_heartbeat_timeout_s(timeout_s))
-    peers.start(timeout_s)
 
 
 def shardings(variables: Any, mesh: Mesh) -> Any:

@@ -16,7 +16,7 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from tapernorm_jax import cli, files  # noqa: E402
-from tapernorm_jax.model import sharding  # noqa: E402
+from tapernorm_jax.train import peers  # noqa: E402
 from tapernorm_jax.studies import runner  # noqa: E402
 from tapernorm_jax.studies.manifest import find_cell  # noqa: E402
 
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
   study = str(files.workdir_path(_STUDY.value))  # a local path or a URL (gs://...)
   cell = find_cell(study, _CELL.value)
-  sharding.initialize_distributed(cell.config().mesh)  # with mesh.distributed: one process per host (or per GPU)
+  peers.initialize(cell.config().mesh)  # with mesh.distributed: one process per host (or per GPU)
   status = runner.run_cell(cell, study, jax.devices(), runner.trainer_run_fn(), reraise=True)
   if jax.process_index() == 0:
     print(f"{cell.name}: {status.state}; run directory: {os.path.join(study, cell.name)}")

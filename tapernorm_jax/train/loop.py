@@ -30,7 +30,7 @@ from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, param_count, sharding
 from tapernorm_jax.taper import methods
-from tapernorm_jax.train import tracking
+from tapernorm_jax.train import peers, tracking
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import METRICS_FILE, MetricsWriter
 from tapernorm_jax.train.trainer import State, Trainer
@@ -276,6 +276,7 @@ def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_
   cfg, steps = trainer.cfg, trainer.cfg.train.steps
   evaluated = {"step": -1, "losses": {}}
   for k in range(start, steps):
+    peers.at_step(k, reporter.ckpt.directory)  # named if another process is lost (multi-process runs)
     t0 = time.time()
     batch = global_batch(trainer, next(train_it))
     reporter.data_wait_s += time.time() - t0
@@ -310,7 +311,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   trainer = Trainer(cfg, mesh, started)  # validates the config before anything compiles; times the CPU paths
   if started:
     log(f"resuming with the CPU paths this run started with: {started} ({PATHS_FILE})")
-  rundir.path.mkdir(parents=True, exist_ok=True)
   with directory_lock.hold(rundir.path, "--workdir") if rundir.writer else contextlib.nullcontext([]) as removed:
     if removed:
       log(f"removed {len(removed)} temporary files left by writers that are gone: {', '.join(removed)}")
@@ -320,6 +320,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
 def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, mesh: jax.sharding.Mesh,
               stop_after: int | None, t_start: float) -> dict[str, Any]:
   """`run` once the run directory is held: restore or initialise, train, evaluate, write the results."""
+  rundir.path.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
   state, start, data_state = restore_or_init(trainer, ckpt, cfg)  # before the data: a damaged checkpoint fails fast
   rundir.write_config(cfg)

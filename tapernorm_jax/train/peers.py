@@ -1,7 +1,7 @@
 """A lost process in a multi-process run stops the others within `mesh.peer_timeout_s` seconds, with one line that
 names it, the step and the checkpoint a relaunch resumes from.
 
-    start(timeout_s)   after jax.distributed.initialize (sharding.initialize_distributed): this process's watchdog
+    initialize(mesh)   jax.distributed.initialize (with mesh.distributed), then this process's watchdog (`start`)
     at_step(k, dir)    the step this process is at and its checkpoint directory, for that line (loop.train_steps)
     settle()           after an error in the main thread: returns if every other process is alive, else never
 
@@ -31,7 +31,11 @@ import threading
 import time
 from typing import Any
 
+import jax
+import ml_collections
 from etils import epath
+
+from tapernorm_jax.model import sharding
 
 PREFIX = "tapernorm/heartbeat/"
 DEFAULT_TIMEOUT_S = 60.0
@@ -157,3 +161,14 @@ def settle() -> None:
   deadline = t + watchdog.timeout_s + 4 * watchdog.interval  # the watchdog acts by then (a bound all the same)
   while time.monotonic() < deadline and not watchdog.heard_since(t):
     time.sleep(watchdog.interval / 4)
+
+
+def initialize(mesh_cfg: ml_collections.ConfigDict) -> None:
+  """`jax.distributed.initialize` with `sharding.distributed_options(mesh_cfg)` when `mesh.distributed` is set, then
+  this process's watchdog (`start`)."""
+  options = sharding.distributed_options(mesh_cfg)
+  if options is not None:
+    timeout_s = mesh_cfg.get("peer_timeout_s", DEFAULT_TIMEOUT_S)
+    check_timeout(timeout_s)
+    jax.distributed.initialize(**options, heartbeat_timeout_seconds=jax_heartbeat_timeout_s(timeout_s))
+    start(timeout_s)

@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 from etils import epath
+from PIL import Image
 
 from configs import base
 from tapernorm_jax import files, integrity
-from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies import manifest, report
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import read_jsonl
@@ -48,9 +49,21 @@ def untimed(workdir: str) -> list[dict]:
           for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
 
-def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_resumes_bit_exact(small_disk, tmp_path):
-  cfg = lambda: base.override(base.get_config("all_taper"), {**CHANGES, "data.data_dir": str(tmp_path / "data")})
-  reference = loop.run(cfg(), str(tmp_path / "reference"))
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[str, dict]:
+  """An uninterrupted run on an ordinary disk: its directory and results."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  return workdir, loop.run(config(str(tmp_path_factory.mktemp("data"))), workdir)
+
+
+def config(data_dir: str):
+  return base.override(base.get_config("all_taper"), {**CHANGES, "data.data_dir": data_dir})
+
+
+def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_resumes_bit_exact(small_disk, tmp_path,
+                                                                                              reference):
+  cfg = lambda: config(str(tmp_path / "data"))
+  reference_dir, reference = reference
   workdir = str(small_disk / "run")
   loop.run(cfg(), workdir, stop_after=8)  # checkpoints at 4 and 8
   ballast = fill(small_disk, leave=64_000)  # room for metrics and events, not for the next checkpoint
@@ -70,7 +83,7 @@ def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_res
   os.remove(ballast)
   results = loop.run(cfg(), workdir)
   assert results["resumed_from"] == 8 and results["final_val_loss"] == reference["final_val_loss"]
-  assert untimed(workdir) == untimed(str(tmp_path / "reference"))
+  assert untimed(workdir) == untimed(reference_dir)
 
 
 def test_a_study_record_that_fills_the_disk_is_named_and_the_old_one_kept(small_disk):
@@ -78,9 +91,25 @@ def test_a_study_record_that_fills_the_disk_is_named_and_the_old_one_kept(small_
   os.makedirs(run_dir)
   manifest.write_record(run_dir, {"status": "running"})
   ballast = fill(small_disk, leave=0)
-  with pytest.raises(files.DiskFullError, match=r"^no space left for cell.json in .*cell \(it needs 10.0 kB; 0 B free\)"):
+  full = r"^no space left for cell.json in .*cell \(it needs 10.0 kB; 0 B free\)"
+  with pytest.raises(files.DiskFullError, match=full):
     manifest.write_record(run_dir, {"status": "complete", "note": "x" * 10_000})
   assert manifest.read_record(run_dir) == {"status": "running"} and os.listdir(run_dir) == ["cell.json"]
   os.remove(ballast)
   manifest.write_record(run_dir, {"status": "complete"})
   assert manifest.read_record(run_dir) == {"status": "complete"}
+
+
+def test_a_report_that_fills_the_disk_is_named_and_written_whole_once_space_is_freed(small_disk, reference):
+  study = small_disk / "study"
+  shutil.copytree(reference[0], study / "run", ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
+  ballast = fill(small_disk, leave=20_000)  # room for the report's text, not for its figures
+  full = r"^no space left for \S+\.png in .*figures \(it needs more than the [\d.]+ k?B written; "
+  with pytest.raises(files.DiskFullError, match=full):
+    report.write_report(str(study))
+  assert not [name for _, _, names in os.walk(study) for name in names if ".tmp-" in name]
+  os.remove(ballast)
+  report.write_report(str(study))
+  for name in os.listdir(study / "figures"):
+    with Image.open(study / "figures" / name) as image:
+      image.load()

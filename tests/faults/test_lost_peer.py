@@ -16,7 +16,6 @@ import kills
 from configs import base
 from locations import ROOT
 from multihost import MESHES, finish, free_port, prepare_shared, read, results_of, start
-from tapernorm_jax.model import sharding
 from tapernorm_jax.train import peers, run_config
 
 STEPS, EVERY, TIMEOUT_S = 12, 4, 5
@@ -63,12 +62,11 @@ import jax
 jax.config.update("jax_platforms", "cpu")
 from etils import epath
 from configs import base
-from tapernorm_jax.model import sharding
 from tapernorm_jax.train import peers
 port, index, checkpoints = sys.argv[1:]
 cfg = base.override(base.get_config("all_taper"), {"mesh.distributed": True, "mesh.num_processes": 2,
     "mesh.coordinator_address": f"localhost:{port}", "mesh.process_id": int(index), "mesh.peer_timeout_s": 2})
-sharding.initialize_distributed(cfg.mesh)
+peers.initialize(cfg.mesh)
 peers.at_step(7, epath.Path(checkpoints))
 print("blocked", flush=True)
 time.sleep(600)
@@ -110,7 +108,7 @@ def test_a_bad_peer_timeout_is_one_line_naming_the_field_before_anything_runs(va
   cfg = base.override(base.get_config("all_taper"), {"mesh.distributed": True})
   cfg.mesh.peer_timeout_s = value
   expected = f"mesh.peer_timeout_s={value!r}: must be a finite number of seconds >= 1"
-  for check in (lambda: run_config.validate(cfg, 1), lambda: sharding.distributed_options(cfg.mesh)):
+  for check in (lambda: run_config.validate(cfg, 1), lambda: peers.initialize(cfg.mesh)):
     with pytest.raises(ValueError, match=re.escape(expected)):
       check()
 
