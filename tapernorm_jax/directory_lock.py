@@ -80,21 +80,35 @@ class LocalLock:
 
   def acquire(self) -> None:
     """Takes the lock or raises DirectoryInUseError naming its holder."""
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      os.close(fd)
-      raise in_use(self.directory, self.flag, read_record(epath.Path(self.path))) from None
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(fd)
+        raise in_use(self.directory, self.flag, read_record(epath.Path(self.path))) from None
+      if same_file(fd, self.path):
+        break
+      os.close(fd)  # locked a file its holder removed on release: lock the one at the path now
     self.fd = fd
     os.ftruncate(fd, 0)  # who holds it, for the refusal's message (never read for liveness)
     os.write(fd, (json.dumps(holder()) + "\n").encode())
 
   def release(self) -> None:
-    """Releases the lock (the file stays: removing it would race with a process opening it)."""
+    """Removes the lock file, then releases the lock (a process that opened the file meanwhile sees it gone)."""
     if self.fd is not None:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(self.path)
       os.close(self.fd)
       self.fd = None
+
+
+def same_file(fd: int, path: str) -> bool:
+  """Whether the open file `fd` is still the file at `path`."""
+  try:
+    return os.path.samestat(os.fstat(fd), os.stat(path))
+  except FileNotFoundError:
+    return False
 
 
 class RemoteLease:

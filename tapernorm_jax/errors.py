@@ -12,6 +12,11 @@ class UserError(Exception):
   """A mistake in the input (a flag, a config field, a file) whose message names it and says what to change."""
 
 
+class StoppedError(UserError):
+  """The run stopped for a cause outside its input (a full disk, storage that kept failing); the message says what
+  to free or retry, and that the same command resumes. The entry points exit 1 (the run stopped), not 2."""
+
+
 class DownloadError(UserError, RuntimeError):
   """A corpus or model could not be downloaded (offline, or the server refused); the message names the manual route."""
 

@@ -27,7 +27,7 @@ import fsspec
 from etils import epath
 
 from tapernorm_jax import retries
-from tapernorm_jax.errors import UserError
+from tapernorm_jax.errors import StoppedError, UserError
 
 
 class LocalPathError(UserError, ValueError):
@@ -58,7 +58,7 @@ def workdir_path(path: str | os.PathLike) -> epath.Path:
                                  "gcs extra: pip install 'tapernorm_jax[gcs]'") from e
 
 
-class DiskFullError(UserError, OSError):
+class DiskFullError(StoppedError, OSError):
   """A write that found no space left on its device (or its quota spent)."""
 
 

@@ -114,3 +114,9 @@ def _read_first(path: str, key: str | None = None) -> str | None:
   except OSError:
     return None
   return None
+
+
+def resident_mb() -> float | None:
+  """This process's resident memory now, in MB (from /proc/self/statm; None where there is none)."""
+  pages = _read_first("/proc/self/statm")
+  return int(pages.split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6 if pages else None

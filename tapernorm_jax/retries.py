@@ -24,7 +24,7 @@ import fsspec
 from etils import epath
 from etils.epath import backend as epath_backend
 
-from tapernorm_jax.errors import UserError
+from tapernorm_jax.errors import StoppedError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,7 +41,7 @@ PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EAC
 EPATH_FILESYSTEMS = ("gs://", "s3://", "az://", "hf://")  # the URLs epath's fsspec backend opens itself
 
 
-class StorageError(UserError, OSError):
+class StorageError(StoppedError, OSError):
   """A copy to or from remote storage that failed with a transient error on every attempt."""
 
 

@@ -6,8 +6,9 @@ and an exit code; anything else is a bug and keeps its traceback.
              shared value), and an error raised for the input (ValueError from this project's code,
              FileNotFoundError and the other OSErrors about paths, tapernorm_jax.errors.UserError: a damaged
              checkpoint, an unreachable hub, a tokenizer that does not match its cache)
-    exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), or
-             the device ran out of memory (XLA's RESOURCE_EXHAUSTED)
+    exit 1   the run stopped: a non-finite loss (FloatingPointError, naming the step and the last checkpoint), the
+             device ran out of memory (XLA's RESOURCE_EXHAUSTED), or a cause outside the input (StoppedError: a full
+             disk, storage that kept failing)
 """
 
 import os
@@ -17,7 +18,7 @@ from typing import NoReturn
 
 from absl import app
 
-from tapernorm_jax.errors import UserError
+from tapernorm_jax.errors import StoppedError, UserError
 
 EXIT_MISTAKE = 2
 EXIT_STOPPED = 1
@@ -39,7 +40,7 @@ def describe(error: BaseException) -> str:
 
 def exit_code(error: BaseException) -> int | None:
   """The exit code for a user error, or None for a bug (which keeps its traceback)."""
-  if isinstance(error, FloatingPointError) or out_of_memory(error):
+  if isinstance(error, (FloatingPointError, StoppedError)) or out_of_memory(error):
     return EXIT_STOPPED
   if isinstance(error, (UserError, app.UsageError, *PATH_ERRORS)):
     return EXIT_MISTAKE

@@ -174,7 +174,8 @@ class StepReporter:
       self.first_step_s = now - self.started
       log(f"first step done {self.first_step_s:.1f} s after the start (compiling included)")
     elapsed = max(now - self.last_read, 1e-9)
-    rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0)}
+    rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
+            "host_rss_mb": hardware.resident_mb()}
     self.last_read, self.data_wait_s = now, 0.0
     self.rates.append(rate["tokens_per_s"])
     loss = float(m["loss"])

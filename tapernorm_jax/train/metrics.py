@@ -26,6 +26,14 @@ from tapernorm_jax.train.tracking import Tracker
 METRICS_FILE = "metrics.jsonl"
 
 
+HOST_KEYS = ("tokens_per_s", "data_wait_frac", "host_rss_mb")  # measured on the host: differ between equal runs
+
+
+def of_the_run(record: Mapping[str, Any]) -> dict[str, Any]:
+  """A record without its host measurements (HOST_KEYS): what two runs of the same steps share, bit for bit."""
+  return {k: v for k, v in record.items() if k not in HOST_KEYS}
+
+
 def to_python(value: Any) -> Any:
   """A JSON-friendly scalar (non-finite floats become strings so the file stays valid JSON)."""
   value = np.asarray(value).item() if hasattr(value, "shape") or isinstance(value, np.generic) else value

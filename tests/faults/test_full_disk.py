@@ -4,6 +4,7 @@ newest complete checkpoint stays complete, nothing half-written counts as a chec
 same command resumes bit-exact. A study's records and its report, the same."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -12,11 +13,11 @@ from etils import epath
 from PIL import Image
 
 from configs import base
-from tapernorm_jax import files, integrity
+from tapernorm_jax import cli, files, integrity
 from tapernorm_jax.studies import manifest, report
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
-from tapernorm_jax.train.metrics import read_jsonl
+from tapernorm_jax.train.metrics import of_the_run, read_jsonl
 from multihost import TINY
 
 CHANGES = {**TINY, "train.steps": 12, "checkpoint.every": 4, "train.diag_every": 4, "taper.gate_warmup_frac": 0.25}
@@ -45,8 +46,7 @@ def fill(directory: os.PathLike, leave: int) -> str:
 
 
 def untimed(workdir: str) -> list[dict]:
-  return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "data_wait_frac")}
-          for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+  return [of_the_run(r) for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +86,16 @@ def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_res
   assert untimed(workdir) == untimed(reference_dir)
 
 
-def test_a_study_record_that_fills_the_disk_is_named_and_the_old_one_kept(small_disk):
+def test_a_study_record_that_fills_the_disk_is_named_and_the_old_one_kept(small_disk, capsys):
   run_dir = str(small_disk / "cell")
   os.makedirs(run_dir)
   manifest.write_record(run_dir, {"status": "running"})
   ballast = fill(small_disk, leave=0)
-  full = r"^no space left for cell.json in .*cell \(it needs 10.0 kB; 0 B free\)"
-  with pytest.raises(files.DiskFullError, match=full):
-    manifest.write_record(run_dir, {"status": "complete", "note": "x" * 10_000})
+  with pytest.raises(SystemExit) as stopped:  # as an entry point says it: one line, exit 1 (the run stopped)
+    cli.guard(lambda argv: manifest.write_record(run_dir, {"status": "complete", "note": "x" * 10_000}))(["sweep"])
+  said = capsys.readouterr().err
+  assert stopped.value.code == 1 and said.count("\n") == 1
+  assert re.match(r"^error: no space left for cell.json in .*cell \(it needs 10.0 kB; 0 B free\)", said), said
   assert manifest.read_record(run_dir) == {"status": "running"} and os.listdir(run_dir) == ["cell.json"]
   os.remove(ballast)
   manifest.write_record(run_dir, {"status": "complete"})

@@ -201,7 +201,7 @@ def test_an_error_that_lasts_stops_the_command_in_one_line(flaky, caplog, capsys
 
   with pytest.raises(SystemExit) as exited:
     cli.guard(main)(["train"])
-  assert exited.value.code == 2 and flaky.tries["up", "bucket/runs/tiny/results.json"] == 5
+  assert exited.value.code == 1 and flaky.tries["up", "bucket/runs/tiny/results.json"] == 5
   error = capsys.readouterr().err
   assert error.count("\n") == 1 and error.startswith(
       "error: gs://bucket/runs/tiny/results.json: upload failed 5 times over 0 s, the last with "

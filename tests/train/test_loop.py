@@ -20,7 +20,7 @@ from tapernorm_jax.model import sharding
 from tapernorm_jax.train import loop
 from tapernorm_jax.damaged import DamagedCheckpointError
 from tapernorm_jax.train.checkpoint import Checkpointer
-from tapernorm_jax.train.metrics import read_jsonl
+from tapernorm_jax.train.metrics import of_the_run, read_jsonl
 from tapernorm_jax.train.trainer import Trainer
 from locations import ROOT
 
@@ -130,8 +130,7 @@ def damage_metrics(workdir: str, step: int, torn_last: bool = False) -> None:
 @pytest.mark.slow  # three short runs
 def test_a_damaged_metrics_history_is_cut_back_to_its_last_verified_record_and_said(uninterrupted, data_dir,
                                                                                     tmp_path, capsys):
-  untimed = lambda workdir: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "data_wait_frac")}
-                             for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+  untimed = lambda workdir: [of_the_run(r) for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
   reference = untimed(uninterrupted[0])
   tail = str(tmp_path / "tail")  # damage after the checkpoint resumed from: nothing is lost
   loop.run(config(data_dir), tail, stop_after=15)
