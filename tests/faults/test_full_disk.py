@@ -60,6 +60,7 @@ def config(data_dir: str):
   return base.override(base.get_config("all_taper"), {**CHANGES, "data.data_dir": data_dir})
 
 
+@pytest.mark.slow  # three short runs
 def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_resumes_bit_exact(small_disk, tmp_path,
                                                                                               reference):
   cfg = lambda: config(str(tmp_path / "data"))

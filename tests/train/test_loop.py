@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -82,6 +83,8 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
   for key in ("logit_norm", "radial_grad", "s_mean", "s_tgt", "val_loss", "grad_norm/qkv", "grad_norm/mlp_out",
               "tokens_per_s", "lr", "scale_loss"):
     assert key in records[7], key
+  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux: KiB; the peak so far
+  assert all(50 < r["host_rss_mb"] <= peak_mb for r in records)  # resident memory when the step was read
   tb = EventAccumulator(os.path.join(workdir, "tensorboard"))
   tb.Reload()
   assert [e.value for e in tb.Scalars("loss")] == pytest.approx([r["loss"] for r in records], rel=1e-6)

@@ -1,0 +1,45 @@
+"""A soak of 10,000 steps with checkpoints, evaluations and diagnostics at short intervals: resident memory and step
+time stay flat after warm-up (from the run's own metrics.jsonl), and its directory's files stay bounded."""
+
+import json
+import os
+
+import jax
+import pytest
+
+from configs import base
+from tapernorm_jax.benchmarks import soak
+from tapernorm_jax.train.metrics import read_jsonl
+
+STEPS, KEEP = 10_000, 2
+SOAK = {"model.D": 16, "model.H": 2, "model.L": 1, "model.T": 16, "model.V": 512, "train.batch_size": 4,
+        "train.steps": STEPS, "train.log_every": 100, "train.diag_every": 250, "train.eval_batches": 1,
+        "checkpoint.every": 500, "checkpoint.keep": KEEP, "data.synthetic_train_stories": 400,
+        "data.synthetic_valid_stories": 60}
+RSS_BAND_MB = 32.0  # growth of the median resident memory from the first window after warm-up to the last
+STEP_TIME_BAND = 1.5  # the last window's median step time over the first's
+
+
+@pytest.mark.slow  # about a minute on 2 cores
+def test_ten_thousand_steps_stay_flat_in_memory_step_time_and_files(tmp_path):
+  cfg = base.override(base.get_config("all_taper"), {**SOAK, "data.data_dir": str(tmp_path / "data")})
+  run_dir = str(tmp_path / "run")
+  result = soak.run(cfg, run_dir, devices=jax.devices()[:1], sample_every_s=0.2)
+  records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  assert [r["step"] for r in records] == list(range(STEPS))
+  assert sum("val_loss" in r for r in records) == STEPS // 250  # an evaluation every 250 steps
+  assert result["rss_growth_mb"] < RSS_BAND_MB, result["windows"]
+  assert result["step_time_ratio"] < STEP_TIME_BAND, result["windows"]
+  # The files: as many complete checkpoints as kept, nothing temporary left, at the end exactly the run's own files
+  # and the kept checkpoints' (each checkpoint's manifest lists every file of it but itself).
+  checkpoints = os.path.join(run_dir, "checkpoints")
+  kept = sorted(int(d) for d in os.listdir(checkpoints))
+  assert kept == [STEPS - 500 * i for i in reversed(range(KEEP))] and result["checkpoints_max"] <= KEEP + 1
+  per_checkpoint = [len(json.load(open(os.path.join(checkpoints, str(s), "manifest.json")))["files"]) + 1 for s in kept]
+  own = ["config.json", "cpu_paths.json", "metrics.jsonl", "results.json", "tensorboard"]
+  assert sorted(os.listdir(run_dir)) == sorted(own + ["checkpoints"]) and len(os.listdir(f"{run_dir}/tensorboard")) == 1
+  assert result["final"]["files"] == len(own) + sum(per_checkpoint) and result["final"]["staging"] == 0
+  most = {field: max(c[field] for c in result["counts"]) for field in ("checkpoints", "staging")}
+  assert most["checkpoints"] <= KEEP + 1 and most["staging"] <= 2, most  # one save (and its manifest) at a time
+  # Between two saves, late in the run as early: Orbax writes a checkpoint of this model as 20–24 files (measured).
+  assert result["settled_files_second_half"] <= result["final"]["files"] + 1 + 4, result["counts"]  # + .lock
