@@ -40,11 +40,12 @@ class Count:
 def count(run_dir: str, elapsed_s: float) -> Count:
   """Counts the files under `run_dir` now."""
   total = staging = 0
-  for _, _, names in os.walk(run_dir):
+  steps: list[str] = []
+  for root, dirs, names in os.walk(run_dir):  # one walk, so the counts agree on which checkpoints there were
     total += len(names)
     staging += sum(bool(directory_lock.STAGING.search(n)) for n in names)
-  checkpoints = os.path.join(run_dir, "checkpoints")
-  steps = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+    if root == os.path.join(run_dir, "checkpoints"):
+      steps = list(dirs)
   staging += sum(bool(ORBAX_STAGING.search(d)) for d in steps)
   return Count(elapsed_s, total, staging, sum(d.isdigit() for d in steps))
 
@@ -77,7 +78,8 @@ class Sampler:
 def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: float, number: int
             ) -> list[dict[str, Any]]:
   """After the first `warmup_frac` of the steps, `number` equal windows of steps: each one's first and last step,
-  median resident memory (MB) and median step time (ms, from each step's tokens/s)."""
+  median resident memory (MB), and median and lower-quartile step time (ms, from each step's tokens/s; the lower
+  quartile is what the steps cost where other work on the host did not slow them)."""
   timed = [r for r in records if isinstance(r.get("tokens_per_s"), (int, float)) and r["tokens_per_s"] > 0]
   steady = timed[int(len(timed) * warmup_frac):]
   out = []
@@ -86,16 +88,17 @@ def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: fl
     if not chunk:
       continue
     rss = [r["host_rss_mb"] for r in chunk if isinstance(r.get("host_rss_mb"), (int, float))]
+    step_ms = [1e3 * tokens_per_step / r["tokens_per_s"] for r in chunk]
     out.append({"first_step": chunk[0]["step"], "last_step": chunk[-1]["step"],
-                "rss_mb": float(np.median(rss)) if rss else None,
-                "step_ms": float(np.median([1e3 * tokens_per_step / r["tokens_per_s"] for r in chunk]))})
+                "rss_mb": float(np.median(rss)) if rss else None, "step_ms": float(np.median(step_ms)),
+                "fast_step_ms": float(np.percentile(step_ms, 25))})
   return out
 
 
 def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], warmup_frac: float = 0.1,
             number: int = 10) -> dict[str, Any]:
-  """What a soak shows: the windows, resident memory's growth and the step time's ratio from the first window after
-  warm-up to the last, and the most files the directory held between two saves (all kept checkpoints complete,
+  """What a soak shows: the windows, resident memory's growth and the step time's ratios (median, lower quartile)
+  from the first window after warm-up to the last, and the most files the directory held between two saves (all kept checkpoints complete,
   nothing being written) in the first and the second half of the run."""
   records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
   parts = windows(records, cfg.train.batch_size * cfg.model.T, warmup_frac, number)
@@ -105,6 +108,7 @@ def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], w
   return {"steps": len(records), "warmup_frac": warmup_frac, "windows": parts,
           "rss_growth_mb": parts[-1]["rss_mb"] - parts[0]["rss_mb"] if parts and parts[0]["rss_mb"] else None,
           "step_time_ratio": parts[-1]["step_ms"] / parts[0]["step_ms"] if parts else None,
+          "fast_step_time_ratio": parts[-1]["fast_step_ms"] / parts[0]["fast_step_ms"] if parts else None,
           "settled_files_first_half": most(settled[:half], "files"),
           "settled_files_second_half": most(settled[half:], "files"), "files_max": most(counts, "files"),
           "staging_max": most(counts, "staging"), "checkpoints_max": most(counts, "checkpoints"),

@@ -18,7 +18,6 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = MESH_AXES  # the batch is split over every device
 # Logical parameter axis → mesh axis: parameters are fully sharded along `embed` over `fsdp`.

@@ -17,7 +17,10 @@ SOAK = {"model.D": 16, "model.H": 2, "model.L": 1, "model.T": 16, "model.V": 512
         "checkpoint.every": 500, "checkpoint.keep": KEEP, "data.synthetic_train_stories": 400,
         "data.synthetic_valid_stories": 60}
 RSS_BAND_MB = 32.0  # growth of the median resident memory from the first window after warm-up to the last
-STEP_TIME_BAND = 1.5  # the last window's median step time over the first's
+# The last window's lower-quartile step time over the first's. Alone on these 2 cores it is about 0.7–1.0; two busy
+# processes started halfway through the run made it 2.0 (the lower quartile, not the median, as a busy host slows
+# every step it shares); per-step work that grows with the step count goes past the band.
+STEP_TIME_BAND = 2.5
 
 
 @pytest.mark.slow  # about a minute on 2 cores
@@ -29,7 +32,7 @@ def test_ten_thousand_steps_stay_flat_in_memory_step_time_and_files(tmp_path):
   assert [r["step"] for r in records] == list(range(STEPS))
   assert sum("val_loss" in r for r in records) == STEPS // 250  # an evaluation every 250 steps
   assert result["rss_growth_mb"] < RSS_BAND_MB, result["windows"]
-  assert result["step_time_ratio"] < STEP_TIME_BAND, result["windows"]
+  assert result["fast_step_time_ratio"] < STEP_TIME_BAND, result["windows"]
   # The files: as many complete checkpoints as kept, nothing temporary left, at the end exactly the run's own files
   # and the kept checkpoints' (each checkpoint's manifest lists every file of it but itself).
   checkpoints = os.path.join(run_dir, "checkpoints")
