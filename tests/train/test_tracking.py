@@ -105,6 +105,9 @@ def test_a_resumed_tracker_skips_the_steps_its_run_holds(tmp_path):
   for step in range(10):
     first.log(step, {"loss": float(step)})
   first.close()
+  # W&B names an offline session's directory by the second it starts (offline-run-YYYYmmdd_HHMMSS-<id>): a second
+  # session in the same second would share the first's directory and file. A resumed run starts seconds later.
+  time.sleep(1.0 - time.time() % 1.0 + 0.05)
   second = tracking.WandbTracker(settings, run_dir, {"seed": 0})
   assert second.logged_through == 9
   for step in range(5, 15):  # a run resumed from step 5 trains 5-9 again
