@@ -98,8 +98,8 @@ def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: fl
 def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], warmup_frac: float = 0.1,
             number: int = 10) -> dict[str, Any]:
   """What a soak shows: the windows, resident memory's growth and the step time's ratios (median, lower quartile)
-  from the first window after warm-up to the last, and the most files the directory held between two saves (all kept checkpoints complete,
-  nothing being written) in the first and the second half of the run."""
+  from the first window after warm-up to the last, and the most files the directory held between two saves (all
+  kept checkpoints complete, nothing being written) in the first and the second half of the run."""
   records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
   parts = windows(records, cfg.train.batch_size * cfg.model.T, warmup_frac, number)
   settled = [c for c in counts if c.staging == 0 and c.checkpoints == cfg.checkpoint.keep]  # between two saves

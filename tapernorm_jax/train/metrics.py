@@ -112,7 +112,8 @@ class MetricsWriter:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """All records of a metrics file (local or remote); a damaged line raises DamagedHistoryError naming it."""
+  """All records of a metrics file (local or remote); a torn or damaged line raises integrity.DamagedLinesError naming
+  it."""
   records, damage = integrity.read_lines(files.workdir_path(path))
   if damage:
     raise integrity.DamagedLinesError(f"{path}: {damage}")
