@@ -99,18 +99,22 @@ def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], w
             number: int = 10) -> dict[str, Any]:
   """What a soak shows: the windows, resident memory's growth and the step time's ratios (median, lower quartile)
   from the first window after warm-up to the last, and the most files the directory held between two saves (all
-  kept checkpoints complete, nothing being written) in the first and the second half of the run."""
+  kept checkpoints complete, nothing being written) in the first and the second half of the run, and the median
+  count there (the most is taken by moments such as Orbax removing an old checkpoint beside the kept ones)."""
   records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
   parts = windows(records, cfg.train.batch_size * cfg.model.T, warmup_frac, number)
   settled = [c for c in counts if c.staging == 0 and c.checkpoints == cfg.checkpoint.keep]  # between two saves
   half = len(settled) // 2
   most = lambda part, field: max((getattr(c, field) for c in part), default=None)
+  typical = lambda part: float(np.median([c.files for c in part])) if part else None
   return {"steps": len(records), "warmup_frac": warmup_frac, "windows": parts,
           "rss_growth_mb": parts[-1]["rss_mb"] - parts[0]["rss_mb"] if parts and parts[0]["rss_mb"] else None,
           "step_time_ratio": parts[-1]["step_ms"] / parts[0]["step_ms"] if parts else None,
           "fast_step_time_ratio": parts[-1]["fast_step_ms"] / parts[0]["fast_step_ms"] if parts else None,
           "settled_files_first_half": most(settled[:half], "files"),
-          "settled_files_second_half": most(settled[half:], "files"), "files_max": most(counts, "files"),
+          "settled_files_second_half": most(settled[half:], "files"),
+          "settled_files_median_first_half": typical(settled[:half]),
+          "settled_files_median_second_half": typical(settled[half:]), "files_max": most(counts, "files"),
           "staging_max": most(counts, "staging"), "checkpoints_max": most(counts, "checkpoints"),
           "checkpoints_kept": cfg.checkpoint.keep, "final": dataclasses.asdict(count(run_dir, 0.0)),
           "counts": [dataclasses.asdict(c) for c in counts], "host": hardware.describe()}

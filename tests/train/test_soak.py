@@ -44,5 +44,8 @@ def test_ten_thousand_steps_stay_flat_in_memory_step_time_and_files(tmp_path):
   assert result["final"]["files"] == len(own) + sum(per_checkpoint) and result["final"]["staging"] == 0
   most = {field: max(c[field] for c in result["counts"]) for field in ("checkpoints", "staging")}
   assert most["checkpoints"] <= KEEP + 1 and most["staging"] <= 2, most  # one save (and its manifest) at a time
-  # Between two saves, late in the run as early: Orbax writes a checkpoint of this model as 20–24 files (measured).
-  assert result["settled_files_second_half"] <= result["final"]["files"] + 1 + 4, result["counts"]  # + .lock
+  # Between two saves, late in the run as early: the typical count is the final one (+ .lock). Not the most: on CI's
+  # host one moment between two saves in the second half held 10 files more than the end does (52 against 42 + 1), as
+  # a save's neighbours do for a moment; a file left behind at every save would add 10 to the median.
+  typical = (result["settled_files_median_first_half"], result["settled_files_median_second_half"])
+  assert typical[1] <= result["final"]["files"] + 1 and typical[1] <= typical[0] + 1, (typical, result["counts"])
