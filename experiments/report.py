@@ -30,7 +30,8 @@ def main(argv: list[str]) -> None:
                        f"the study to a local directory or drop --throughput")
     throughput.measure(_WORKDIR.value, throughput.Settings())
   written = report.write_report(_WORKDIR.value, _OUT.value)  # bad input raises ValueError: one line via cli.run
-  print(f"{written['complete']} of {written['runs']} runs complete; wrote {written['report']}, {written['csv']} and "
+  unlearned = f" ({written['no_context']} learned no context)" if written["no_context"] else ""
+  print(f"{written['complete']} of {written['runs']} runs complete{unlearned}; wrote {written['report']}, {written['csv']} and "
         f"{len(written['figures'])} figures")
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tapernorm_jax.studies import fits
-from tapernorm_jax.studies.run_rows import Run, size_order, variant_order
+from tapernorm_jax.studies.run_rows import FINISHED, Run, size_order, variant_order
 from tapernorm_jax.taper.variants import SIZES
 
 # Kanavalau, Amo Alonso and Lall, "Gated Normalization Removal and Scale Anchoring in Pre-Norm Transformers"
@@ -36,6 +36,7 @@ class Group:
   losses: list[float]
   expected: int  # runs of this group in the study (complete or not)
   params: int | None = None
+  no_context: list[float] = dataclasses.field(default_factory=list)  # losses of seeds that learned no context
   gap_pct: float | None = None  # relative to the baseline at the same size, in %
 
   @property
@@ -90,8 +91,8 @@ def aggregate(runs: Sequence[Run]) -> list[Group]:
   for run in runs:
     g = groups.setdefault((run.size, run.variant, run.aux), Group(run.size, run.variant, run.aux, [], 0))
     g.expected += 1
-    if run.status == "complete" and run.final_val_loss is not None:
-      g.losses.append(run.final_val_loss)
+    if run.status in FINISHED and run.final_val_loss is not None:
+      (g.losses if run.status == "complete" else g.no_context).append(run.final_val_loss)
       g.params = run.params if g.params is None else g.params
   for g in groups.values():
     ref = groups.get((g.size, "baseline", 0))

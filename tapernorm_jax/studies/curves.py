@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tapernorm_jax.studies.run_rows import Key, Run, read_metrics, size_order, variant_order
+from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, read_metrics, size_order, variant_order
 
 
 def series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -48,10 +48,10 @@ def taper_start(config: Mapping[str, Any]) -> int | None:
 
 
 class Curves:
-  """Metrics of the complete runs, read once, grouped by size and (variant, aux)."""
+  """Metrics of the finished runs (those that learned no context too), read once, grouped by size and (variant, aux)."""
 
   def __init__(self, runs: Sequence[Run], max_points: int = 2000) -> None:
-    self.runs = [r for r in runs if r.status == "complete" and r.path]
+    self.runs = [r for r in runs if r.status in FINISHED and r.path]
     self.records = {r.cell: read_metrics(r.path, max_points) for r in self.runs}
 
   def sizes(self) -> list[str]:

@@ -86,7 +86,7 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   Each size sits at its baseline's parameter count (variants differ by a few γ̃ vectors), the variants
   spread slightly sideways so that their error bars stay apart.
   """
-  done = [g for g in groups if g.n and g.params]
+  done = [g for g in groups if (g.n or g.no_context) and g.params]
   keys = sorted({(g.variant, g.aux) for g in done}, key=variant_order)
   if not keys:
     return None
@@ -100,14 +100,18 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   for i, key in enumerate(keys):
     shift = 1.0 + 0.025 * (i - (len(keys) - 1) / 2)
     for j, budget in enumerate(study_budgets):  # one line per token budget, told apart by its marker
-      pts = [(at[split_size(g.size)[0]] * shift, g.mean, g.std or 0.0)
-             for g in sorted(done, key=lambda g: size_order(g.size))
-             if (g.variant, g.aux) == key and split_size(g.size)[1] == budget]
-      if not pts:
-        continue
-      x, y, err = (np.asarray(v, float) for v in zip(*pts))
-      ax.errorbar(x, y, yerr=err, marker="osD^v<>"[j % 7], markersize=4, capsize=3, linewidth=1.5,
-                  label=label(*key) + (f", budget {budget}" if budget else ""), **_style(key))
+      line = [g for g in sorted(done, key=lambda g: size_order(g.size))
+              if (g.variant, g.aux) == key and split_size(g.size)[1] == budget]
+      name = label(*key) + (f", budget {budget}" if budget else "")
+      pts = [(at[split_size(g.size)[0]] * shift, g.mean, g.std or 0.0) for g in line if g.n]
+      if pts:
+        x, y, err = (np.asarray(v, float) for v in zip(*pts))
+        ax.errorbar(x, y, yerr=err, marker="osD^v<>"[j % 7], markersize=4, capsize=3, linewidth=1.5, label=name,
+                    **_style(key))
+      unlearned = [(at[split_size(g.size)[0]] * shift, loss) for g in line for loss in g.no_context]
+      if unlearned:  # seeds outside the mean, each shown where it ended
+        ax.plot(*zip(*unlearned), linestyle="none", marker="x", markersize=7, color=_style(key).get("color"),
+                label=f"{name}: learned no context (not in the mean)")
   ax.set_xscale("log")
   ax.set_xticks([at[s] for s in sizes], [f"{s}\n{params_text(int(at[s]))}" for s in sizes])
   ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -115,7 +119,8 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   ax.set_xlim(lo / 1.4, hi * 1.4)
   ax.set_xlabel("parameters (log scale)")
   ax.set_ylabel("validation loss at g = 0 (nats/token)")
-  ax.set_title("Validation loss vs model size (mean ± std over seeds)")
+  ax.set_title("Validation loss vs model size (mean ± std over seeds)"
+               + ("\n× a seed that learned no context" if any(g.no_context for g in done) else ""))
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()

@@ -21,8 +21,8 @@ from tapernorm_jax.studies import manifest, predict, scaling, throughput as thro
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
 from tapernorm_jax.studies.figures import figure_title, make_figures, save_png
-from tapernorm_jax.studies.run_rows import (CSV_COLUMNS, Run, label, params_text, read_runs, size_order, unanchored,
-                                            variant_order)
+from tapernorm_jax.studies.run_rows import (CSV_COLUMNS, FINISHED, NO_CONTEXT_MARGIN, Run, label, params_text,
+                                            read_runs, size_order, unanchored, variant_order)
 
 
 def csv_text(runs: Sequence[Run]) -> str:
@@ -56,6 +56,7 @@ def table2_markdown(groups: Sequence[Group], with_paper: bool = False) -> str:
         row.append("—")
         continue
       seeds = f"n = {g.n}" + (f" of {g.expected}" if g.expected != g.n else "")
+      seeds += f" (**{len(g.no_context)} learned no context**)" if g.no_context else ""
       text = (loss_text(g.mean, g.std, g.gap_pct) if g.n else "no complete run") + f" · {seeds}"
       paper = PAPER_TABLE2.get((size, variant, aux))
       if with_paper and paper:
@@ -153,12 +154,15 @@ def setup_lines(runs: Sequence[Run]) -> list[str]:
 
 def status_lines(runs: Sequence[Run]) -> list[str]:
   """How many runs are complete, and which are failed, incomplete, never started or missing."""
-  complete = sum(r.status == "complete" for r in runs)
-  lines = [f"{complete} of {len(runs)} runs complete."]
-  for state, what in (("failed", "Failed"), ("incomplete", "Incomplete"), ("pending", "Not started"),
+  finished, unlearned = sum(r.status in FINISHED for r in runs), sum(r.status == "no_context" for r in runs)
+  lines = [f"{finished} of {len(runs)} runs complete" + (f", {unlearned} of them learned no context." if unlearned
+                                                         else ".")]
+  for state, what in (("no_context", f"**Learned no context** (complete, but the validation loss is above the "
+                                     f"unigram reference less {NO_CONTEXT_MARGIN} nats: in no mean, gap or fit)"),
+                      ("failed", "Failed"), ("incomplete", "Incomplete"), ("pending", "Not started"),
                       ("missing", "Missing (in the sweep's grid, no run directory)")):
     bad = [r for r in runs if r.status == state]
-    if state in ("failed", "incomplete"):  # one entry per run, with its error
+    if state in ("no_context", "failed", "incomplete"):  # one entry per run, with its error
       items = [f"`{r.cell}`" + (f" ({r.error})" if r.error else "") for r in bad]
     else:  # one entry per size × variant, with its seeds
       seeds: dict[str, list[int]] = {}
@@ -194,7 +198,7 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
            "## Table 2 — validation loss at g = 0", "",
            "Mean ± sample standard deviation (ddof = 1) over the complete seeds, in nats/token, evaluated with the "
            "gate at 0; in brackets the gap to the baseline of the same size; n counts the seeds that finished "
-           "(\"n = 2 of 3\": one is missing or failed)."
+           "(\"n = 2 of 3\": one is missing, failed or learned no context)."
            + (" Beside each cell: the paper's value (Kanavalau, Amo Alonso and Lall, arXiv 2602.10408, Table 2; "
               "6 seeds)." if with_paper else ""), "", table2_markdown(groups, with_paper), ""]
   if controls := controls_markdown(groups):
@@ -284,4 +288,5 @@ def _write_report(workdir: str, out: str) -> dict[str, Any]:
   write_text_atomically(os.path.join(out, "report.md"), text)
   return {"report": os.path.join(out, "report.md"), "csv": os.path.join(out, "results.csv"),
           "figures": [os.path.join(out, "figures", n) for n in figures], "runs": len(runs),
-          "complete": sum(r.status == "complete" for r in runs)}
+          "complete": sum(r.status in FINISHED for r in runs),
+          "no_context": sum(r.status == "no_context" for r in runs)}

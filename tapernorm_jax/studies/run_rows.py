@@ -16,11 +16,16 @@ from tapernorm_jax.studies import grid, manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 CSV_COLUMNS = ("cell", "variant", "aux", "scale_loss_weight", "size", "seed", "params", "steps", "tokens",
-               "final_val_loss", "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus", "device")
+               "final_val_loss", "unigram_loss", "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus",
+               "device")
 VARIANT_ORDER = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
                  ("fakeln", 1), ("prepbn", 0), ("prepbn", 1), ("dyt", 0), ("dyt", 1), ("derf", 0), ("derf", 1),
                  ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0), ("fakeln", 0))
 Key = tuple[str, int]  # (variant, aux)
+# A complete run whose validation loss is above the unigram reference less this (nats/token) learned no context
+# worth the name (data/unigram.py); its loss enters no mean, gap, fit or prediction, and the report names it.
+NO_CONTEXT_MARGIN = 0.1
+FINISHED = ("complete", "no_context")  # states of a run that trained to its last step
 
 
 def label(variant: str, aux: int) -> str:
@@ -83,13 +88,16 @@ class Run:
   aux: int  # the scale loss on (1) or off (0)
   size: str  # the size preset, `@` its token budget where the sweep gave one (`cpu@tpp20`; studies/grid.py)
   seed: int
-  status: str  # complete | failed | incomplete | pending (never started) | missing (in the grid, no directory)
+  # complete | no_context (complete, its loss within NO_CONTEXT_MARGIN of the unigram reference or above it) | failed
+  # | incomplete | pending (never started) | missing (in the grid, no directory)
+  status: str
   path: str = ""
   error: str = ""
   params: int | None = None
   steps: int | None = None
   tokens: int | None = None
   final_val_loss: float | None = None
+  unigram_loss: float | None = None  # results.json's unigram_val_loss (runs before it was recorded: None)
   wall_time_s: float | None = None
   tokens_per_s: float | None = None
   mfu: float | None = None
@@ -189,8 +197,13 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     run.params, run.steps, run.tokens = results.get("params"), results.get("steps"), results.get("tokens")
     loss = results.get("final_val_loss")
     run.final_val_loss = float(loss) if loss is not None else None
+    run.unigram_loss = results.get("unigram_val_loss")
     if run.final_val_loss is not None and not math.isfinite(run.final_val_loss):
       run.status, run.error = "failed", f"final validation loss is {run.final_val_loss}"
+    elif learned_no_context(run):
+      run.status = "no_context"
+      run.error = (f"validation loss {run.final_val_loss:.4g} against the unigram reference {run.unigram_loss:.4f}: "
+                   "it learned no context")
     run.wall_time_s, run.corpus = results.get("wall_time_s"), results.get("corpus", "")
     run.tokens_per_s = steady_tokens_per_s(read_metrics(run_dir)) or (
         run.tokens / run.wall_time_s if run.tokens and run.wall_time_s else None)
@@ -202,6 +215,13 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     peak = results.get("peak_flops") or count * (hardware.peak_flops(kind) or 0)
     run.mfu = hardware.mfu(run.tokens_per_s, fpt, peak) if fpt else None
   return run
+
+
+def learned_no_context(run: Run) -> bool:
+  """A complete run whose validation loss is above its unigram reference less NO_CONTEXT_MARGIN (or diverged above
+  it); False where the run recorded no reference."""
+  return (run.status == "complete" and run.final_val_loss is not None and run.unigram_loss is not None
+          and run.final_val_loss > run.unigram_loss - NO_CONTEXT_MARGIN)
 
 
 def is_run_dir(path: str) -> bool:

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from tapernorm_jax import allocator, compilation_cache, data, directory_lock, files, hardware, integrity
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax.data import unigram
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, param_count, sharding
 from tapernorm_jax.taper import methods
@@ -225,15 +226,19 @@ def global_batch(trainer: Trainer, local_BxT1: np.ndarray) -> jax.Array:
   return jax.make_array_from_process_local_data(trainer.batch_sharding, np.asarray(local_BxT1, np.int32))
 
 
-def evaluate(trainer: Trainer, state: State, sets: dict[str, list[jax.Array]]) -> dict[str, float]:
-  """Mean cross-entropy at g = 0 of each evaluation set (`val`: the corpus's validation split)."""
-  return {name: float(np.mean(jax.device_get([trainer.eval_step(state, b) for b in batches])))
-          for name, batches in sets.items()}
+def evaluate(trainer: Trainer, state: State, sets: dict[str, list[jax.Array]]) -> dict[str, Any]:
+  """Mean cross-entropy of each evaluation set (`val`: the corpus's validation split) and the gate it was taken at:
+  0 (the g = 0 model) once every gate is 0 for good, before that the gates the model trains at."""
+  gate = trainer.eval_gate(int(jax.device_get(state["step"])))
+  step_fn = trainer.eval_step if gate == 0.0 else trainer.eval_gated_step
+  return {"gate": gate, "losses": {name: float(np.mean(jax.device_get([step_fn(state, b) for b in batches])))
+                                   for name, batches in sets.items()}}
 
 
-def eval_metrics(losses: dict[str, float]) -> dict[str, float]:
-  """`val_loss` and `eval/<name>` for the other sets."""
-  return {"val_loss" if name == "val" else f"eval/{name}": value for name, value in losses.items()}
+def eval_metrics(evaluated: dict[str, Any]) -> dict[str, float]:
+  """`val_loss` and `eval/<name>` for the other sets, and `val_gate`, the mean gate they were taken at."""
+  return {**{"val_loss" if name == "val" else f"eval/{name}": value for name, value in evaluated["losses"].items()},
+          "val_gate": evaluated["gate"]}
 
 
 def evaluation_batches(trainer: Trainer, cfg: ml_collections.ConfigDict, prepared: data.Prepared
@@ -248,12 +253,14 @@ def evaluation_batches(trainer: Trainer, cfg: ml_collections.ConfigDict, prepare
           for name, batches in windows.items()}
 
 
-def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, losses: dict[str, float]) -> dict[str, Any]:
-  """What results.json says of a run whatever the machine: its identity, progress and final losses at g = 0."""
+def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, evaluated: dict[str, Any]) -> dict[str, Any]:
+  """What results.json says of a run whatever the machine: its identity, progress and final losses (at g = 0 once
+  the gates have reached it: `val_gate`)."""
+  losses = evaluated["losses"]
   B, T, done = cfg.train.batch_size, cfg.model.T, int(jax.device_get(state["step"]))
   return {"schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": corpus,
           "scale_loss_weight": methods.scale_loss_weight(cfg), "steps": done, "tokens": done * B * T,
-          "final_val_loss": losses["val"], "eval_losses": losses, "val_gate": 0.0,
+          "final_val_loss": losses["val"], "eval_losses": losses, "val_gate": evaluated["gate"],
           "val_tokens": cfg.train.eval_batches * B * T,
           "params": param_count(state["params"]), "method": methods.name(cfg), "init_from": cfg.get("init_from", ""),
           "complete": done >= cfg.train.steps}
@@ -275,7 +282,7 @@ def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_
   """Steps `start`… to the end (or `stop_after`): evaluation and diagnostics every `train.diag_every`, checkpoints
   every `checkpoint.every` and at the end; returns the state and the last evaluation ({"step", "losses"})."""
   cfg, steps = trainer.cfg, trainer.cfg.train.steps
-  evaluated = {"step": -1, "losses": {}}
+  evaluated = {"step": -1, "gate": 0.0, "losses": {}}
   for k in range(start, steps):
     peers.at_step(k, reporter.ckpt.directory)  # named if another process is lost (multi-process runs)
     t0 = time.time()
@@ -286,8 +293,8 @@ def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_
     state, metrics = step_fn(state, batch)
     done = k + 1
     if done % cfg.train.diag_every == 0 or done == steps:
-      evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
-      metrics = {**metrics, **trainer.diagnostics(state, batch), **eval_metrics(evaluated["losses"])}
+      evaluated = {"step": done, **evaluate(trainer, state, eval_sets)}
+      metrics = {**metrics, **trainer.diagnostics(state, batch), **eval_metrics(evaluated)}
     reporter.push(k, metrics)
     profiler.after_step(k, state)
     stopping = stop_after is not None and done >= stop_after
@@ -347,8 +354,10 @@ def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, 
   writer.close()
   done = int(jax.device_get(state["step"]))
   if evaluated["step"] != done:
-    evaluated = {"step": done, "losses": evaluate(trainer, state, eval_sets)}
-  results = {**results_of(cfg, prepared.name, state, evaluated["losses"]), "wall_time_s": time.time() - t_start,
+    evaluated = {"step": done, **evaluate(trainer, state, eval_sets)}
+  results = {**results_of(cfg, prepared.name, state, evaluated), "wall_time_s": time.time() - t_start,
+             **unigram.reference(prepared.tokens("train"), data.eval_batches(prepared, B, T, cfg.train.eval_batches),
+                                 prepared.vocab_size),
              "resumed_from": start, "time_to_first_step_s": reporter.first_step_s, "devices": mesh.size,
              "backend": jax.default_backend(),
              "device_kind": mesh.devices.flat[0].device_kind, "cpu_paths": trainer.paths_choice.record(),

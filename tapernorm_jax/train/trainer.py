@@ -82,6 +82,8 @@ class Trainer:
     self.train_step, self.fixed_train_step = step(False), step(True)
     self.eval_step = jax.jit(self._eval_step, in_shardings=(self.state_shardings, self.batch_sharding),
                              out_shardings=replicated)
+    self.eval_gated_step = jax.jit(self._eval_gated_step, in_shardings=(self.state_shardings, self.batch_sharding),
+                                   out_shardings=replicated)
     self.diagnostics = jax.jit(self._diagnostics, in_shardings=(self.state_shardings, self.batch_sharding),
                                out_shardings=replicated)
 
@@ -182,6 +184,18 @@ class Trainer:
     ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
                                           state["step"], self.fixed_cfg, False)[1][0]
     return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
+
+  def _eval_gated_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
+    """Cross-entropy at the gates of the state's step (before they reach 0), one microbatch at a time."""
+    gates = self.method.gates(state["step"])
+    ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, gates, state["step"],
+                                          self.model_cfg, False)[1][0]
+    return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
+
+  def eval_gate(self, step: int) -> float:
+    """The mean gate a validation at `step` is taken at: 0 once every gate is 0 for good (the g = 0 model), before
+    that the gates the model trains at (a g = 0 loss then reads a calibration the model has moved past)."""
+    return 0.0 if step >= self.method.off_step else float(self.method.gates(jnp.asarray(step)).mean())
 
   def _diagnostics(self, state: State, batch_BxT1: jax.Array) -> dict[str, jax.Array]:
     """Scale-anchoring diagnostics at the current gates: logit norm, s(h), s_tgt, radial gradient at h, each c."""

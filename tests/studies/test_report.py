@@ -247,3 +247,31 @@ def test_long_metrics_files_are_thinned_keeping_diagnostics_and_the_last_step(tm
   steps = [r["step"] for r in records]
   assert steps[-1] == 999 and {s for s in steps if s % 100 == 37} == set(range(37, 1000, 100))
   assert 15 <= len(records) <= 25
+
+
+def test_a_run_that_learned_no_context_is_named_and_kept_out_of_every_mean(study, tmp_path):
+  # baseline-3m: seed 0 (1.5) ends 0.05 nats under its unigram reference, seed 1 (1.7) 2 nats under it
+  for seed, unigram in ((0, 1.55), (1, 3.7)):
+    path = os.path.join(study, grid.Cell("baseline", "3m", 0, seed).name, "results.json")
+    with open(path) as f:
+      results = {**json.load(f), "unigram_val_loss": unigram}
+    with open(path, "w") as f:
+      json.dump(results, f)
+  runs = {r.cell: r for r in run_rows.read_runs(study)}
+  assert runs["baseline-3m-aux0-seed0"].status == "no_context" and "1.5500" in runs["baseline-3m-aux0-seed0"].error
+  assert runs["baseline-3m-aux0-seed1"].status == "complete" and runs["baseline-3m-aux0-seed2"].unigram_loss is None
+  groups = {(g.size, g.variant, g.aux): g for g in aggregate.aggregate(list(runs.values()))}
+  base = groups[("3m", "baseline", 0)]
+  assert base.losses == [1.7, 1.6] and base.no_context == [1.5] and base.expected == 3
+  assert groups[("3m", "internal_taper", 1)].gap_pct == pytest.approx(100 * (1.7 - 1.65) / 1.65)
+  written = report.write_report(study, str(tmp_path / "out"))
+  text = open(written["report"]).read()
+  assert "**Learned no context**" in text and "`baseline-3m-aux0-seed0` (validation loss 1.5 against" in text
+  assert "1.6500 ± 0.0707 · n = 2 of 3 (**1 learned no context**)" in text
+  with open(written["csv"]) as f:
+    row = next(r for r in csv.DictReader(f) if r["cell"] == "baseline-3m-aux0-seed0")
+  assert (row["status"], float(row["unigram_loss"])) == ("no_context", 1.55)
+  fig = figures.figure_scaling(aggregate.aggregate(list(runs.values())))
+  crosses = [line for line in fig.axes[0].lines if line.get_marker() == "x"]
+  assert [tuple(line.get_ydata()) for line in crosses] == [(1.5,)]
+  assert "baseline: learned no context (not in the mean)" in [t.get_text() for t in fig.axes[0].get_legend().texts]

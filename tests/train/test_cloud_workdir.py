@@ -173,6 +173,6 @@ def test_a_gs_study_runs_skips_what_is_done_and_reports(gcs, tmp_path):
   written = report.write_report(study)
   assert written["report"] == f"{study}/report.md" and (written["runs"], written["complete"]) == (2, 2)
   text = (remote / "report.md").read_text()
-  assert text.startswith("# Study report: tiny") and "2 of 2 runs complete." in text
+  assert text.startswith("# Study report: tiny") and "2 of 2 runs complete" in text
   assert (remote / "results.csv").read_text().count("complete") == 2
   assert sorted(os.listdir(remote / "figures")) == sorted(os.path.basename(f) for f in written["figures"])

@@ -1,5 +1,6 @@
 """The training job end to end on the offline corpus: results, metrics, resume, checkpoints, failures."""
 
+import collections
 import glob
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from configs import base
+from tapernorm_jax import data
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train import loop
 from tapernorm_jax.damaged import DamagedCheckpointError
@@ -59,7 +61,7 @@ def uninterrupted(tmp_path_factory, data_dir):
   return workdir, loop.run(config(data_dir, **{"train.profile_steps": 2, "train.profile_start": 4}), workdir)
 
 
-def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
+def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted, data_dir):
   workdir, results = uninterrupted
   records = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in records] == list(range(24))
@@ -73,6 +75,17 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted):
   assert np.isfinite(saved["final_val_loss"]) and saved["complete"] and saved["steps"] == 24
   assert saved["corpus"].startswith("synthetic-stories") and saved["variant"] == "all_taper"
   assert saved["tokens"] == 24 * 8 * 32 and saved["schema"] == loop.RESULTS_SCHEMA
+  # validations during the taper are taken at the gate the model trains at (the half-cosine from step 6 to 18), at
+  # g = 0 once it is 0 for good
+  gates = {r["step"] + 1: r["val_gate"] for r in records if "val_loss" in r}
+  assert gates == pytest.approx({8: 0.5 * (1 + np.cos(np.pi * 2 / 12)), 16: 0.5 * (1 + np.cos(np.pi * 10 / 12)),
+                                 24: 0.0}) and saved["val_gate"] == 0.0
+  prepared = data.prepare(config(data_dir).data)  # the unigram reference: frequencies of the train stream, scored
+  seen = collections.Counter(prepared.tokens("train").tolist())  # on the validation windows the run evaluated
+  targets = np.concatenate([w[:, 1:].ravel() for w in data.eval_batches(prepared, 8, 32, 2)]).tolist()
+  total = sum(seen.values()) + prepared.vocab_size
+  assert saved["unigram_val_loss"] == pytest.approx(-np.mean([np.log((seen[t] + 1) / total) for t in targets]))
+  assert saved["val_unseen_tokens"] == sum(seen[t] == 0 for t in targets)
   steady = np.median([r["tokens_per_s"] for r in records[1:]])  # the first step read includes compiling
   assert saved["tokens_per_s"] == pytest.approx(steady, rel=1e-6)
   m = json.load(open(os.path.join(workdir, "config.json")))["model"]

@@ -1,0 +1,31 @@
+"""The unigram reference: the validation loss of a model that learned each token's frequency and no context.
+
+A run whose validation loss sits at this reference learned nothing a bigram could not beat; the study tools mark such
+runs instead of averaging them (studies/run_rows.py). It is computed from the run's own data: token frequencies of
+the training stream (add-one smoothed, so an id never seen in training has a finite cost) scored on the very windows
+the run evaluates.
+"""
+
+from collections.abc import Iterable
+
+import numpy as np
+
+CHUNK = 1 << 24  # tokens counted per bincount call (an int64 copy of a 470M-token stream would take 3.8 GB)
+
+
+def counts(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+  """How often each id occurs in `tokens`, shape (vocab_size,), int64."""
+  counts_V = np.zeros(vocab_size, np.int64)
+  for start in range(0, tokens.shape[0], CHUNK):
+    counts_V += np.bincount(np.asarray(tokens[start:start + CHUNK]), minlength=vocab_size)[:vocab_size]
+  return counts_V
+
+
+def reference(train_tokens: np.ndarray, windows_BxT1: Iterable[np.ndarray], vocab_size: int) -> dict[str, float | int]:
+  """`unigram_val_loss` (nats/token) on the targets of `windows_BxT1` (each window's tokens after its first), and
+  `val_unseen_tokens`, how many of those targets have an id that never occurs in `train_tokens`."""
+  counts_V = counts(train_tokens, vocab_size)
+  log_p_V = np.log(counts_V + 1.0) - np.log(counts_V.sum() + vocab_size)
+  targets_N = np.concatenate([np.asarray(w)[:, 1:].ravel() for w in windows_BxT1])
+  return {"unigram_val_loss": float(-log_p_V[targets_N].mean()),
+          "val_unseen_tokens": int((counts_V[targets_N] == 0).sum())}
