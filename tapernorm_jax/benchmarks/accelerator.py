@@ -58,6 +58,10 @@ class Settings:
     for name in ("test_timeout_s", "peer_timeout_s"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+    if self.checkout and not os.path.isfile(os.path.join(self.checkout, "tests", "conftest.py")):
+      what = "does not exist" if not os.path.exists(self.checkout) else "is not a clone of tapernorm_jax (no tests/)"
+      raise ValueError(f"checkout={self.checkout}: {what}; give the directory of a clone of the repository, or "
+                       "leave it out to use the one this package was installed from")
 
 
 def checkout_dir(s: Settings) -> str | None:

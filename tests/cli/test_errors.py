@@ -1,6 +1,7 @@
 """Every kind of user mistake gets one line on stderr that names the flag or field and the fix, a non-zero exit, no
 traceback, and leaves the run directory as it was; library functions refuse inputs outside their domain by name."""
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -333,3 +334,23 @@ def test_documents_too_long_for_tokenizer_training_are_counted(monkeypatch, capl
     sentencepiece.train(docs, sentencepiece.TokenizerSettings(vocab_size=400), "tiny corpus")
   [record] = caplog.records
   assert "tiny corpus: 2 document(s) longer than 300 bytes (the longest 500) were left out" in record.getMessage()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is not None, reason="lm-eval is installed here")
+def test_the_harness_without_lm_eval_says_so_in_one_line():
+  out = subprocess.run([sys.executable, "-m", "tapernorm_jax.harness", "--tasks", "lambada"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2 and out.stdout == "" and out.stderr.strip().splitlines() == [
+      "error: python -m tapernorm_jax.harness needs lm-eval: lm_eval is not installed; "
+      "pip install 'tapernorm-jax[eval]'"]
+
+
+@pytest.mark.parametrize("where", ["missing", "not_a_clone"])
+def test_an_accelerator_check_checkout_that_is_not_a_clone_is_named(tmp_path, where):
+  directory = tmp_path / where
+  if where == "not_a_clone":
+    directory.mkdir()
+  line = one_line_error(run_cli("accelerator_check", f"--checkout={directory}", f"--out={tmp_path / 'out'}"))
+  assert line.startswith(f"error: --checkout={directory}: ") and ("does not exist" if where == "missing"
+                                                                  else "is not a clone") in line
+  assert not (tmp_path / "out").exists()
