@@ -186,8 +186,8 @@ def _remove_a_node_mid_cell(head, workers, workdir: str, names: list[str], remov
 @pytest.mark.slow
 def test_a_lost_node_costs_one_checkpoint_interval_and_the_result_is_unchanged(cluster, tmp_path, data_dir):
   head, workers = cluster
-  long = {"train": {"steps": 1200, "log_every": 50, "diag_every": 200}, "checkpoint": {"every": 100}}
-  grids = [dict(variants=["baseline", "all_taper"], sizes=["cpu"], seeds=[0, 1]),
+  long = {"train": {"steps": 600, "log_every": 50, "diag_every": 200}, "checkpoint": {"every": 100}}
+  grids = [dict(variants=["baseline", "all_taper"], sizes=["cpu"], seeds=[0]),
            dict(variants=["internal_taper"], sizes=["cpu"], overrides={"taper": {"taper_end": 5000}})]  # > steps
   sweep_file, cells = study(tmp_path, data_dir, grids, long)
   workdir = str(tmp_path / "study")
@@ -200,18 +200,18 @@ def test_a_lost_node_costs_one_checkpoint_interval_and_the_result_is_unchanged(c
   first = run_cli("experiments.sweep", *flags, check=False)
   watcher.join()
   assert removed, first.stdout
-  assert first.returncode == 1 and "4 of 5 cells complete, 1 failed" in first.stdout, first.stdout + first.stderr
+  assert first.returncode == 1 and "2 of 3 cells complete, 1 failed" in first.stdout, first.stdout + first.stderr
   assert first.stdout.rstrip().splitlines()[-1].count("internal_taper-cpu-aux1-seed0") == 1
   statuses = {c.name: manifest.cell_status(os.path.join(workdir, c.name)) for c in cells}
   assert "taper.taper_end=5000" in statuses["internal_taper-cpu-aux1-seed0"].error  # failed once: not retried
   name, step_at_loss = removed[0]
   resumed = statuses[name].results
-  assert 0 < resumed["resumed_from"] <= step_at_loss and resumed["steps"] == 1200
+  assert 0 < resumed["resumed_from"] <= step_at_loss and resumed["steps"] == 600
   with open(os.path.join(workdir, name, "metrics.jsonl")) as f:
     steps = [json.loads(line)["step"] for line in f if '"loss"' in line]
   assert steps == sorted(set(steps))  # no step recorded twice after the resume
   again = run_cli("experiments.sweep", *flags, "--noretry_failed", check=False)
-  assert "5 already done or skipped, 0 to run" in again.stdout and again.returncode == 1
+  assert "3 already done or skipped, 0 to run" in again.stdout and again.returncode == 1
   # The same cell uninterrupted, on the node that is left: the same final validation loss, bit for bit.
   reference = [c for c in cells if c.name == name]
   manifest.write_manifest(str(tmp_path / "reference"), {"name": "ref"}, reference)
