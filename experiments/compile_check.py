@@ -35,13 +35,28 @@ _SUGGEST_LIMIT = flags.DEFINE_integer("suggest_limit", 8, "At most this many ext
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: runs/compile_check/<topology>-<variant>-<size>).")
 
 
+def check_flags(T: int) -> None:
+  """ValueError naming the first decoding or suggestion flag out of range, before anything compiles."""
+  bad = [(_DECODE_BATCH.value >= 0, f"--decode_batch={_DECODE_BATCH.value}: must be >= 0 (0: one row per chip)"),
+         (_PROMPT_LEN.value >= 0, f"--prompt_len={_PROMPT_LEN.value}: must be >= 0 (0: half of model.T)"),
+         (_PROMPT_LEN.value < T, f"--prompt_len={_PROMPT_LEN.value}: the KV cache holds model.T = {T} positions and "
+                                 f"the decode step needs one after the prompt; use at most {T - 1}, or raise "
+                                 "--config.model.T"),
+         (_SUGGEST_LIMIT.value >= 0, f"--suggest_limit={_SUGGEST_LIMIT.value}: must be >= 0 (0: no extra compiles)")]
+  for ok, message in bad:
+    if not ok:
+      raise ValueError(message)
+
+
 def main(argv: list[str]) -> None:
   """Compiles, prints the table, writes the report; a run that does not fit ends in one line (exit 2)."""
   from tapernorm_jax.aot import check, report
   from tapernorm_jax.files import write_report
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  cfg, target = _CONFIG.value, check.Target(_TOPOLOGY.value, _SLICES.value)
+  cfg = _CONFIG.value
+  check_flags(cfg.model.T)
+  target = check.Target(_TOPOLOGY.value, _SLICES.value)
   only = tuple(_PROGRAMS.value)
   inference = not only or bool(set(only) & {"fold", "prefill", "decode_step"})
   decoding = check.default_decoding(cfg, target, _DECODE_BATCH.value, _PROMPT_LEN.value) if inference else None
