@@ -1,7 +1,7 @@
 """What every entry point shares: `run(main)` in place of absl's `app.run(main)`, and flags from a settings dataclass
 (`flags.py`). `run` reports a user's mistake as one line on stderr and exits 2, or 1 for a stopped run, without a
 traceback (what counts as which: `failures.py`); anything else is a bug and keeps its traceback, and `--verbose`
-shows it for mistakes too. `--check_only` checks the flags and config files, then exits. Before anything runs, glibc's
+shows it for mistakes too. `--check_only` checks the flags, config files and a training config's values, then exits. Before anything runs, glibc's
 malloc is told to keep freed memory (`tapernorm_jax/allocator.py`: XLA:CPU's per-step buffers without page faults).
 """
 
@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from absl import app, logging
+from absl.flags import FLAGS
 
 from tapernorm_jax import allocator
 from tapernorm_jax.cli.failures import describe, exit_code, fail
-from tapernorm_jax.cli.flags import (check_only, define_config_file, define_flags, from_flags, parse_flags, settings,
-                                     verbose)
+from tapernorm_jax.cli.flags import (check_only, config_flag_names, define_config_file, define_flags, from_flags,
+                                     parse_flags, settings, verbose)
 
 __all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flags", "guard", "run", "settings", "train"]
 
@@ -33,7 +34,13 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
   @functools.wraps(main)
   def guarded(argv: list[str]) -> Any:
     if check_only():
-      print("--check_only: the flags and config files are valid; nothing was run")
+      try:
+        check_run_configs()
+      except Exception as e:  # noqa: BLE001 (classified as below)
+        if exit_code(e) is None or verbose(argv):
+          raise
+        fail(describe(e), exit_code(e))
+      print("--check_only: the flags, config files and config values are valid; nothing was run")
       return None
     try:
       return main(argv)
@@ -44,6 +51,17 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
       fail(describe(e), code)
 
   return guarded
+
+
+def check_run_configs() -> None:
+  """--check_only: every training config among the flags checked as a run checks it before compiling (the batch's
+  split over devices against mesh.data × mesh.fsdp where both are set, else not)."""
+  from tapernorm_jax.train import run_config  # the training stack: only for configs that train
+  for name in config_flag_names():
+    cfg = FLAGS[name].value
+    if all(section in cfg for section in ("model", "train", "opt", "taper", "mesh")):
+      devices = cfg.mesh.data * cfg.mesh.fsdp if cfg.mesh.data > 0 and cfg.mesh.fsdp > 0 else 1
+      run_config.validate(cfg, devices)
 
 
 def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:

@@ -366,3 +366,25 @@ def test_compile_check_flags_out_of_range_are_one_line_before_compiling(tmp_path
   line = one_line_error(run_cli("compile_check", "--topology=v5e:2x2", "--config=configs/all_taper.py:size=cpu",
                                 "--config.model.T=32", flag, f"--out={tmp_path / 'out'}"))
   assert line.startswith(f"error: {fragment}") and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("--config.taper.mu=5", "error: taper.mu=5.0: the EMA weight μ must lie in (0, 1]"),
+    ("--config.taper.taper_end=99999", "error: taper.taper_end=99999: must be -1 (the last step) or in (0, "),
+    ("--config.train.batch_size=12", "error: train.batch_size=12: must be divisible by the data-parallel size (8")])
+def test_check_only_checks_the_values_a_run_would_refuse(tmp_path, override, fragment):
+  args = ["--config=configs/all_taper.py:size=cpu", override, f"--workdir={tmp_path / 'run'}", "--check_only"]
+  if "batch_size" in override:  # the split over devices is checked where the mesh says how many
+    args.append("--config.mesh.data=8")
+  line = one_line_error(run_cli("tinystories", *args))
+  assert line.startswith(fragment) and not (tmp_path / "run").exists()
+
+
+def test_a_method_setting_the_variant_does_not_read_is_one_warning_line(tmp_path):
+  done = run_cli("tinystories", "--config=configs/all_taper.py:size=cpu", "--config.fakeln.start=50",
+                 f"--workdir={tmp_path / 'run'}", "--check_only")
+  assert done.returncode == 0, done.stderr[-2000:]
+  warned = [line for line in done.stderr.splitlines() if "does nothing" in line]
+  assert len(warned) == 1 and warned[0].endswith(
+      "fakeln.start=50 does nothing for variant 'all_taper': it trains with method='taper', which reads no fakeln.* "
+      "field (drop it, or choose the fakeln variant)")

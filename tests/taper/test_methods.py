@@ -13,6 +13,7 @@ from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import Norm
 from tapernorm_jax.taper import losses, methods
 from tapernorm_jax.taper.fold import fold
+from tapernorm_jax.train import gpt2_config
 from tapernorm_jax.train.trainer import Trainer
 
 B, T, V = 8, 16, 64
@@ -188,3 +189,14 @@ def test_both_methods_fold_to_their_unfolded_gate_zero_forward(method, steps):
   folded, folded_cfg = fold(variables, trainer.model_cfg)
   got = Transformer(folded_cfg).apply(folded, tokens)
   assert float(jnp.max(jnp.abs(got - unfolded)) / jnp.max(jnp.abs(unfolded))) < 1e-5
+
+
+def test_only_another_methods_changed_fields_are_named_as_unused():
+  cfg = base.override(base.get_config("all_taper"), {"fakeln.start": 50, "prepbn.blend_end": 200, "taper.mu": 0.02})
+  lines = methods.unused_settings(cfg, "taper")
+  assert [line.split(" ")[0] for line in lines] == ["fakeln.start=50", "prepbn.blend_end=200"]
+  for variant in ("baseline", "all_taper", "fakeln", "prepbn"):  # every shipped config, and each GPT-2 variant's
+    shipped = base.get_config(variant)
+    assert methods.unused_settings(shipped, methods.name(shipped)) == [], variant
+    gpt2 = gpt2_config.get_config(f"model=demo,variant={variant}")
+    assert methods.unused_settings(gpt2, methods.name(gpt2)) == [], variant

@@ -18,6 +18,7 @@ added to `MODULES`, plus its configs (docs/architecture.md).
 """
 
 import ml_collections
+from absl import logging
 
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper import schedules
@@ -52,6 +53,19 @@ def validate(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: sch
     raise ValueError(f"method={method!r} with a 'repbn' norm: only method=prepbn moves RepBN's gate and statistics; "
                      "set method=prepbn (the prepbn variant does) or another norm mode")
   CLASSES[method].check(cfg, model_cfg, phases)
+  for line in unused_settings(cfg, method):
+    logging.warning(line)
+
+
+def unused_settings(cfg: ml_collections.ConfigDict, method: str) -> list[str]:
+  """One line per field of another removal method's section (fakeln, prepbn) set away from its default: the run's
+  method reads none of them. (The `taper` section is shared: configs set it for every variant; so is every section's
+  scale_loss_weight, which the variant's aux sets.)"""
+  return [f"{section}.{field}={cfg[section][field]!r} does nothing for variant {cfg.get('variant', '?')!r}: it "
+          f"trains with method={method!r}, which reads no {section}.* field (drop it, or choose the {section} variant)"
+          for section, defaults in DEFAULTS.items() if section not in (method, DEFAULT) and section in cfg
+          for field, default in defaults.items()
+          if field != "scale_loss_weight" and field in cfg[section] and cfg[section][field] != default]
 
 
 def scale_loss_weight(cfg: ml_collections.ConfigDict) -> float:
