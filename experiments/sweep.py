@@ -50,6 +50,10 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   workdir = str(files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
+  if _HOLD_OUT.value and _LAUNCH.value == "print":
+    raise grid.SweepError("--hold_out_largest with --launch=print: the prediction is made between running the smaller "
+                          "sizes and the largest, and printed commands run elsewhere; use --launch=local or "
+                          "--launch=ray, or drop --hold_out_largest")
   cells = grid.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
   with directory_lock.hold(workdir, "--workdir") as removed:  # one driver per study; a killed one's leftovers go
     if removed:

@@ -109,6 +109,10 @@ def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
   kind, number = budget_number(budget)
   if kind == "steps":
     return int(number)
+  for field, value in (("train.batch_size", cfg.train.batch_size), ("model.T", cfg.model.T)):
+    if value <= 0:
+      raise SweepError(f"overrides.{field}={value}: must be positive (a tokens_per_param budget's steps are its "
+                       "tokens ÷ (train.batch_size × model.T))")
   internal, final, _ = VARIANTS["baseline"]  # the size's baseline: every variant of a size trains the same steps
   params = model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
                                              final_norm=final))
@@ -208,8 +212,10 @@ def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -
 
 
 def _check_overrides(cells: Sequence[Cell]) -> None:
-  """Builds one config per distinct (variant, size, aux, overrides): bad overrides fail before anything runs."""
+  """Builds one config per distinct (variant, size, aux, overrides): bad overrides fail before anything runs, and so
+  does a sweep whose every cell a run would refuse (one that some cells refuse runs: those cells fail, named)."""
   checked: set[tuple] = set()
+  refused: list[str] = []
   for cell in cells:
     key = (cell.variant, cell.size, cell.aux, cell.overrides)
     if key in checked:
@@ -226,6 +232,13 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
                    if n.endswith(("scale_loss_weight", "aux_weight")))
       raise SweepError(f"{field} contradicts {cell.variant}:aux={cell.aux}; choose the aux setting in the variant "
                        "list")
+    try:
+      run_config.validate(cell.config(), 1)  # the split of the batch over devices is checked where the cell runs
+    except ValueError as e:
+      refused.append(f"{e}")
+  if refused and len(refused) == len(checked):
+    raise SweepError(f"every cell would be refused, e.g.: {refused[0]} (fix the sweep's overrides; nothing was "
+                     "started)")
 
 
 def expand(sweep: Mapping[str, Any]) -> list[Cell]:

@@ -276,7 +276,7 @@ def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp
 
 def test_printed_commands_name_the_study_and_the_cell(tmp_path):
   cells = grid.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
-                       "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 10}}})
+                       "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 100}}})
   line = commands.command_line(cells[0], str(tmp_path / "my study"), python="python3")
   assert line == (f"python3 -m tapernorm_jax.studies.cell '--study={tmp_path}/my study' "
                   "--cell=final_taper-30m-aux0-seed3")
@@ -307,3 +307,25 @@ def test_cli_bad_sweep_is_one_short_error(tmp_path):
   assert proc.returncode == 2  # a user error (cli.run); 1 is a sweep with failed cells
   assert proc.stderr.strip().splitlines()[-1].startswith("error: grids[0].variants[0]='basline': unknown variant")
   assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("overrides, budgets, expected", [
+    ({"taper": {"mu": 5.0}}, None, "error: every cell would be refused, e.g.: taper.mu=5.0: the EMA weight μ must lie"),
+    ({"train": {"batch_size": 0}}, ["tokens_per_param=2"],
+     "error: overrides.train.batch_size=0: must be positive (a tokens_per_param budget's steps are its tokens ÷")])
+def test_a_sweep_every_cell_of_which_would_be_refused_is_one_line_and_starts_nothing(tmp_path, overrides, budgets,
+                                                                                     expected):
+  grid_of = dict(variants=["baseline", "all_taper"], sizes=["cpu"], **({"budgets": budgets} if budgets else {}))
+  sweep = {"name": "bad", "seeds": (0,), "grids": [grid_of], "overrides": overrides}
+  workdir = tmp_path / "study"
+  done = run_cli("experiments.sweep", f"--sweep={write_sweep_file(tmp_path / 'bad.py', sweep)}", f"--workdir={workdir}",
+                 check=False)
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith(expected) and not workdir.exists()
+
+
+def test_holding_out_with_printed_commands_is_refused_in_one_line(tmp_path):
+  done = run_cli("experiments.sweep", "--sweep=configs/sweeps/ladder.py", f"--workdir={tmp_path / 'study'}",
+                 "--launch=print", "--hold_out_largest", check=False)
+  assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(
+      "error: --hold_out_largest with --launch=print: the prediction is made between") and not (tmp_path / "study").exists()
