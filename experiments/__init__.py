@@ -1,6 +1,8 @@
 """The entry points (`python -m experiments.NAME`). Importing this package first sets glibc's malloc to keep freed
-memory for reuse, before any of them imports jax (tapernorm_jax/allocator.py)."""
+memory for reuse (tapernorm_jax/allocator.py) and, on a host without a TPU, keeps jax from starting libtpu
+(tapernorm_jax/platforms.py), before any of them imports jax."""
 
-from tapernorm_jax import allocator
+from tapernorm_jax import allocator, platforms
 
 allocator.keep_freed_memory()
+platforms.without_absent_tpu()

@@ -13,7 +13,7 @@ from typing import Any
 from absl import app, logging
 from absl.flags import FLAGS
 
-from tapernorm_jax import allocator
+from tapernorm_jax import allocator, platforms
 from tapernorm_jax.cli.failures import describe, exit_code, fail
 from tapernorm_jax.cli.flags import (check_only, config_flag_names, define_config_file, define_flags, from_flags,
                                      parse_flags, settings, verbose)
@@ -25,6 +25,7 @@ def run(main: Callable[[list[str]], Any]) -> None:
   """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line;
   malloc keeps freed memory for reuse (`tapernorm_jax/allocator.py`; fully where jax has not started threads yet)."""
   allocator.keep_freed_memory()
+  platforms.without_absent_tpu()  # before jax starts: no libtpu start-up errors on a host without a TPU
   app.run(guard(main), flags_parser=parse_flags)
 
 

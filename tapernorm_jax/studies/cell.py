@@ -8,9 +8,10 @@ reports its error in one line, as `experiments.tinystories` does; the traceback 
 
 import os
 
-from tapernorm_jax import allocator
+from tapernorm_jax import allocator, platforms
 
 allocator.keep_freed_memory()  # before jax is imported (allocator.py says why); cli.run sets it again, harmlessly
+platforms.without_absent_tpu()  # before jax is imported (platforms.py says why)
 
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
