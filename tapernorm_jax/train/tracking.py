@@ -12,13 +12,15 @@ import glob
 import hashlib
 import json
 import os
+import logging
 import re
-import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from tapernorm_jax import files
 from tapernorm_jax.errors import UserError
+
+log = logging.getLogger(__name__)
 
 WANDB_DIR = "wandb"  # W&B's own files (a folder per session), inside a local run directory
 WANDB_MODES = ("", "online", "offline", "disabled")  # "": W&B's own choice ($WANDB_MODE, else online)
@@ -163,8 +165,8 @@ class Guarded:
 
 
 def warn(message: str) -> None:
-  """One line on stderr, as `warnings` shows it."""
-  warnings.warn(f"tracking: {message}", RuntimeWarning, stacklevel=3)
+  """One line on stderr, as the run's other warnings (a `warnings` warning showed its source line too)."""
+  log.warning(f"tracking: {message}")
 
 
 def wandb_project(tracking: Mapping[str, Any]) -> str:
