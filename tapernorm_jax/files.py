@@ -106,13 +106,21 @@ def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = Non
   except Exception as e:
     if not is_full_disk(e):
       raise
-    free = free_bytes(path)
     size = in_bytes(needed) if needed else f"more than the {in_bytes(written())} written" if written else "more"
-    raise DiskFullError(
-        f"no space left for {what} in {path} (it needs {size}"
-        f"{'' if free is None else f'; {in_bytes(free)} free'}). Free space there (or move the directory), then run "
-        "the same command again: what was complete before is intact, and a run resumes from its newest complete "
-        "checkpoint") from None
+    raise DiskFullError(full_disk_message(what, path, size, free_bytes(path))) from None
+
+
+def full_disk_message(what: str, path: str | os.PathLike, size: str, free: int | None) -> str:
+  """The one line of a full disk: what was (to be) written, where, the space it needs, the space free, the fix."""
+  return (f"no space left for {what} in {path} (it needs {size}{'' if free is None else f'; {in_bytes(free)} free'})."
+          " Free space there (or move the directory), then run the same command again: what was complete before is "
+          "intact, and a run resumes from its newest complete checkpoint")
+
+
+def lacks_room(path: str | os.PathLike, needed: int, spare: int) -> bool:
+  """Whether the local device holding `path` has less than `needed` + `spare` bytes free (False for a URL)."""
+  free = free_bytes(path)
+  return free is not None and free < needed + spare
 
 
 def cache_dir() -> str:

@@ -29,6 +29,7 @@ PyTree = Any
 LEGACY_KEY = "('rng',)"  # every 0.1 train state carried an (unused) RNG; later ones do not
 ON_DAMAGED = ("stop", "fallback")  # checkpoint.on_damaged: what a resume does when the latest checkpoint is damaged
 REQUIRED_FILES = ("state/_METADATA", "state/manifest.ocdbt", "data/metadata")  # what every restore reads first
+SAVE_SPARE_BYTES = 1 << 20  # free space a save leaves beyond the state's bytes: metrics, events, Orbax's metadata
 
 
 def every_process(ok: bool) -> bool:
@@ -74,6 +75,12 @@ class Checkpointer:
     complete and recorded)."""
     self.record_complete()
     self._saving = (f"the checkpoint at step {step}", sum(x.nbytes for x in jax.tree.leaves(state)))
+    # Checked before Orbax starts: a disk that fills under its writer threads prints their tracebacks. The spare
+    # bytes are for what the run writes until the next save (metrics, events) and Orbax's own metadata.
+    if not every_process(not files.lacks_room(self.directory, self._saving[1], SAVE_SPARE_BYTES)):
+      raise files.DiskFullError(files.full_disk_message(
+          self._saving[0], self.directory, f"{files.in_bytes(self._saving[1])} and {files.in_bytes(SAVE_SPARE_BYTES)} "
+          "spare", files.free_bytes(self.directory)))
     with files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
       self.directory.mkdir(parents=True, exist_ok=True)
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
