@@ -31,8 +31,8 @@ def main(argv: list[str]) -> None:
     throughput.measure(_WORKDIR.value, throughput.Settings())
   written = report.write_report(_WORKDIR.value, _OUT.value)  # bad input raises ValueError: one line via cli.run
   unlearned = f" ({written['no_context']} learned no context)" if written["no_context"] else ""
-  print(f"{written['complete']} of {written['runs']} runs complete{unlearned}; wrote {written['report']}, {written['csv']} and "
-        f"{len(written['figures'])} figures")
+  print(f"{written['complete']} of {written['runs']} runs complete{unlearned}; wrote {written['report']}, "
+        f"{written['csv']} and {len(written['figures'])} figures")
 
 
 if __name__ == "__main__":

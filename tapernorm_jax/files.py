@@ -117,11 +117,6 @@ def full_disk_message(what: str, path: str | os.PathLike, size: str, free: int |
           "intact, and a run resumes from its newest complete checkpoint")
 
 
-def lacks_room(path: str | os.PathLike, needed: int, spare: int) -> bool:
-  """Whether the local device holding `path` has less than `needed` + `spare` bytes free (False for a URL)."""
-  free = free_bytes(path)
-  return free is not None and free < needed + spare
-
 
 def cache_dir() -> str:
   """Where prepared data, downloads and built kernels go by default: $TAPERNORM_CACHE, else ~/.cache/tapernorm_jax."""

@@ -4,7 +4,8 @@ The `test` extra installs libtpu (the TPU compiler, for compile checks from any 
 host has no TPU, jax still tries to start a TPU backend at its first use and libtpu prints several lines of start-up
 errors before anything of the run. An entry point run without `JAX_PLATFORMS` therefore sets it, before jax is
 imported, to the GPU platforms whose plugins are installed and whose devices are present (CUDA, ROCm) and the CPU,
-leaving out TPU when no TPU chip is on the host's PCI bus. A `JAX_PLATFORMS` the user set is kept as it is. Imports nothing of jax.
+leaving out TPU when no TPU chip is on the host's PCI bus. A `JAX_PLATFORMS` the user set is kept as it is.
+Imports nothing of jax.
 """
 
 import glob

@@ -1,8 +1,9 @@
 """What every entry point shares: `run(main)` in place of absl's `app.run(main)`, and flags from a settings dataclass
 (`flags.py`). `run` reports a user's mistake as one line on stderr and exits 2, or 1 for a stopped run, without a
 traceback (what counts as which: `failures.py`); anything else is a bug and keeps its traceback, and `--verbose`
-shows it for mistakes too. `--check_only` checks the flags, config files and a training config's values, then exits. Before anything runs, glibc's
-malloc is told to keep freed memory (`tapernorm_jax/allocator.py`: XLA:CPU's per-step buffers without page faults).
+shows it for mistakes too. `--check_only` checks the flags, config files and a training config's values, then exits.
+Before anything runs, glibc's malloc is told to keep freed memory (`tapernorm_jax/allocator.py`: XLA:CPU's per-step
+buffers without page faults).
 """
 
 import functools
@@ -13,7 +14,7 @@ from typing import Any
 from absl import app, logging
 from absl.flags import FLAGS
 
-from tapernorm_jax import allocator, platforms
+from tapernorm_jax import allocator
 from tapernorm_jax.cli.failures import describe, exit_code, fail
 from tapernorm_jax.cli.flags import (check_only, config_flag_names, define_config_file, define_flags, from_flags,
                                      parse_flags, settings, verbose)
@@ -25,7 +26,6 @@ def run(main: Callable[[list[str]], Any]) -> None:
   """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line;
   malloc keeps freed memory for reuse (`tapernorm_jax/allocator.py`; fully where jax has not started threads yet)."""
   allocator.keep_freed_memory()
-  platforms.without_absent_tpu()  # before jax starts: no libtpu start-up errors on a host without a TPU
   app.run(guard(main), flags_parser=parse_flags)
 
 
@@ -34,16 +34,11 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
 
   @functools.wraps(main)
   def guarded(argv: list[str]) -> Any:
-    if check_only():
-      try:
-        check_run_configs()
-      except Exception as e:  # noqa: BLE001 (classified as below)
-        if exit_code(e) is None or verbose(argv):
-          raise
-        fail(describe(e), exit_code(e))
-      print("--check_only: the flags, config files and config values are valid; nothing was run")
-      return None
     try:
+      if check_only():
+        check_run_configs()
+        print("--check_only: the flags, config files and config values are valid; nothing was run")
+        return None
       return main(argv)
     except Exception as e:  # noqa: BLE001 (classified below; bugs are re-raised)
       code = exit_code(e)

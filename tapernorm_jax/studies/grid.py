@@ -227,13 +227,14 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
       if name == "train.steps" and any(c.budget for c in cells):
         raise SweepError(f"overrides.train.steps={value!r}: the grid has budgets, which set each cell's steps; "
                          "give the steps as a budget ('steps=N') instead")
-    if int(methods.scale_loss_weight(cell.config()) > 0) != cell.aux:
+    cfg = cell.config()
+    if int(methods.scale_loss_weight(cfg) > 0) != cell.aux:
       field = next(f"overrides.{n}={v!r}" for n, v in cell.overrides
                    if n.endswith(("scale_loss_weight", "aux_weight")))
       raise SweepError(f"{field} contradicts {cell.variant}:aux={cell.aux}; choose the aux setting in the variant "
                        "list")
     try:
-      run_config.validate(cell.config(), 1)  # the split of the batch over devices is checked where the cell runs
+      run_config.validate(cfg, 1)  # the split of the batch over devices is checked where the cell runs
     except ValueError as e:
       refused.append(f"{e}")
   if refused and len(refused) == len(checked):

@@ -77,10 +77,10 @@ class Checkpointer:
     self._saving = (f"the checkpoint at step {step}", sum(x.nbytes for x in jax.tree.leaves(state)))
     # Checked before Orbax starts: a disk that fills under its writer threads prints their tracebacks. The spare
     # bytes are for what the run writes until the next save (metrics, events) and Orbax's own metadata.
-    if not every_process(not files.lacks_room(self.directory, self._saving[1], SAVE_SPARE_BYTES)):
-      raise files.DiskFullError(files.full_disk_message(
-          self._saving[0], self.directory, f"{files.in_bytes(self._saving[1])} and {files.in_bytes(SAVE_SPARE_BYTES)} "
-          "spare", files.free_bytes(self.directory)))
+    free = files.free_bytes(self.directory)  # None for a URL: not checked
+    if not every_process(free is None or free >= self._saving[1] + SAVE_SPARE_BYTES):
+      needs = f"{files.in_bytes(self._saving[1])} and {files.in_bytes(SAVE_SPARE_BYTES)} spare"
+      raise files.DiskFullError(files.full_disk_message(self._saving[0], self.directory, needs, free))
     with files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
       self.directory.mkdir(parents=True, exist_ok=True)
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),

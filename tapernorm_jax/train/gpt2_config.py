@@ -57,7 +57,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.fakeln.update(start=start_ln2, gap_mlp=gap_ln2, gap_attn=gap_ln1qk, gap_attn_v=gap_ln1v, gap_final=gap_ln1v,
                     mu=0.1, sigma_steps=1, scale_loss_weight=fakeln_weight, eot_id=2 if demo else GPT2_EOT)
   if method == "prepbn":
-    c.prepbn.update(warm_frac=start / steps, blend_end=end, scale_loss_weight=spec["scale_loss_weight"] if aux else 0.0)
+    c.prepbn.update(warm_frac=start / steps, blend_end=end,
+                    scale_loss_weight=spec["scale_loss_weight"] if aux else 0.0)
   c.train.update(steps=steps, batch_size=16 if demo else 512, microbatches=spec["microbatches"],
                  log_every=10, diag_every=25 if demo else 50, eval_batches=8)
   c.checkpoint.update(every=100 if demo else 50)

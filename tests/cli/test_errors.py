@@ -359,8 +359,8 @@ def test_an_accelerator_check_checkout_that_is_not_a_clone_is_named(tmp_path, wh
 @pytest.mark.parametrize("flag, fragment", [
     ("--decode_batch=-1", "--decode_batch=-1: must be >= 0"),
     ("--prompt_len=-2", "--prompt_len=-2: must be >= 0"),
-    ("--prompt_len=32", "--prompt_len=32: the KV cache holds model.T = 32 positions and the decode step needs one after "
-                        "the prompt; use at most 31"),
+    ("--prompt_len=32", "--prompt_len=32: the KV cache holds model.T = 32 positions and the decode step needs one "
+                        "after the prompt; use at most 31"),
     ("--suggest_limit=-3", "--suggest_limit=-3: must be >= 0")])
 def test_compile_check_flags_out_of_range_are_one_line_before_compiling(tmp_path, flag, fragment):
   line = one_line_error(run_cli("compile_check", "--topology=v5e:2x2", "--config=configs/all_taper.py:size=cpu",
