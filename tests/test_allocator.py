@@ -43,9 +43,16 @@ print(json.dumps({"why_not": why_not, "faults_per_call": sorted(faults)[2], "all
 """
 
 
-def probe(keep: bool, source: str = PROBE, timeout: float = 300) -> dict:
+# glibc's mmap threshold held at its initial 128 KiB. Left alone, glibc raises it to the size of each mapped block
+# freed (up to 32 MiB), so whether the default maps a buffer afresh at every call depends on what the process freed
+# before: on CI's host the default's calls once faulted [4096, 4096, 1, 0, 0] pages, here 8,480 each. Held, every
+# large block is mapped afresh without the setting, and the setting (no mmap at all) must still keep it in the heap.
+PINNED_THRESHOLD = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}
+
+
+def probe(keep: bool, source: str = PROBE, timeout: float = 300, env: dict | None = None) -> dict:
   """A probe's report in a fresh process (malloc's settings must precede jax's import)."""
-  env = {**os.environ, "TAPERNORM_KEEP_FREED_MEMORY": "1" if keep else "0", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, **(env or {}), "TAPERNORM_KEEP_FREED_MEMORY": "1" if keep else "0", "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": ""}  # one CPU device, as a run has (the suite's eight have thread pools of their own)
   out = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=timeout,
                        check=True)
@@ -54,11 +61,10 @@ def probe(keep: bool, source: str = PROBE, timeout: float = 300) -> dict:
 
 @pytest.mark.skipif(huge_pages_always(), reason="transparent huge pages are always on: few faults anyway")
 def test_a_computations_scratch_buffer_is_reused_instead_of_faulted_in_again():
-  kept, default = probe(keep=True), probe(keep=False)
+  kept, default = probe(keep=True, env=PINNED_THRESHOLD), probe(keep=False, env=PINNED_THRESHOLD)
   assert kept["why_not"] == "" and default["why_not"] == "turned off by TAPERNORM_KEEP_FREED_MEMORY=0"
-  # glibc maps the scratch buffer afresh: its pages fault in again (819–8,480 per call on jax 0.10 in probes on an
-  # AMD EPYC host, 5,100–8,500 on an Intel one: glibc's mmap threshold moves with what the process freed before)
-  assert default["faults_per_call"] > 400, default
+  # mapped afresh: the 64 MiB product alone is 16,384 pages of 4 KiB to fault in again at every call
+  assert default["faults_per_call"] > 16_384, default
   # jax 0.10: the freed buffer is reused from the heap, no faults. jax 0.12: 0–40% of them remained in probes here,
   # varying from run to run (cause not found; docs/benchmarks.md says so).
   share = 0.01 if tuple(int(p) for p in kept["jax"].split(".")[:2]) < (0, 11) else 0.6
