@@ -50,7 +50,7 @@ def saving(workdir: str) -> bool:
   return os.path.isdir(checkpoints) and any("tmp" in name for name in os.listdir(checkpoints))
 
 
-def training_points(name: str, steps: int, every: int, count: int = 4) -> list[tuple[str, int]]:
+def training_points(name: str, steps: int, every: int, count: int = 2) -> list[tuple[str, int]]:
   """At startup, then `count` seeded points across a run: ('step', n) or ('save', n), in order."""
   draw = rng(name)
   later = [(kind, draw.randrange(every, steps - 2)) for kind in ("step", "save") * (count // 2)]

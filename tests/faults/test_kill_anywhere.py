@@ -36,14 +36,14 @@ def kill_and_resume(name: str, cmd: list[str], reference: str, killed: str) -> N
   kills.check_same_ending(reference, killed, STEPS, history)
 
 
-@pytest.mark.slow  # six training processes
+@pytest.mark.slow  # four training processes
 def test_a_tinystories_run_killed_anywhere_ends_as_if_it_never_was(tmp_path):
   cmd = [sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py",
          *flags({**RUN, "data.data_dir": tmp_path / "data", "taper.gate_warmup_frac": 0.25, "opt.lr": 1e-3})]
   kill_and_resume("tinystories", cmd, str(tmp_path / "reference"), str(tmp_path / "killed"))
 
 
-@pytest.mark.slow  # seven training processes
+@pytest.mark.slow  # five training processes
 def test_a_gpt2_fine_tune_with_accumulation_killed_anywhere_ends_as_if_it_never_was(tmp_path):
   data = {"data.data_dir": tmp_path / "data"}
   pretrain = {**SMALL, **data, "train.steps": 8, "taper.taper_end": 4}

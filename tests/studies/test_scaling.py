@@ -109,7 +109,7 @@ LADDER = {"cpu_xs": 24, "cpu": 32, "cpu_m": 40, "cpu_l": 48}  # widths for a tin
 # The least training after which every run of the ladder learns context (a run at the unigram reference enters no
 # fit): 60 steps of 32 × 32 tokens at LR 1e-2 ended 0.6–1.1 nats under the reference (5.07) at widths 24–48 here;
 # width 16 stayed within 0.12 of it, and 6 steps (the other study tests' runs) learn nothing.
-LADDER_TRAIN = {"steps": 60, "batch_size": 32, "log_every": 10, "diag_every": 30, "eval_batches": 2}
+LADDER_TRAIN = {"steps": 60, "batch_size": 32, "log_every": 20, "diag_every": 60, "eval_batches": 1}
 
 
 def ladder_sweep(data_dir: str) -> dict:
@@ -118,7 +118,7 @@ def ladder_sweep(data_dir: str) -> dict:
   sweep = tiny_sweep(data_dir, [dict(variants=["all_taper"], sizes=[size],
                                      overrides={"model": {"D": width}}) for size, width in LADDER.items()])
   overrides = sweep["overrides"]
-  overrides = {**overrides, "train": {**overrides["train"], **LADDER_TRAIN}, "checkpoint": {"every": 30},
+  overrides = {**overrides, "train": {**overrides["train"], **LADDER_TRAIN}, "checkpoint": {"every": 60},
                "opt": {"lr": 1e-2}}
   return {**sweep, "overrides": overrides, "seeds": (0, 1)}
 
