@@ -118,3 +118,33 @@ def conflicting(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> list
     if problem(cfg, dotted) is None and (ref := reference(cfg, dotted)) is not None:
       groups.setdefault(id(ref), []).append((dotted, value))
   return [group for group in groups.values() if len({repr(value) for _, value in group}) > 1]
+
+
+
+def _fits(value: Any, default: Any) -> bool:
+  """Whether `value` has the type of a field whose default is `default`: an int passes for a float, a list for a
+  tuple; any value where the default is None."""
+  if default is None:
+    return True
+  if isinstance(default, bool) or isinstance(value, bool):
+    return type(value) is type(default)
+  if isinstance(default, float):
+    return isinstance(value, (int, float))
+  if isinstance(default, (tuple, list)):
+    return isinstance(value, (tuple, list))
+  return type(value) is type(default)
+
+
+def check_like(cfg: ml_collections.ConfigDict, reference: ml_collections.ConfigDict) -> None:
+  """Raises ValueError for the first field of `cfg` that `reference` lacks (a config file's misspelling, which no
+  run would read) or holds as another type (None or a string where a number goes)."""
+  for path in field_paths(cfg):
+    dotted = ".".join(path)
+    if (why := problem(reference, dotted)) is not None:
+      section = lookup(reference, path[:-1]) if problem(reference, ".".join(path[:-1])) is None else {}
+      near = difflib.get_close_matches(path[-1], list(section), n=1) if path[:-1] else []
+      raise ValueError(f"{dotted}: {why}; no run reads it"
+                       + (f"; did you mean {'.'.join((*path[:-1], near[0]))}?" if near else ""))
+    value, default = lookup(cfg, path), lookup(reference, path)
+    if not _fits(value, default):
+      raise ValueError(f"{dotted}={value!r}: must be a {type(default).__name__}, as its default {default!r} is")

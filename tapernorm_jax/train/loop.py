@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -25,7 +26,8 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import allocator, compilation_cache, data, directory_lock, files, hardware, integrity
+from tapernorm_jax import (allocator, compilation_cache, data, directory_lock, files, hardware, integrity,
+                           orbax_log)
 from tapernorm_jax.files import write_json_atomically, write_text_atomically
 from tapernorm_jax.data import unigram
 from tapernorm_jax.hf import pretrained
@@ -37,6 +39,7 @@ from tapernorm_jax.train.metrics import METRICS_FILE, MetricsWriter
 from tapernorm_jax.train.trainer import State, Trainer
 
 PATHS_FILE = "cpu_paths.json"  # the CPU paths a run started with (train/paths.py)
+LOG_FILE = "log.txt"  # what a run logs that is not for the terminal (Orbax's records); a study cell's output too
 RESULTS_SCHEMA = 1  # bump when results.json changes meaning; the study tools read it
 
 
@@ -57,6 +60,14 @@ class RunDir:
   def file(self, name: str) -> epath.Path:
     """The path of `name` inside the run directory."""
     return self.path / name
+
+  def log_file(self) -> str:
+    """Where this process logs what is not for the terminal: LOG_FILE here (log.process<N>.txt beside it on the
+    others); in the system's temporary directory for a run at a URL (objects cannot be appended to)."""
+    name = LOG_FILE if self.writer else f"log.process{jax.process_index()}.txt"
+    if files.is_url(self.path):
+      return os.path.join(tempfile.gettempdir(), f"tapernorm-{os.getpid()}-{name}")
+    return str(self.file(name))
 
   def check_config(self, cfg: ml_collections.ConfigDict) -> None:
     """On resume, refuses a model that differs from the saved one (before anything is read or written)."""
@@ -322,7 +333,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   with directory_lock.hold(rundir.path, "--workdir") if rundir.writer else contextlib.nullcontext([]) as removed:
     if removed:
       log(f"removed {len(removed)} temporary files left by writers that are gone: {', '.join(removed)}")
-    return train_run(cfg, rundir, trainer, mesh, stop_after, t_start)
+    with orbax_log.to_file(rundir.log_file()):  # Orbax's writer threads' tracebacks: not the terminal's
+      return train_run(cfg, rundir, trainer, mesh, stop_after, t_start)
 
 
 def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, mesh: jax.sharding.Mesh,

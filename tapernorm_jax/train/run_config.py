@@ -102,6 +102,10 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
 
 def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
   """Raises ValueError naming the offending field for configs that cannot train; runs before compiling."""
+  reference = get_config()  # every variant's config has the same fields and types; a fine-tune's adds init_from
+  if "init_from" in cfg:
+    reference.init_from = ""
+  config_fields.check_like(cfg, reference)
   model_cfg = ModelConfig.from_config(cfg.model)
   phases = schedules.Phases.from_config(cfg) if cfg.train.steps > 0 else None
   checks = [

@@ -388,3 +388,17 @@ def test_a_method_setting_the_variant_does_not_read_is_one_warning_line(tmp_path
   assert len(warned) == 1 and warned[0].endswith(
       "fakeln.start=50 does nothing for variant 'all_taper': it trains with method='taper', which reads no fakeln.* "
       "field (drop it, or choose the fakeln variant)")
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("c.fakeln.mu = None", "error: fakeln.mu=None: must be a float, as its default 0.01 is"),
+    ("c.taper.calibration_step = 150", "error: taper.calibration_step: config.taper has no field "
+                                       "'calibration_step'; no run reads it"),
+    ("c.fakeln.gap_atn = 4", "error: fakeln.gap_atn: config.fakeln has no field 'gap_atn'; no run reads it; did you "
+                             "mean fakeln.gap_attn?")])
+def test_a_config_file_s_field_of_the_wrong_type_or_name_is_one_line(tmp_path, line, fragment):
+  config = tmp_path / "mine.py"  # a user's own config file, built on a shipped one (ConfigDicts take None and new
+  config.write_text(f"from configs import fakeln\n\ndef get_config():\n  c = fakeln.get_config('size=cpu')\n"
+                    f"  {line}\n  return c\n")  # fields without a word: the check is ours)
+  result = run_cli("tinystories", f"--config={config}", f"--workdir={tmp_path / 'run'}", "--check_only")
+  assert one_line_error(result) == fragment and not (tmp_path / "run").exists()

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 from etils import epath
@@ -15,7 +16,7 @@ from PIL import Image
 from configs import base
 from tapernorm_jax import cli, files, integrity
 from tapernorm_jax.studies import manifest, report
-from tapernorm_jax.train import loop
+from tapernorm_jax.train import checkpoint, loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import of_the_run, read_jsonl
 from multihost import TINY
@@ -87,6 +88,25 @@ def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_res
   results = loop.run(cfg(), workdir)
   assert results["resumed_from"] == 8 and results["final_val_loss"] == reference["final_val_loss"]
   assert untimed(workdir) == untimed(reference_dir)
+
+
+@pytest.mark.slow  # two short runs
+def test_a_disk_that_fills_mid_save_is_one_line_and_orbax_s_tracebacks_go_to_a_file(small_disk, tmp_path, monkeypatch,
+                                                                                    capfd):
+  cfg = lambda: config(str(tmp_path / "data"))
+  workdir = str(small_disk / "run")
+  loop.run(cfg(), workdir, stop_after=8)
+  fill(small_disk, leave=64_000)
+  monkeypatch.setattr(checkpoint, "SAVE_SPARE_BYTES", -(1 << 40))  # the room check passes: Orbax's writers meet it
+  capfd.readouterr()
+  with pytest.raises(files.DiskFullError, match="^no space left for the checkpoint at step 12 "):
+    loop.run(cfg(), workdir)
+  terminal = capfd.readouterr().err
+  assert "Traceback" not in terminal and "RESOURCE_EXHAUSTED" not in terminal, terminal[-3000:]
+  # the run's log.txt is on the full disk: the records went to the temporary directory's file
+  logged = open(os.path.join(tempfile.gettempdir(), f"tapernorm-orbax-{os.getpid()}.log")).read()
+  assert "RESOURCE_EXHAUSTED" in logged and "Traceback" in logged
+  assert Checkpointer(os.path.join(workdir, "checkpoints")).all_steps() == [4, 8]
 
 
 def test_a_study_record_that_fills_the_disk_is_named_and_the_old_one_kept(small_disk, capsys):
