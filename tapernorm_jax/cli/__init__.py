@@ -8,6 +8,7 @@ buffers without page faults).
 
 import functools
 import json
+import logging as std_logging
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,8 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
 
   @functools.wraps(main)
   def guarded(argv: list[str]) -> Any:
+    if not verbose(argv):
+      logging.get_absl_handler().setFormatter(Plain())
     try:
       if check_only():
         check_run_configs()
@@ -47,6 +50,20 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
       fail(describe(e), code)
 
   return guarded
+
+
+class Plain(std_logging.Formatter):
+  """A record as the terminal shows it: `warning: message`, an info record's message alone; errors and records with
+  a traceback as absl writes them (time, thread, source line). `--verbose` keeps absl's prefix on every record."""
+
+  def __init__(self) -> None:
+    super().__init__()
+    self.absl = logging.PythonFormatter()
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    if record.levelno in (std_logging.INFO, std_logging.WARNING) and not record.exc_info:
+      return ("warning: " if record.levelno == std_logging.WARNING else "") + record.getMessage()
+    return self.absl.format(record)
 
 
 def check_run_configs() -> None:
