@@ -115,7 +115,7 @@ def gaps_markdown(study: StudyFits) -> str:
     for reference, fit in ((BASELINE, m.vs_baseline), (m.control, m.vs_control)):
       if fit is None:
         continue
-      residuals = ", ".join(f"{r / e:+.1f}" if e > 0 else "—" for r, e in zip(fit.residuals, fit.errors))
+      residuals = ", ".join(f"{r / e:+.1f}" if e > 0 else "—" for r, e in zip(fit.residuals, fit.pooled_errors))
       rows.append([label(*m.key), label(*reference), ", ".join(m.sizes), _pct(fit.a), fit.b.text("{:.2f}"),
                    residuals, f"{fit.lack_of_fit():.2g}", fit.reading()])
   return markdown_table(["method", "against", "sizes", "gap at the smallest, a", "exponent b",
@@ -153,8 +153,9 @@ def markdown(study: StudyFits) -> str:
            f"replacement ({RESAMPLES} times; studies/fits.py) and the whole fit redone. The gap is the relative "
            f"difference of mean validation losses, ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters "
            f"(b > 0: the gap shrinks with size); the residuals are each size's measured gap minus the fitted one, in "
-           f"standard errors of that gap; \"lack of fit p\" is the chance that the seeds' noise alone leaves "
-           f"residuals as large as the fit's (small: the law does not describe the data).", "", gaps_markdown(study),
+           f"standard errors of that gap from the seeds' relative noise pooled over every cell of the fit; \"lack of "
+           f"fit p\" is the chance that the seeds' noise alone leaves residuals as large as the fit's (their mean "
+           f"square against an F distribution; small: the law does not describe the data).", "", gaps_markdown(study),
            ""]
   if study.baseline_law is None:
     return "\n".join(parts + [f"No loss-compute law: the baseline has {len(study.params)} sizes, and the law's three "

@@ -64,3 +64,37 @@ def test_the_90_percent_interval_covers_the_true_exponent_about_90_percent_of_th
     fit = fits.gap_fit(PARAMS, method, reference, resamples=100, seed=i)
     covered += fit.b.spans(true_b)
   assert 0.78 <= covered / studies <= 0.98, covered / studies
+
+
+@pytest.mark.parametrize("gap", [-0.5, -0.2, 0.0, 0.5, 2.0])
+def test_the_gap_s_standard_error_is_its_spread_over_repeated_studies_at_any_gap(gap):
+  rng = np.random.default_rng(2)
+  studies, sigma_m, sigma_r = 40_000, 0.03, 0.02  # each seed's loss spread 3% / 2% around a mean of 2(1 + gap) / 2
+  method = 2.0 * (1 + gap) + sigma_m * 2.0 * (1 + gap) * rng.standard_normal((studies, 3))
+  reference = 2.0 + sigma_r * 2.0 * rng.standard_normal((studies, 4))
+  gaps = method.mean(axis=1) / reference.mean(axis=1) - 1
+  errors = np.array([fits.gap_error(m, r) for m, r in zip(method[:4000], reference[:4000])])
+  # E[gap_error²] is the delta method's variance (each seed variance unbiased); the Monte Carlo one is the truth
+  assert np.sqrt(np.mean(errors ** 2)) == pytest.approx(gaps.std(), rel=0.04)
+
+
+def true_law_study(rng: np.random.Generator, noise: float = 0.003, seeds: int = 3) -> tuple[list, list]:
+  """A study whose relative gap follows 0.05·(N/N₀)^(−0.4) exactly: each size's method and reference losses, each
+  seed's spread `noise` of its mean."""
+  reference_means = 3.0 * (PARAMS / PARAMS[0]) ** -0.1
+  method_means = reference_means * (1 + 0.05 * (PARAMS / PARAMS[0]) ** -0.4)
+  draw = lambda means: [m * (1 + noise * rng.standard_normal(seeds)) for m in means]
+  return draw(method_means), draw(reference_means)
+
+
+def test_the_lack_of_fit_test_alarms_at_its_nominal_rate_under_the_true_law_and_catches_a_wrong_one():
+  rng = np.random.default_rng(3)
+  p = np.array([fits.gap_fit(PARAMS, *true_law_study(rng), resamples=0).lack_of_fit() for _ in range(1000)])
+  # 1,000 studies: the rate's standard error is 0.95 points at 10%, so 20% (or the old 30%) cannot pass
+  assert 0.07 <= np.mean(p < 0.1) <= 0.13 and np.mean(p < 0.01) <= 0.025, (np.mean(p < 0.1), np.mean(p < 0.01))
+  zigzag = []  # a gap that is no power law: 5% and 2% in turn, seeds 0.3% apart
+  for _ in range(100):
+    method, reference = true_law_study(rng)
+    method = [r * (1 + g) / r.mean() * r.mean() for r, g in zip(reference, (0.05, 0.02, 0.05, 0.02))]
+    zigzag.append(fits.gap_fit(PARAMS, method, reference, resamples=0).lack_of_fit())
+  assert np.mean(np.array(zigzag) < 0.1) > 0.95
