@@ -78,8 +78,9 @@ class Sampler:
 def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: float, number: int
             ) -> list[dict[str, Any]]:
   """After the first `warmup_frac` of the steps, `number` equal windows of steps: each one's first and last step,
-  median resident memory (MB), and median and lower-quartile step time (ms, from each step's tokens/s; the lower
-  quartile is what the steps cost where other work on the host did not slow them)."""
+  median resident memory (MB), median and lower-quartile step time (ms, from each step's tokens/s; the lower
+  quartile is what the steps cost where other work on the host did not slow them), and the median CPU time the
+  process spent a step (ms, all its threads: work that other processes on the host barely change)."""
   timed = [r for r in records if isinstance(r.get("tokens_per_s"), (int, float)) and r["tokens_per_s"] > 0]
   steady = timed[int(len(timed) * warmup_frac):]
   out = []
@@ -89,9 +90,11 @@ def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: fl
       continue
     rss = [r["host_rss_mb"] for r in chunk if isinstance(r.get("host_rss_mb"), (int, float))]
     step_ms = [1e3 * tokens_per_step / r["tokens_per_s"] for r in chunk]
+    cpu_ms = [1e3 * r["host_cpu_s"] for r in chunk if isinstance(r.get("host_cpu_s"), (int, float))]
     out.append({"first_step": chunk[0]["step"], "last_step": chunk[-1]["step"],
                 "rss_mb": float(np.median(rss)) if rss else None, "step_ms": float(np.median(step_ms)),
-                "fast_step_ms": float(np.percentile(step_ms, 25))})
+                "fast_step_ms": float(np.percentile(step_ms, 25)),
+                "cpu_step_ms": float(np.median(cpu_ms)) if cpu_ms else None})
   return out
 
 
@@ -111,6 +114,8 @@ def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], w
           "rss_growth_mb": parts[-1]["rss_mb"] - parts[0]["rss_mb"] if parts and parts[0]["rss_mb"] else None,
           "step_time_ratio": parts[-1]["step_ms"] / parts[0]["step_ms"] if parts else None,
           "fast_step_time_ratio": parts[-1]["fast_step_ms"] / parts[0]["fast_step_ms"] if parts else None,
+          "cpu_step_time_ratio": (parts[-1]["cpu_step_ms"] / parts[0]["cpu_step_ms"]
+                                  if parts and parts[0]["cpu_step_ms"] else None),
           "settled_files_first_half": most(settled[:half], "files"),
           "settled_files_second_half": most(settled[half:], "files"),
           "settled_files_median_first_half": typical(settled[:half]),

@@ -163,7 +163,7 @@ class StepReporter:
     self.writer, self.ckpt, self.bar = writer, ckpt, bar
     self.tokens_per_step, self.log_every = tokens_per_step, log_every
     self.pending: list[tuple[int, dict]] = []
-    self.last_read, self.started = time.time(), started
+    self.last_read, self.last_cpu, self.started = time.time(), time.process_time(), started
     self.first_step_s: float | None = None  # from the run's start to its first step's metrics (compiling included)
     self.data_wait_s = 0.0
     self.rates: list[float] = []  # tokens/s of each step read
@@ -185,10 +185,10 @@ class StepReporter:
     if self.first_step_s is None:
       self.first_step_s = now - self.started
       log(f"first step done {self.first_step_s:.1f} s after the start (compiling included)")
-    elapsed = max(now - self.last_read, 1e-9)
+    elapsed, cpu = max(now - self.last_read, 1e-9), time.process_time()
     rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
-            "host_rss_mb": hardware.resident_mb()}
-    self.last_read, self.data_wait_s = now, 0.0
+            "host_rss_mb": hardware.resident_mb(), "host_cpu_s": cpu - self.last_cpu}
+    self.last_read, self.last_cpu, self.data_wait_s = now, cpu, 0.0
     self.rates.append(rate["tokens_per_s"])
     loss = float(m["loss"])
     if not math.isfinite(loss):
