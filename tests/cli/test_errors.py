@@ -402,3 +402,15 @@ def test_a_config_file_s_field_of_the_wrong_type_or_name_is_one_line(tmp_path, l
                     f"  {line}\n  return c\n")  # fields without a word: the check is ours)
   result = run_cli("tinystories", f"--config={config}", f"--workdir={tmp_path / 'run'}", "--check_only")
   assert one_line_error(result) == fragment and not (tmp_path / "run").exists()
+
+
+def test_a_calibration_before_the_residual_stream_settles_is_one_warning_line(tmp_path):
+  done = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", "--config.train.steps=40",
+                 f"--workdir={tmp_path / 'run'}", "--check_only")
+  assert done.returncode == 0, done.stderr[-2000:]
+  warned = [line for line in done.stderr.splitlines() if "calibrates at step" in line]
+  assert len(warned) == 1 and warned[0].startswith(  # round(0.05 · 40) = 2: the 40-step run that diverged
+      "warning: taper.gate_warmup_frac=0.05 calibrates at step 2 of 40, while the residual stream is still near")
+  paper = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", f"--workdir={tmp_path / 'run'}",
+                  "--check_only")  # step 25,000 of the paper's 500,000
+  assert paper.returncode == 0 and "calibrates at step" not in paper.stderr
