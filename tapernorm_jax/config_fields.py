@@ -140,6 +140,8 @@ def check_like(cfg: ml_collections.ConfigDict, reference: ml_collections.ConfigD
   run would read) or holds as another type (None or a string where a number goes)."""
   for path in field_paths(cfg):
     dotted = ".".join(path)
+    if dotted in RENAMED_FIELDS:
+      raise ValueError(f"{dotted}: this field is now {RENAMED_FIELDS[dotted]}; set that one")
     if (why := problem(reference, dotted)) is not None:
       section = lookup(reference, path[:-1]) if problem(reference, ".".join(path[:-1])) is None else {}
       near = difflib.get_close_matches(path[-1], list(section), n=1) if path[:-1] else []

@@ -395,7 +395,9 @@ def test_a_method_setting_the_variant_does_not_read_is_one_warning_line(tmp_path
     ("c.taper.calibration_step = 150", "error: taper.calibration_step: config.taper has no field "
                                        "'calibration_step'; no run reads it"),
     ("c.fakeln.gap_atn = 4", "error: fakeln.gap_atn: config.fakeln has no field 'gap_atn'; no run reads it; did you "
-                             "mean fakeln.gap_attn?")])
+                             "mean fakeln.gap_attn?"),
+    ("c.fakeln.aux_weight = 0.2", "error: fakeln.aux_weight: this field is now fakeln.scale_loss_weight; set that "
+                                  "one")])
 def test_a_config_file_s_field_of_the_wrong_type_or_name_is_one_line(tmp_path, line, fragment):
   config = tmp_path / "mine.py"  # a user's own config file, built on a shipped one (ConfigDicts take None and new
   config.write_text(f"from configs import fakeln\n\ndef get_config():\n  c = fakeln.get_config('size=cpu')\n"
