@@ -26,7 +26,8 @@ from tapernorm_jax.train.tracking import Tracker
 METRICS_FILE = "metrics.jsonl"
 
 
-HOST_KEYS = ("tokens_per_s", "data_wait_frac", "host_rss_mb", "host_cpu_s")  # measured on the host: differ between equal runs
+# measured on the host: differ between equal runs
+HOST_KEYS = ("tokens_per_s", "data_wait_frac", "host_rss_mb", "host_cpu_s")
 
 
 def of_the_run(record: Mapping[str, Any]) -> dict[str, Any]:

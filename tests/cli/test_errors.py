@@ -386,8 +386,8 @@ def test_a_method_setting_the_variant_does_not_read_is_one_warning_line(tmp_path
   assert done.returncode == 0, done.stderr[-2000:]
   warned = [line for line in done.stderr.splitlines() if "does nothing" in line]
   assert len(warned) == 1 and warned[0] == (  # the whole line: no absl prefix (time, thread id, source line)
-      "warning: fakeln.start=50 does nothing for variant 'all_taper': it trains with method='taper', which reads no fakeln.* "
-      "field (drop it, or choose the fakeln variant)")
+      "warning: fakeln.start=50 does nothing for variant 'all_taper': it trains with method='taper', which reads no "
+      "fakeln.* field (drop it, or choose the fakeln variant)")
 
 
 @pytest.mark.parametrize("line, fragment", [
