@@ -58,7 +58,7 @@ class Group:
 @dataclasses.dataclass(frozen=True)
 class Gap:
   """A group's mean val loss against a reference group's, in % of the reference's mean, with the standard error of
-  the difference of the means (Welch: √(s₁²/n₁ + s₂²/n₂)) in the same unit; None below 2 seeds on either side."""
+  the ratio of the means (the delta method, fits.gap_error) in the same unit; None below 2 seeds on either side."""
 
   pct: float
   se_pct: float | None

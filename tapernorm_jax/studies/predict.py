@@ -12,7 +12,7 @@ from tapernorm_jax import hardware
 from tapernorm_jax.files import read_json, write_json_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.studies import fits
+from tapernorm_jax.studies import coverage, fits
 from tapernorm_jax.studies.aggregate import Group, aggregate
 from tapernorm_jax.studies.grid import Cell, SweepError, model_params
 from tapernorm_jax.studies.run_rows import label, read_runs, size_order, variant_order
@@ -79,7 +79,8 @@ def predict(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) 
       predicted = law.predict(target, pooled_std(mine) / np.sqrt(seeds))
       row.update(predicted=predicted.value, low=predicted.low, high=predicted.high, law=list(law.law))
     rows.append(row)
-  result = {"size": size, "level": fits.LEVEL, "rows": rows}
+  measured = (coverage.committed() or {}).get("rates", {}).get("measured mean inside the prediction")
+  result = {"size": size, "level": fits.LEVEL, "rows": rows, **({"coverage": measured} if measured else {})}
   write_json_atomically(os.path.join(workdir, FILE), result)
   return result
 

@@ -205,9 +205,9 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
     parts += ["## Gaps against matched controls", "",
               ("Each tapered variant against the plain baseline (the paper's comparison) and against its matched "
                "control: the baseline trained with the same scale-loss setting, so that the gap measures the taper "
-               "alone. Negative is a lower loss. ± is the standard error of the difference of the two means (Welch, "
-               "√(s₁²/n₁ + s₂²/n₂)) in % of the reference's mean; a gap under two standard errors is inside the "
-               "noise of this many seeds."), "", controls, ""]
+               "alone. Negative is a lower loss. ± is the standard error of the ratio R of the two means (the delta "
+               "method, √(s₁²/n₁ + R²·s₂²/n₂) over the reference's mean) in %; a gap under two standard errors is "
+               "inside the noise of this many seeds."), "", controls, ""]
   for study in fitted:
     if study.methods:
       parts += [f"## Scaling fits{f' (token budget {study.budget})' if study.budget else ''}", "",
@@ -217,7 +217,10 @@ def report_markdown(workdir: str, runs: Sequence[Run], groups: Sequence[Group], 
               (f"Written by `experiments.sweep --hold_out_largest` to `{predict.FILE}` before any run of "
                f"{predicted['size']} started: each method's loss there from its L(C) fitted on the smaller sizes, "
                f"at the compute its runs of {predicted['size']} were to spend (6·N + 12·L·D·T FLOPs per token); the "
-               f"interval adds the seed noise of the mean to be measured to the bootstrap's spread of the law."), "",
+               f"interval adds the seed noise of the mean to be measured to the bootstrap's spread of the law."
+               + (f" In simulation it held the measured mean in {100 * predicted['coverage']['rate']:.0f}% of "
+                  f"studies drawn from a known law (studies/coverage.json)." if predicted.get("coverage") else "")),
+              "",
               predict.markdown(predicted, groups), ""]
   if throughput:
     parts += ["## Decode throughput of each method's inference form", "", throughput_lib.settings_text(throughput), "",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import fits
+from tapernorm_jax.studies import coverage, fits
 from tapernorm_jax.studies.aggregate import Group, control_of
 from tapernorm_jax.studies.run_rows import (Key, Run, budgets, flops_per_token, label, size_order, split_size,
                                             variant_order)
@@ -149,8 +149,10 @@ def markdown(study: StudyFits) -> str:
   """The report's scaling section: what was fitted, the two tables, how to read them."""
   span = max(study.params.values()) / min(study.params.values())
   parts = [f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
-           f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's seeds resampled with "
-           f"replacement ({RESAMPLES} times; studies/fits.py) and the whole fit redone. The gap is the relative "
+           f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's mean drawn again with the "
+           f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; studies/fits.py), the whole fit "
+           f"redone, and the percentile interval stretched by t/z for the noise's degrees of freedom. "
+           f"{coverage.sentence()} The gap is the relative "
            f"difference of mean validation losses, ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters "
            f"(b > 0: the gap shrinks with size); the residuals are each size's measured gap minus the fitted one, in "
            f"standard errors of that gap from the seeds' relative noise pooled over every cell of the fit; \"lack of "

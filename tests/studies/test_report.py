@@ -95,15 +95,15 @@ def test_gaps_against_matched_controls_say_what_is_inside_the_noise():
   tapered, one_seed = G("3m", "internal_taper", 1, [1.6, 1.8, 1.7], 3), G("3m", "all_taper", 0, [1.7], 1)
   alone = G("1m", "all_taper", 1, [2.0, 2.1], 2)
   groups = [base, control, tapered, one_seed, alone]
-  vs_control = aggregate.gap(tapered, control)  # Welch's standard error of the difference, in % of the control
+  vs_control = aggregate.gap(tapered, control)  # the delta method's standard error of the ratio, in %
   assert vs_control.pct == pytest.approx(100 * (1.7 - 1.51) / 1.51)
-  assert vs_control.se_pct == pytest.approx(100 * math.sqrt(0.1**2 / 3 + 0.01**2 / 3) / 1.51)
-  assert vs_control.inside_noise is False and aggregate.gap(tapered, base).inside_noise is True  # 6.25% < 2 × 5.10%
+  assert vs_control.se_pct == pytest.approx(100 * math.sqrt(0.1**2 / 3 + (1.7 / 1.51)**2 * 0.01**2 / 3) / 1.51)
+  assert vs_control.inside_noise is False and aggregate.gap(tapered, base).inside_noise is True  # 6.25% < 2 × 5.26%
   assert aggregate.control_of(one_seed, groups) is base and aggregate.control_of(base, groups) is None
   assert aggregate.gap(one_seed, base).se_pct is None and aggregate.control_of(alone, groups) is None
   rows = report.controls_markdown(groups).splitlines()[2:]
   assert rows == [
-      "| 3m | internal_taper (+aux) | +6.25% ± 5.10% | baseline (+aux) | +12.58% ± 3.84% | against the baseline: "
+      "| 3m | internal_taper (+aux) | +6.25% ± 5.26% | baseline (+aux) | +12.58% ± 3.85% | against the baseline: "
       "inside the noise; against baseline (+aux): higher, 3.3 standard errors |",
       "| 3m | all_taper (aux=0) | +6.25% | baseline | +6.25% | against the baseline, its matched control: too few "
       "seeds to tell |",
@@ -121,7 +121,7 @@ def test_table2_markdown_names_seeds_and_the_paper_only_in_its_setting(study):
   assert not aggregate.paper_setting(runs)  # 40 steps is not the paper's run length
   text = report.report_markdown(study, runs, aggregate.aggregate(runs), [], "")
   assert "`internal_taper-1m-aux1-seed2` (FloatingPointError: loss is nan at step 11)" in text
-  assert "## Gaps against matched controls" in text and "| 3m | internal_taper (+aux) | +6.25% ± 5.10% |" in text
+  assert "## Gaps against matched controls" in text and "| 3m | internal_taper (+aux) | +6.25% ± 5.26% |" in text
   assert "Missing (in the sweep's grid, no run directory): `all_taper-1m-aux0` seed 2." in text
 
 

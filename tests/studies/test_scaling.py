@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tapernorm_jax import hardware
-from tapernorm_jax.studies import aggregate, figures, fits, grid, predict, run_rows, scaling
+from tapernorm_jax.studies import aggregate, coverage, figures, fits, grid, predict, run_rows, scaling
 from tapernorm_jax.studies.run_rows import Run
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
 
@@ -150,6 +150,7 @@ def test_predict_then_check_end_to_end(tmp_path, data_dir):
   assert all(written < os.path.getmtime(workdir / c.name / "config.json")  # before any run of cpu_l began
              for c in grid.expand(ladder_sweep(data_dir)) if c.size == "cpu_l")
   prediction = predict.read(str(workdir))
+  assert prediction["coverage"] == coverage.committed()["rates"]["measured mean inside the prediction"]
   runs = run_rows.read_runs(str(workdir))
   for row in prediction["rows"]:  # the compute planned from the config is the compute the runs then spent
     ran = [r for r in runs if (r.size, r.variant, r.aux) == ("cpu_l", row["variant"], row["aux"])]
