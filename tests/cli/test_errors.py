@@ -2,6 +2,7 @@
 traceback, and leaves the run directory as it was; library functions refuse inputs outside their domain by name."""
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -416,3 +417,19 @@ def test_a_calibration_before_the_residual_stream_settles_is_one_warning_line(tm
   paper = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", f"--workdir={tmp_path / 'run'}",
                   "--check_only")  # step 25,000 of the paper's 500,000
   assert paper.returncode == 0 and "calibrates at step" not in paper.stderr
+
+
+@pytest.mark.parametrize("flag, fragment", [("--studies=0", "--studies=0: must be >= 1"),
+                                            ("--resamples=5", "--resamples=5: must be >= 20"),
+                                            ("--noise=1.5", "--noise=1.5: must lie in (0, 1)")])
+def test_fit_coverage_flags_out_of_range_are_one_line(tmp_path, flag, fragment):
+  line = one_line_error(run_cli("fit_coverage", flag, f"--out={tmp_path / 'c.json'}"))
+  assert line.startswith(f"error: {fragment}") and not (tmp_path / "c.json").exists()
+
+
+def test_fit_coverage_writes_what_it_prints(tmp_path):
+  done = run_cli("fit_coverage", "--studies=4", "--resamples=20", f"--out={tmp_path / 'c.json'}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  written = json.loads((tmp_path / "c.json").read_text())
+  assert written["setting"]["studies"] == 4 and written["rates"]["b"]["n"] == 4
+  assert f"| b | {100 * written['rates']['b']['rate']:.1f}% ± " in done.stdout
