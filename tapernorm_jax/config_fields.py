@@ -120,7 +120,6 @@ def conflicting(cfg: ml_collections.ConfigDict, changes: dict[str, Any]) -> list
   return [group for group in groups.values() if len({repr(value) for _, value in group}) > 1]
 
 
-
 def _fits(value: Any, default: Any) -> bool:
   """Whether `value` has the type of a field whose default is `default`: an int passes for a float, a list for a
   tuple; any value where the default is None."""
@@ -143,10 +142,11 @@ def check_like(cfg: ml_collections.ConfigDict, reference: ml_collections.ConfigD
     if dotted in RENAMED_FIELDS:
       raise ValueError(f"{dotted}: this field is now {RENAMED_FIELDS[dotted]}; set that one")
     if (why := problem(reference, dotted)) is not None:
-      section = lookup(reference, path[:-1]) if problem(reference, ".".join(path[:-1])) is None else {}
-      near = difflib.get_close_matches(path[-1], list(section), n=1) if path[:-1] else []
+      *sections, leaf = path  # a misspelling's nearest name within its own section, not one of another section's
+      known = lookup(reference, sections) if sections and problem(reference, ".".join(sections)) is None else {}
+      near = difflib.get_close_matches(leaf, list(known), n=1)
       raise ValueError(f"{dotted}: {why}; no run reads it"
-                       + (f"; did you mean {'.'.join((*path[:-1], near[0]))}?" if near else ""))
+                       + (f"; did you mean {'.'.join((*sections, near[0]))}?" if near else ""))
     value, default = lookup(cfg, path), lookup(reference, path)
     if not _fits(value, default):
       raise ValueError(f"{dotted}={value!r}: must be a {type(default).__name__}, as its default {default!r} is")

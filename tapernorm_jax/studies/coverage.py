@@ -17,8 +17,15 @@ COVERAGE_FILE = os.path.join(os.path.dirname(__file__), "coverage.json")  # the 
 GAP_LAW = (0.05, 0.4)  # a, b: the method's loss is the reference's × (1 + a·(N/N₀)^(−b))
 LOSS_LAW = (1.5, 2.0, 0.3)  # E, A, α: L(C) = E + A·(C/C₀)^(−α)
 PARAMS = np.geomspace(1e6, 8e6, 4)  # four sizes spanning 8×, as the budget study's ladder
-COMPUTE = 120.0 * PARAMS ** 2  # 6·N FLOPs × 20 tokens per parameter
 HELD_OUT = 2.0 * PARAMS[-1]  # the size predict-then-check holds out, one step of the ladder on
+
+
+def training_compute(params: np.ndarray | float) -> np.ndarray | float:
+  """6·N FLOPs a token × 20 tokens a parameter."""
+  return 120.0 * np.asarray(params) ** 2
+
+
+COMPUTE = training_compute(PARAMS)
 
 
 @dataclasses.dataclass
@@ -80,14 +87,13 @@ def predict_coverage(s: Setting, echo: Callable[[str], None] = quiet) -> dict[st
   rng = np.random.default_rng(s.seed + 1)
   e, big_a, alpha = LOSS_LAW
   law = lambda c: e + big_a * (c / COMPUTE[0]) ** -alpha
-  held_out = 120.0 * HELD_OUT ** 2
+  held_out = training_compute(HELD_OUT)
   inside = 0
   for i in range(s.studies):
     cells = draw(rng, law(COMPUTE), s)
     fit = fits.compute_fit(COMPUTE, cells, s.resamples, seed=i)
-    noise = float(np.sqrt(np.mean([np.var(c, ddof=1) for c in cells])))  # pooled over cells of equal seeds
     measured = float(np.mean(draw(rng, np.array([law(held_out)]), s)[0]))
-    inside += fit.predict(held_out, noise / np.sqrt(s.seeds), seed=i).spans(measured)
+    inside += fit.predict(held_out, fits.pooled_std(cells) / np.sqrt(s.seeds), seed=i).spans(measured)
     if (i + 1) % 100 == 0:
       echo(f"predict then check: {i + 1} of {s.studies} studies")
   return {"measured mean inside the prediction": rate(inside, s.studies)}

@@ -87,14 +87,13 @@ def stretch(dof: int) -> float:
   return float(stats.t.ppf(q, dof) / stats.norm.ppf(q))
 
 
-def bootstrap(cells: Sequence[Sequence[float]], statistic: Callable[[list[np.ndarray]], np.ndarray],
+def bootstrap(cells: Sequence[Sequence[float]], statistic: Callable[[list[np.ndarray]], np.ndarray], noise: float,
               resamples: int = 500, seed: int = 0) -> np.ndarray:
   """`statistic` of `resamples` parametric draws of `cells`, one row per draw: each cell becomes its mean moved by a
-  normal draw of the seeds' relative noise pooled over every cell (relative_noise) over √n; draws where the fit
-  failed (NaN) are dropped. (Resampling each cell's own 3 seeds read the noise from 2 degrees of freedom a cell:
-  90% intervals covered the truth in 78–87% of simulated studies.)"""
+  normal draw of `noise` (the seeds' relative noise pooled over every cell: relative_noise) over √n; draws where
+  the fit failed (NaN) are dropped. (Resampling each cell's own 3 seeds read the noise from 2 degrees of freedom a
+  cell: 90% intervals covered the truth in 78–87% of simulated studies.)"""
   rng = np.random.default_rng(seed)
-  noise, _ = relative_noise(cells)
   means, counts = [float(np.mean(c)) for c in cells], [len(c) for c in cells]
   out = []
   for _ in range(resamples):
@@ -198,6 +197,14 @@ def relative_noise(cells: Sequence[Sequence[float]]) -> tuple[float, int]:
   return float(np.sqrt(sum(float(np.sum((a / a.mean() - 1.0) ** 2)) for a in arrays) / dof)), dof
 
 
+def pooled_std(cells: Sequence[Sequence[float]]) -> float:
+  """The seeds' standard deviation pooled over `cells` (Σ of squared deviations over Σ(n − 1); cells of one seed
+  count for nothing); 0 where no cell has two seeds."""
+  arrays = [np.asarray(c, float) for c in cells if len(c) > 1]
+  dof = sum(len(a) - 1 for a in arrays)
+  return float(np.sqrt(sum(float(np.sum((a - a.mean()) ** 2)) for a in arrays) / dof)) if dof else 0.0
+
+
 def gap_fit(params: Sequence[float], method: Sequence[Sequence[float]], reference: Sequence[Sequence[float]],
             resamples: int = 500, seed: int = 0) -> GapFit:
   """The relative gap of `method`'s losses to `reference`'s per size (each a list of seeds' losses), fitted against
@@ -210,10 +217,10 @@ def gap_fit(params: Sequence[float], method: Sequence[Sequence[float]], referenc
 
   observed = gaps([np.asarray(c, float) for c in (*method, *reference)])
   a, b = fit_gap(n, observed)
-  samples = bootstrap([*method, *reference], lambda cells: np.asarray(fit_gap(n, gaps(cells), (a, b))), resamples,
-                      seed)
-  residuals = observed - a * (n / n.min()) ** -b
   noise, dof = relative_noise([*method, *reference])
+  samples = bootstrap([*method, *reference], lambda cells: np.asarray(fit_gap(n, gaps(cells), (a, b))), noise,
+                      resamples, seed)
+  residuals = observed - a * (n / n.min()) ** -b
   pooled = [(1.0 + g) * noise * np.sqrt(1 / len(m) + 1 / len(r)) for g, m, r in zip(observed, method, reference)]
   return GapFit(n.tolist(), observed.tolist(), [gap_error(m, r) for m, r in zip(method, reference, strict=True)],
                 interval(a, samples[:, 0] if samples.size else samples, dof),
@@ -260,10 +267,11 @@ def compute_fit(compute: Sequence[float], losses: Sequence[Sequence[float]], res
   means = lambda cells: np.asarray([np.mean(x) for x in cells])
   observed = means(losses)
   law = fit_loss_compute(c, observed)
-  samples = bootstrap(losses, lambda cells: np.asarray(fit_loss_compute(c, means(cells), law)), resamples, seed)
+  noise, dof = relative_noise(losses)
+  samples = bootstrap(losses, lambda cells: np.asarray(fit_loss_compute(c, means(cells), law)), noise, resamples,
+                      seed)
   residuals = observed - (law[0] + law[1] * (c / c.min()) ** -law[2])
   pick = lambda i: samples[:, i] if samples.size else samples
-  dof = relative_noise(losses)[1]
   return ComputeFit(c.tolist(), observed.tolist(), interval(law[0], pick(0), dof), interval(law[1], pick(1), dof),
                     interval(law[2], pick(2), dof), residuals.tolist(), samples.reshape(-1, 3), dof)
 
@@ -282,6 +290,6 @@ def multiplier(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[fl
     return np.asarray([compute_multiplier(fitted, c.min(), cells[k + i].mean(), c[i]) for i in range(k)])
 
   observed = [compute_multiplier(law, c.min(), arrays[k + i].mean(), c[i]) for i in range(k)]
-  samples = bootstrap(arrays, statistic, resamples, seed)
-  dof = relative_noise(arrays)[1]
+  noise, dof = relative_noise(arrays)
+  samples = bootstrap(arrays, statistic, noise, resamples, seed)
   return [interval(float(observed[i]), samples[:, i] if samples.size else samples, dof) for i in range(k)]

@@ -43,12 +43,6 @@ def planned_compute(cell: Cell) -> float:
   return hardware.train_flops_per_token(params, model_cfg.L, model_cfg.D, model_cfg.T) * tokens
 
 
-def pooled_std(groups: Sequence[Group]) -> float:
-  """The seeds' standard deviation pooled over `groups` (0 where no group has two seeds)."""
-  dof = sum(g.n - 1 for g in groups if g.n > 1)
-  return float(np.sqrt(sum((g.n - 1) * g.std ** 2 for g in groups if g.n > 1) / dof)) if dof else 0.0
-
-
 def predict_once(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) -> list[str]:
   """Predicts the held-out size (`predict`) unless a prediction was written before; lines saying what holds. A
   size that has started without one gets none: it would not be a prediction."""
@@ -76,7 +70,7 @@ def predict(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) 
            "compute": target}
     if len(mine) >= MIN_FITTED:
       law = fits.compute_fit([compute[g.size] for g in mine], [g.losses for g in mine], resamples)
-      predicted = law.predict(target, pooled_std(mine) / np.sqrt(seeds))
+      predicted = law.predict(target, fits.pooled_std([g.losses for g in mine]) / np.sqrt(seeds))
       row.update(predicted=predicted.value, low=predicted.low, high=predicted.high, law=list(law.law))
     rows.append(row)
   measured = (coverage.committed() or {}).get("rates", {}).get("measured mean inside the prediction")

@@ -148,17 +148,18 @@ COMPUTE_TEXT = (
 def markdown(study: StudyFits) -> str:
   """The report's scaling section: what was fitted, the two tables, how to read them."""
   span = max(study.params.values()) / min(study.params.values())
+  measured = coverage.sentence()  # how often such intervals held the truth in simulation ('' without the file)
   parts = [f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
            f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's mean drawn again with the "
            f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; studies/fits.py), the whole fit "
            f"redone, and the percentile interval stretched by t/z for the noise's degrees of freedom. "
-           f"{coverage.sentence()} The gap is the relative "
-           f"difference of mean validation losses, ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters "
-           f"(b > 0: the gap shrinks with size); the residuals are each size's measured gap minus the fitted one, in "
-           f"standard errors of that gap from the seeds' relative noise pooled over every cell of the fit; \"lack of "
-           f"fit p\" is the chance that the seeds' noise alone leaves residuals as large as the fit's (their mean "
-           f"square against an F distribution; small: the law does not describe the data).", "", gaps_markdown(study),
-           ""]
+           f"{measured + ' ' if measured else ''}The gap is the relative difference of mean validation losses, "
+           f"ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters (b > 0: the gap shrinks with size); the "
+           f"residuals are each size's measured gap minus the fitted one, in standard errors of that gap from the "
+           f"seeds' relative noise pooled over every cell of the fit; \"lack of fit p\" is the chance that the seeds' "
+           f"noise alone leaves residuals as large as the fit's (the sum of their squares over sizes − 2, against an F "
+           f"distribution; small: the law does not describe the data).", "",
+           gaps_markdown(study), ""]
   if study.baseline_law is None:
     return "\n".join(parts + [f"No loss-compute law: the baseline has {len(study.params)} sizes, and the law's three "
                                f"parameters need at least {MIN_LAW_SIZES}."])

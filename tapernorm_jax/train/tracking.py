@@ -11,8 +11,8 @@ steps of a killed session that W&B never stored.
 import glob
 import hashlib
 import json
-import os
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol

@@ -50,7 +50,7 @@ def test_the_bootstrap_draws_each_cell_s_mean_with_the_pooled_noise_and_t_stretc
   cells = [np.array([1.0, 1.02, 0.98]), np.array([2.0, 2.04, 1.96])]  # both 2% relative spread
   noise, dof = fits.relative_noise(cells)
   assert (noise, dof) == pytest.approx((0.02, 4))
-  draws = fits.bootstrap(cells, lambda c: np.array([c[0].mean(), c[1].mean()]), resamples=20_000)
+  draws = fits.bootstrap(cells, lambda c: np.array([c[0].mean(), c[1].mean()]), noise, resamples=20_000)
   assert draws.std(axis=0) == pytest.approx([0.02 / np.sqrt(3), 2 * 0.02 / np.sqrt(3)], rel=0.03)  # σ·mean/√n
   plain = fits.interval(0.0, draws[:, 0] - 1.0)  # no dof: the percentiles, ±z·σ/√n
   assert plain.high == pytest.approx(1.645 * 0.02 / np.sqrt(3), rel=0.05)
