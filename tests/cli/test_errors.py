@@ -413,7 +413,7 @@ def test_a_calibration_before_the_residual_stream_settles_is_one_warning_line(tm
   assert done.returncode == 0, done.stderr[-2000:]
   warned = [line for line in done.stderr.splitlines() if "calibrates at step" in line]
   assert len(warned) == 1 and warned[0].startswith(  # round(0.05 · 40) = 2: the 40-step run that diverged
-      "warning: taper.gate_warmup_frac=0.05 calibrates at step 2 of 40, while the residual stream is still near")
+      "warning: taper.gate_warmup_frac=0.05 calibrates at step 2 of 40, early in training: calibrations this early")
   paper = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", f"--workdir={tmp_path / 'run'}",
                   "--check_only")  # step 25,000 of the paper's 500,000
   assert paper.returncode == 0 and "calibrates at step" not in paper.stderr

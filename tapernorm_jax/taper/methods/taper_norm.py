@@ -23,8 +23,9 @@ DEFAULTS = dict(  # the `taper` section
     mu=0.01,  # EMA weight of the calibration statistics
     delta=1e-8,  # c* = num / (den + δ)
     scale_loss_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
-# A calibration before this step is warned about: the residual stream has not settled (c = 9–49 at steps 2 and 15
-# of short CPU runs; the paper calibrates at step 25,000 of 500,000).
+# A calibration before this step is warned about: c came out at 3.9–46 at the cpu preset's step 15 and 48–49 at a
+# 40-step 1m run's step 2, which then diverged (docs/methods/early_calibration/); the paper calibrates at step
+# 25,000 of 500,000.
 EARLY_CALIBRATION = 100
 
 
@@ -53,12 +54,11 @@ class TaperNorm:
       raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
                        "needs at least one (raise it or train.steps)")
     if tapered and phases.taper_start < EARLY_CALIBRATION:
-      logging.warning("taper.gate_warmup_frac=%s calibrates at step %d of %d, while the residual stream is still "
-                      "near its initial scale: calibrations this early came out at c = 9–49 (the CPU ladder's step "
-                      "15; a 40-step 1m run's step 2, which then diverged), so the g = 0 model is a baseline with "
-                      "norm gains of 10–40. Read the run as a smoke test, or calibrate from step %d on (raise "
-                      "train.steps or taper.gate_warmup_frac)", cfg.taper.gate_warmup_frac, phases.taper_start,
-                      phases.steps, EARLY_CALIBRATION)
+      logging.warning("taper.gate_warmup_frac=%s calibrates at step %d of %d, early in training: calibrations this "
+                      "early set c up to 46–49 (the cpu preset's step 15; a 40-step 1m run's step 2, which then "
+                      "diverged: docs/methods/early_calibration). Read the run as a smoke test, or calibrate from "
+                      "step %d on (raise train.steps or taper.gate_warmup_frac)", cfg.taper.gate_warmup_frac,
+                      phases.taper_start, phases.steps, EARLY_CALIBRATION)
     if model_cfg.final_norm in ("taper", "fixed", "identity") and cfg.taper.scale_loss_weight == 0:
       logging.warning("final_norm=%r with taper.scale_loss_weight=0: nothing anchors the pre-logit scale, so logits "
                       "may grow without bound (logit chasing). A legitimate ablation; set taper.scale_loss_weight>0 "
