@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from tapernorm_jax.taper import phases
 from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, read_metrics, size_order, variant_order
 
 
@@ -40,9 +41,11 @@ def mean_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
 
 
 def taper_start(config: Mapping[str, Any]) -> int | None:
-  """The step at which the gate starts to fall (schedules.Phases: round(gate_warmup_frac · steps))."""
+  """The step at which the gate starts to fall (schedules.Phases; a run from before the floor has none)."""
   try:
-    return int(round(config["taper"]["gate_warmup_frac"] * config["train"]["steps"]))
+    taper, steps = config["taper"], config["train"]["steps"]
+    end = steps - 1 if taper["taper_end"] == -1 else taper["taper_end"]
+    return phases.calibration_step(taper["gate_warmup_frac"], taper.get("min_calibration_step", 0), steps, end)
   except (KeyError, TypeError):
     return None
 

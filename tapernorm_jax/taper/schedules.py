@@ -1,28 +1,10 @@
 """Learning-rate and gate schedules: pure functions of the (traced) step (docs/method.md §4)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import optax
 
-
-@dataclasses.dataclass(frozen=True)
-class Phases:
-  """Step boundaries: LR warmup end, taper start (= gate warmup end, calibration) and taper end."""
-
-  steps: int
-  lr_warmup: int
-  taper_start: int
-  taper_end: int
-
-  @classmethod
-  def from_config(cls, cfg) -> "Phases":
-    """Resolves fractions and `taper_end=-1` (the last step) from a full config."""
-    steps = cfg.train.steps
-    taper_end = steps - 1 if cfg.taper.taper_end == -1 else cfg.taper.taper_end  # -1: g = 0 at the last step
-    return cls(steps=steps, lr_warmup=int(round(cfg.opt.warmup_frac * steps)),
-               taper_start=int(round(cfg.taper.gate_warmup_frac * steps)), taper_end=taper_end)
+from tapernorm_jax.taper.phases import Phases  # the step boundaries these schedules read
 
 
 def learning_rate(peak: float, phases: Phases) -> optax.Schedule:

@@ -51,7 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                weight_decay=0.01)
   start, end = spec["taper"]
   taper_weight = spec["scale_loss_weight"] if aux and method == "taper" else 0.0
-  c.taper.update(mu=0.1, scale_loss_weight=taper_weight, gate_warmup_frac=start / steps, taper_end=end)
+  c.taper.update(mu=0.1, scale_loss_weight=taper_weight, gate_warmup_frac=start / steps, taper_end=end,
+                 min_calibration_step=0)  # the paper's steps: a pretrained residual stream has settled
   if method == "fakeln":  # each method's section only where it is the run's (another's would do nothing)
     start_ln2, gap_ln2, gap_ln1qk, gap_ln1v, fakeln_weight = FAKELN[size, aux]
     c.fakeln.update(start=start_ln2, gap_mlp=gap_ln2, gap_attn=gap_ln1qk, gap_attn_v=gap_ln1v, gap_final=gap_ln1v,

@@ -31,3 +31,17 @@ def test_phases_from_config_resolve_fractions_and_the_last_step():
   cfg = base.get_config("all_taper", "size=1m")
   ph = schedules.Phases.from_config(cfg)
   assert (ph.steps, ph.lr_warmup, ph.taper_start, ph.taper_end) == (500_000, 25_000, 25_000, 499_999)
+
+
+def test_calibration_waits_for_its_floor_where_the_run_is_long_enough():
+  from configs import base
+  cfg = base.get_config("all_taper", "size=cpu")  # 300 steps: 5% would calibrate at step 15, before h has settled
+  assert cfg.train.steps == 300 and cfg.taper.min_calibration_step == 100
+  assert schedules.Phases.from_config(cfg).taper_start == 100
+  for steps, frac, want in ((199, 0.05, 10), (200, 0.05, 100), (4000, 0.05, 200), (300, 0.5, 150)):
+    cfg.train.steps, cfg.taper.gate_warmup_frac = steps, frac  # too short for the floor: the fraction (warned)
+    assert schedules.Phases.from_config(cfg).taper_start == want, (steps, frac)
+  cfg.train.steps, cfg.taper.gate_warmup_frac, cfg.taper.taper_end = 300, 0.05, 80  # the floor past the taper end
+  assert schedules.Phases.from_config(cfg).taper_start == 15
+  cfg.taper.taper_end, cfg.taper.min_calibration_step = -1, 0  # off: the fraction alone, as a fine-tune sets it
+  assert schedules.Phases.from_config(cfg).taper_start == 15

@@ -19,14 +19,15 @@ PyTree = Any
 NAME = "taper"
 DEFAULTS = dict(  # the `taper` section
     gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
+    min_calibration_step=100,  # ... and at least this many, where the run is long enough (schedules.Phases)
     taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
     mu=0.01,  # EMA weight of the calibration statistics
     delta=1e-8,  # c* = num / (den + δ)
     scale_loss_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
 # A calibration before this step is warned about: c came out at 3.9–46 at the cpu preset's step 15 and 48–49 at a
 # 40-step 1m run's step 2, which then diverged (docs/methods/early_calibration/); the paper calibrates at step
-# 25,000 of 500,000.
-EARLY_CALIBRATION = 100
+# 25,000 of 500,000. It is also the default floor of the calibration step (taper.min_calibration_step).
+EARLY_CALIBRATION = DEFAULTS["min_calibration_step"]
 
 
 @dataclasses.dataclass
@@ -48,17 +49,20 @@ class TaperNorm:
     config_fields.check(cfg, [
         (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
         (cfg.taper.scale_loss_weight >= 0, "taper.scale_loss_weight", "λ must be >= 0 (0 turns the scale loss off)"),
-        (cfg.taper.delta >= 0, "taper.delta", "must be >= 0")])
+        (cfg.taper.delta >= 0, "taper.delta", "must be >= 0"),
+        (cfg.taper.min_calibration_step >= 0, "taper.min_calibration_step",
+         "must be >= 0 (0: calibrate at round(gate_warmup_frac · steps), e.g. when fine-tuning a trained model)")])
     tapered = "taper" in (model_cfg.internal_norm, model_cfg.final_norm)
     if tapered and phases.taper_start < 1:
       raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
                        "needs at least one (raise it or train.steps)")
     if tapered and phases.taper_start < EARLY_CALIBRATION:
-      logging.warning("taper.gate_warmup_frac=%s calibrates at step %d of %d, early in training: calibrations this "
-                      "early set c up to 46–49 (the cpu preset's step 15; a 40-step 1m run's step 2, which then "
-                      "diverged: docs/methods/early_calibration). Read the run as a smoke test, or calibrate from "
-                      "step %d on (raise train.steps or taper.gate_warmup_frac)", cfg.taper.gate_warmup_frac,
-                      phases.taper_start, phases.steps, EARLY_CALIBRATION)
+      logging.warning("calibration at step %d of %d (taper.gate_warmup_frac=%s; taper.min_calibration_step=%d "
+                      "applies only up to half the run), early in training: calibrations this early set c up to "
+                      "46–49 (the cpu preset's step 15; a 40-step 1m run's step 2, which then diverged: "
+                      "docs/methods/early_calibration). Read the run as a smoke test, or calibrate from step %d on "
+                      "(train.steps >= %d)", phases.taper_start, phases.steps, cfg.taper.gate_warmup_frac,
+                      cfg.taper.min_calibration_step, EARLY_CALIBRATION, 2 * EARLY_CALIBRATION)
     if model_cfg.final_norm in ("taper", "fixed", "identity") and cfg.taper.scale_loss_weight == 0:
       logging.warning("final_norm=%r with taper.scale_loss_weight=0: nothing anchors the pre-logit scale, so logits "
                       "may grow without bound (logit chasing). A legitimate ablation; set taper.scale_loss_weight>0 "
