@@ -42,8 +42,11 @@ def test_the_shipped_sweeps_expand_to_their_grids():
   assert {c.size for c in study} == {"cpu_xs", "cpu", "cpu_l"}
   steps = grid.expand(ladder.get_config())
   assert len(steps) == 4 * 5 * 3 and len(predict.split_largest(steps)[1]) == 4 * 3  # cpu_xl held out
-  by_budget = grid.expand(budgets.get_config())
-  assert len(by_budget) == 3 * 3 * 3 * 3 and {c.point for c in by_budget} >= {"cpu_xs@tpp1", "cpu_m@tpp4"}
+  for tpp in ("5", "20"):  # one budget a study, so the largest size can be held out and predicted
+    by_budget = grid.expand(budgets.get_config(tpp))
+    assert len(by_budget) == 4 * 4 * 3 and {c.point for c in by_budget} >= {f"cpu_xs@tpp{tpp}", f"cpu_xl@tpp{tpp}"}
+    held_out = predict.split_largest(by_budget)[1]
+    assert len(held_out) == 4 * 3 and {c.size for c in held_out} == {"cpu_xl"}
 
 
 @pytest.mark.parametrize("change, message", [
