@@ -394,7 +394,8 @@ def test_a_method_setting_the_variant_does_not_read_is_one_warning_line(tmp_path
 @pytest.mark.parametrize("line, fragment", [
     ("c.fakeln.mu = None", "error: fakeln.mu=None: must be a float, as its default 0.01 is"),
     ("c.taper.calibration_step = 150", "error: taper.calibration_step: config.taper has no field "
-                                       "'calibration_step'; no run reads it"),
+                                       "'calibration_step'; no run reads it; did you mean "
+                                       "taper.min_calibration_step?"),
     ("c.fakeln.gap_atn = 4", "error: fakeln.gap_atn: config.fakeln has no field 'gap_atn'; no run reads it; did you "
                              "mean fakeln.gap_attn?"),
     ("c.fakeln.aux_weight = 0.2", "error: fakeln.aux_weight: this field is now fakeln.scale_loss_weight; set that "
@@ -411,12 +412,16 @@ def test_a_calibration_before_the_residual_stream_settles_is_one_warning_line(tm
   done = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", "--config.train.steps=40",
                  f"--workdir={tmp_path / 'run'}", "--check_only")
   assert done.returncode == 0, done.stderr[-2000:]
-  warned = [line for line in done.stderr.splitlines() if "calibrates at step" in line]
+  warned = [line for line in done.stderr.splitlines() if "calibration at step" in line]
   assert len(warned) == 1 and warned[0].startswith(  # round(0.05 · 40) = 2: the 40-step run that diverged
-      "warning: taper.gate_warmup_frac=0.05 calibrates at step 2 of 40, early in training: calibrations this early")
+      "warning: calibration at step 2 of 40 (taper.gate_warmup_frac=0.05; taper.min_calibration_step=100 applies "
+      "only up to half the run), early in training: calibrations this early")
   paper = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", f"--workdir={tmp_path / 'run'}",
                   "--check_only")  # step 25,000 of the paper's 500,000
-  assert paper.returncode == 0 and "calibrates at step" not in paper.stderr
+  assert paper.returncode == 0 and "calibration at step" not in paper.stderr
+  floored = run_cli("tinystories", "--config=configs/all_taper.py:size=cpu", f"--workdir={tmp_path / 'run'}",
+                    "--check_only")  # 300 steps: 5% is step 15, the floor moves it to step 100
+  assert floored.returncode == 0 and "calibration at step" not in floored.stderr
 
 
 @pytest.mark.parametrize("flag, fragment", [("--studies=0", "--studies=0: must be >= 1"),
