@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from tapernorm_jax.taper import phases
 from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, read_metrics, size_order, variant_order
+from tapernorm_jax.taper import phases
 
 
 def series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +41,7 @@ def mean_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
 
 
 def taper_start(config: Mapping[str, Any]) -> int | None:
-  """The step at which the gate starts to fall (schedules.Phases; a run from before the floor has none)."""
+  """The step at which the gate starts to fall (phases.calibration_step; a config without the floor had none)."""
   try:
     taper, steps = config["taper"], config["train"]["steps"]
     end = steps - 1 if taper.get("taper_end", -1) == -1 else taper["taper_end"]
