@@ -44,7 +44,7 @@ def taper_start(config: Mapping[str, Any]) -> int | None:
   """The step at which the gate starts to fall (phases.calibration_step; a config without the floor had none)."""
   try:
     taper, steps = config["taper"], config["train"]["steps"]
-    end = steps - 1 if taper.get("taper_end", -1) == -1 else taper["taper_end"]
+    end = phases.resolve_taper_end(taper.get("taper_end", -1), steps)
     return phases.calibration_step(taper["gate_warmup_frac"], taper.get("min_calibration_step", 0), steps, end)
   except (KeyError, TypeError):
     return None

@@ -16,9 +16,14 @@ class Phases:
   def from_config(cls, cfg) -> "Phases":
     """Resolves fractions, the calibration floor and `taper_end=-1` (the last step) from a full config."""
     steps = cfg.train.steps
-    taper_end = steps - 1 if cfg.taper.taper_end == -1 else cfg.taper.taper_end  # -1: g = 0 at the last step
+    taper_end = resolve_taper_end(cfg.taper.taper_end, steps)
     start = calibration_step(cfg.taper.gate_warmup_frac, cfg.taper.get("min_calibration_step", 0), steps, taper_end)
     return cls(steps=steps, lr_warmup=int(round(cfg.opt.warmup_frac * steps)), taper_start=start, taper_end=taper_end)
+
+
+def resolve_taper_end(taper_end: int, steps: int) -> int:
+  """`taper.taper_end`, with -1 meaning the last step (so the last update runs at g = 0)."""
+  return steps - 1 if taper_end == -1 else taper_end
 
 
 def calibration_step(gate_warmup_frac: float, floor: int, steps: int, taper_end: int) -> int:
