@@ -97,7 +97,11 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted, data_dir):
               "tokens_per_s", "lr", "scale_loss"):
     assert key in records[7], key
   peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux: KiB; the peak so far
-  assert all(50 < r["host_rss_mb"] <= peak_mb for r in records)  # resident memory when the step was read
+  # resident memory when the step was read. /proc/self/statm and the kernel's peak are separate counters that can
+  # disagree a little (a fresh python3 here reads 13.93 MB resident against a 13.72 MB peak; CI once read a step
+  # above the peak), so a 10% margin; virtual size (gigabytes under XLA) or a unit mix-up would still fail
+  rss_mb = [r["host_rss_mb"] for r in records]
+  assert all(50 < mb <= 1.1 * peak_mb for mb in rss_mb), (rss_mb, peak_mb)
   tb = EventAccumulator(os.path.join(workdir, "tensorboard"))
   tb.Reload()
   assert [e.value for e in tb.Scalars("loss")] == pytest.approx([r["loss"] for r in records], rel=1e-6)
