@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = dict(
     eval_sets="",  # named held-out sets "name=path_or_glob,...", tokenized with the run's tokenizer
     filtered_eval_sets="",  # names among eval_sets also evaluated as <name>_filtered (evaluation_sets.filtered)
     filter_sample_tokens=0,  # the training sample those filters read: the train stream's first N tokens (0: all)
+    tune_frac=0.0,  # > 0: this share of the train stream's tail (whole documents) is held out as the `tune` split,
+    # which tuning studies select on; training never reads it, and the reported validation split is untouched
     vocab_size=None, seq_len=None,  # set by tapernorm_jax/train/run_config.py from model.V and model.T
     tokenizer_model="bpe", tokenizer_train_bytes=100_000_000)  # tokenizer=sentencepiece: model type, training text
 

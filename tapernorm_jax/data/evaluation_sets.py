@@ -27,7 +27,7 @@ FORMAT_VERSION = 1  # bump when the layout or content of an eval-set directory c
 META = "meta.json"
 TOKENS = "tokens.bin"
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
-RESERVED = ("val",)  # the training loop's name for the corpus's own validation split
+RESERVED = ("val", "tune")  # the training loop's names for the corpus's validation split and its tuning split
 
 
 def parse(spec: str) -> dict[str, str]:
@@ -39,8 +39,8 @@ def parse(spec: str) -> dict[str, str]:
       raise ValueError(f"data.eval_sets entry {item!r} is not name=path_or_glob (name: letters, digits, _ . -); "
                        "e.g. --config.data.eval_sets='wiki=/data/wiki.txt,books=/data/books/*.txt'")
     if name in RESERVED:
-      raise ValueError(f"data.eval_sets entry {item!r}: the name {name!r} is reserved for the corpus's own validation "
-                       "split; pick another name")
+      raise ValueError(f"data.eval_sets entry {item!r}: the name {name!r} is reserved for the corpus's own "
+                       "validation and tuning splits; pick another name")
     if name in sets:
       raise ValueError(f"data.eval_sets names {name!r} twice; give each set its own name")
     sets[name] = pattern

@@ -48,7 +48,7 @@ class Prepared:
     return self.tokenizer.vocab_size
 
   def num_tokens(self, split: str) -> int:
-    """Length of the token stream of `split` ("train" or "validation")."""
+    """Length of the token stream of `split` ("train", "validation", or "tune" with data.tune_frac > 0)."""
     return int(self.tokens(split).shape[0])
 
   def tokens(self, split: str) -> np.ndarray:
@@ -144,14 +144,31 @@ def prepare(cfg: Any) -> Prepared:
   if not cache_dirs.is_complete(directory):
     log.info("preparing %s into %s", corpus.name, directory)
     cache_dirs.build_atomically(directory, lambda tmp: build(tmp, corpus, choice))
-  prepared = load(directory, choice)  # its tokenizer has exactly `vocab_size` ids, or this raises
+  prepared = hold_out_tune(load(directory, choice), float(corpora.setting(cfg, "tune_frac")))
   seq_len = corpora.setting(cfg, "seq_len")
   if seq_len:
-    for split in corpora.SPLITS:
+    for split in prepared.streams:
       check_window(prepared, split, int(seq_len))
   log.info("data: %s (%s), vocab %d, %s", prepared.name, directory, prepared.vocab_size,
            ", ".join(f"{s} {prepared.num_tokens(s):,} tokens" for s in prepared.streams))
   return prepared
+
+
+def hold_out_tune(prepared: Prepared, frac: float) -> Prepared:
+  """`prepared` with the last `frac` of its train stream, from the first document start at or after that point, as
+  the `tune` split (training reads only what is before it); `frac` = 0 returns `prepared` as it is."""
+  if frac == 0.0:
+    return prepared
+  if not 0.0 < frac < 0.5:
+    raise ValueError(f"data.tune_frac={frac}: must lie in [0, 0.5) (the share of the train stream held out for "
+                     "tuning; 0: none)")
+  train = prepared.tokens("train")
+  target = int(round((1.0 - frac) * train.shape[0]))
+  ends = np.flatnonzero(np.asarray(train[max(target - 1, 0):]) == prepared.tokenizer.eos_id)  # documents end on eos
+  if ends.size == 0 or (cut := max(target - 1, 0) + int(ends[0]) + 1) >= train.shape[0]:
+    raise ValueError(f"data.tune_frac={frac}: no whole document lies in the last {frac:.0%} of the train stream of "
+                     f"{prepared.name} ({train.shape[0]:,} tokens); raise it or use more training documents")
+  return dataclasses.replace(prepared, streams={**prepared.streams, "train": train[:cut], "tune": train[cut:]})
 
 
 def check_window(prepared: Prepared, split: str, seq_len: int) -> None:

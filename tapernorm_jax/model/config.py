@@ -34,6 +34,7 @@ class ModelConfig:
   final_norm: str = "plain"
   norm_alpha: tuple[float, ...] = ()  # dyt/derf: α's initial value (attention, MLP, final); (): the authors' (norms.py)
   derf_shift: float = 0.0  # derf: the shift's initial value
+  norm_gain_init: float = 1.0  # every norm's gain γ starts at this (the normalized path's; a tapered norm's γ̃ at 1)
   eps: float = 1e-5
   rope_base: float = 10_000.0
   tie_embeddings: bool = True
@@ -167,6 +168,8 @@ def validate(cfg: ModelConfig) -> None:
     fail("norm_alpha", "give three values > 0 (the attention, MLP and final norms' α), or () for the authors'")
   if not cfg.eps > 0:
     fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
+  if not cfg.norm_gain_init > 0:
+    fail("norm_gain_init", "must be > 0 (the norms' gain γ starts at this; 1 is the usual init)")
   if not cfg.init_std > 0:
     fail("init_std", "must be > 0")
   if cfg.dtype not in DTYPES:

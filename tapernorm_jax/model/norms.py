@@ -77,6 +77,7 @@ class Norm(nn.Module):
   param_dtype: Any = jnp.float32
   alpha_init: float = 1.0  # dyt and derf: α's initial value
   shift_init: float = 0.0  # derf: s's initial value
+  gain_init: float = 1.0  # γ's initial value
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0,
@@ -94,7 +95,7 @@ class Norm(nn.Module):
     feature_param = lambda name, init: self.param(
         name, nn.with_logical_partitioning(init, ("norm",)), (D,), self.param_dtype
     ).astype(sdt)
-    gamma_D = feature_param(param_paths.GAMMA, nn.initializers.ones)
+    gamma_D = feature_param(param_paths.GAMMA, nn.initializers.constant(self.gain_init))
     beta_D = feature_param(param_paths.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
     if self.mode in POINTWISE_MODES:
       scalar = lambda name, value: self.param(

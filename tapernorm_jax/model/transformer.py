@@ -212,7 +212,8 @@ class Block(nn.Module):
     """
     cfg = self.cfg
     norm = lambda name, position: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype,
-                                       cfg.param_dtype, cfg.alpha_init(position), cfg.derf_shift, name=name)
+                                       cfg.param_dtype, cfg.alpha_init(position), cfg.derf_shift,
+                                       cfg.norm_gain_init, name=name)
     x_v_BxTxD = None
     if gates.attn_value is not None:  # the value path has its own gate: the norm's two blends of one normalization
       x_BxTxD, x_v_BxTxD = norm(param_paths.ATTN_NORM, 0)(h_BxTxD, gates.attn, gates.attn_value)
@@ -250,7 +251,7 @@ class Transformer(nn.Module):
           nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
     self.blocks = [block(cfg, self.projection, self.attend, self.mesh, name=param_paths.block(i)) for i in range(cfg.L)]
     self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
-                           cfg.alpha_init(2), cfg.derf_shift)
+                           cfg.alpha_init(2), cfg.derf_shift, cfg.norm_gain_init)
     if cfg.pointwise:  # DyT's and Derf's language models scale the embeddings by a learned scalar, initially √D
       self.embed_scale = self.param(param_paths.EMBED_SCALE, nn.with_logical_partitioning(
           nn.initializers.constant(cfg.D ** 0.5), ()), (), cfg.param_dtype)

@@ -3,6 +3,7 @@ cells, each checked before anything runs; a bad name or value is a SweepError na
 
 import dataclasses
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
@@ -15,7 +16,8 @@ from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
 
 SWEEP_FIELDS = ("grids", "name", "overrides", "seeds")
-GRID_FIELDS = ("variants", "sizes", "budgets", "seeds", "overrides")
+GRID_FIELDS = ("variants", "sizes", "budgets", "seeds", "overrides", "tag")
+TAG = re.compile(r"[A-Za-z0-9_.+-]+")  # a grid's tag: part of its cells' names and directories
 BUDGET_KINDS = {"steps": "steps", "tokens_per_param": "tpp"}  # a budget's spelling in the sweep file → in its label
 
 
@@ -33,6 +35,7 @@ class Cell:
   seed: int
   overrides: tuple[tuple[str, Any], ...] = ()  # (dotted config key, value), sorted by key
   budget: str = ""  # "": the size's own steps; "steps600": 600 steps; "tpp20": 20 training tokens per parameter
+  tag: str = ""  # a grid's name for its settings (a tuning study's `lr1e-2`): cells that differ only in overrides
 
   @property
   def point(self) -> str:
@@ -41,9 +44,9 @@ class Cell:
 
   @property
   def name(self) -> str:
-    """`<variant>-<point>-aux<0|1>-seed<N>`; without a budget, the name `experiments.tinystories` gives its default
-    workdir."""
-    return f"{self.variant}-{self.point}-aux{self.aux}-seed{self.seed}"
+    """`<variant>-<point>-aux<0|1>-seed<N>[-<tag>]`; without a budget or tag, the name `experiments.tinystories`
+    gives its default workdir."""
+    return f"{self.variant}-{self.point}-aux{self.aux}-seed{self.seed}" + (f"-{self.tag}" if self.tag else "")
 
   @property
   def config_arg(self) -> str:
@@ -62,13 +65,14 @@ class Cell:
   def to_json(self) -> dict[str, Any]:
     """A JSON-friendly description (the manifest and cell records hold it)."""
     return {"name": self.name, "variant": self.variant, "size": self.size, "aux": self.aux, "seed": self.seed,
-            "overrides": dict(self.overrides), **({"budget": self.budget} if self.budget else {})}
+            "overrides": dict(self.overrides), **({"budget": self.budget} if self.budget else {}),
+            **({"tag": self.tag} if self.tag else {})}
 
   @classmethod
   def from_json(cls, entry: Mapping[str, Any]) -> Self:
     """The cell `to_json` described (JSON lists back to tuples)."""
     return cls(entry["variant"], entry["size"], int(entry["aux"]), int(entry["seed"]),
-               frozen_overrides(entry.get("overrides") or {}), entry.get("budget", ""))
+               frozen_overrides(entry.get("overrides") or {}), entry.get("budget", ""), entry.get("tag", ""))
 
 
 def point(size: str, budget: str) -> str:
@@ -207,7 +211,11 @@ def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -
   budgets = [parse_budget(b, f"{where}.budgets[{i}]") for i, b in enumerate(_as_list(grid.get("budgets", [None]),
                                                                                    f"{where}.budgets"))]
   overrides = frozen_overrides({**flatten(sweep.get("overrides") or {}), **flatten(grid.get("overrides") or {})})
-  return [Cell(variant, size, aux, seed, overrides, budget) for size in sizes for budget in budgets
+  tag = grid.get("tag", "")
+  if not isinstance(tag, str) or (tag and not TAG.fullmatch(tag)):
+    raise SweepError(f"{where}.tag={tag!r}: a tag is letters, digits and _ . + - (it names the grid's cells and "
+                     "their directories)")
+  return [Cell(variant, size, aux, seed, overrides, budget, tag) for size in sizes for budget in budgets
           for variant, aux in variants for seed in seeds]
 
 
@@ -249,7 +257,8 @@ def expand(sweep: Mapping[str, Any]) -> list[Cell]:
   for g, grid in enumerate(_as_list(sweep.get("grids"), "grids")):
     for cell in _grid_cells(grid, f"grids[{g}]", sweep):
       if cell.name in cells and cells[cell.name] != cell:
-        raise SweepError(f"grids[{g}]: cell {cell.name} appears twice with different overrides")
+        raise SweepError(f"grids[{g}]: cell {cell.name} appears twice with different overrides; give each grid its "
+                         "own tag")
       cells[cell.name] = cell
   _check_overrides(list(cells.values()))
   return list(cells.values())

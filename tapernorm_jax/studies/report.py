@@ -2,8 +2,6 @@
 largest size ran, decode throughput where measured, the logit and gradient norms, the figures), results.csv (one row
 per run) and figures/*.png, written by `write_report` from a study directory."""
 
-import csv
-import io
 import os
 import tempfile
 import time
@@ -17,22 +15,12 @@ from etils import epath
 from tapernorm_jax import files, retries
 from tapernorm_jax.files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib
+from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib, tuning
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
 from tapernorm_jax.studies.curves import Curves, series, taper_start
 from tapernorm_jax.studies.figures import figure_title, make_figures, save_png
-from tapernorm_jax.studies.run_rows import (CSV_COLUMNS, FINISHED, NO_CONTEXT_MARGIN, Run, label, params_text,
+from tapernorm_jax.studies.run_rows import (FINISHED, csv_text, NO_CONTEXT_MARGIN, Run, label, params_text,
                                             read_runs, size_order, unanchored, variant_order)
-
-
-def csv_text(runs: Sequence[Run]) -> str:
-  """results.csv: one row per run, CSV_COLUMNS."""
-  out = io.StringIO()
-  writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
-  writer.writeheader()
-  for run in runs:
-    writer.writerow(run.csv_row())
-  return out.getvalue()
 
 
 def loss_text(mean: float, std: float | None, gap: float | None) -> str:
@@ -274,6 +262,8 @@ def _write_report(workdir: str, out: str) -> dict[str, Any]:
   generated_at()  # a bad SOURCE_DATE_EPOCH is named before any figure is drawn
   if not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir}: no such directory")
+  if tuning.is_tuning_study(workdir):
+    return tuning.write_tuning_report(workdir, out, f"Generated {generated_at()}")
   runs = read_runs(workdir)
   if not runs:
     raise ValueError(f"--workdir={workdir}: no run directories (results.json / config.json) and no sweep.json")

@@ -1,7 +1,9 @@
 """Run directories → one row per run: what each cell is (from results.json, config.json, cell.json or the sweep's
 manifest), where it stands, and its results, throughput and MFU; how runs are ordered and labelled."""
 
+import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -215,6 +217,16 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     peak = results.get("peak_flops") or count * (hardware.peak_flops(kind) or 0)
     run.mfu = hardware.mfu(run.tokens_per_s, fpt, peak) if fpt else None
   return run
+
+
+def csv_text(runs: Sequence[Run]) -> str:
+  """results.csv: one row per run, CSV_COLUMNS."""
+  out = io.StringIO()
+  writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+  writer.writeheader()
+  for run in runs:
+    writer.writerow(run.csv_row())
+  return out.getvalue()
 
 
 def learned_no_context(run: Run) -> bool:

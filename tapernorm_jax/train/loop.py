@@ -254,10 +254,12 @@ def eval_metrics(evaluated: dict[str, Any]) -> dict[str, float]:
 
 def evaluation_batches(trainer: Trainer, cfg: ml_collections.ConfigDict, prepared: data.Prepared
                        ) -> dict[str, list[jax.Array]]:
-  """This process's rows of the fixed evaluation windows: `val` (the corpus's validation split) and each eval set."""
+  """This process's rows of the fixed evaluation windows: `val` (the corpus's validation split), `tune` (the train
+  stream's held-out tail, with data.tune_frac > 0) and each eval set."""
   B, T, n_eval = cfg.train.batch_size, cfg.model.T, cfg.train.eval_batches
   pi, pc = jax.process_index(), jax.process_count()
   windows = {"val": data.eval_batches(prepared, B, T, n_eval),
+             **({"tune": data.eval_batches(prepared, B, T, n_eval, "tune")} if "tune" in prepared.streams else {}),
              **{name: data.eval_windows(tokens, B, T, n_eval, name=name)
                 for name, tokens in data.eval_sets(cfg.data, prepared).items()}}
   return {name: [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)]) for b in batches]

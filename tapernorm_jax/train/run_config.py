@@ -62,7 +62,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
   c.model = ml_collections.ConfigDict(dict(
       family="llama", V=2_000 if cpu else 10_000, D=SIZES[size]["D"], H=SIZES[size].get("H", 16),
       L=SIZES[size].get("L", 8), F=0, T=128 if cpu else 512, internal_norm=internal, final_norm=final,
-      norm_alpha=(), derf_shift=0.0, eps=1e-5, rope_base=10_000.0,
+      norm_alpha=(), derf_shift=0.0, norm_gain_init=1.0, eps=1e-5, rope_base=10_000.0,
       tie_embeddings=True, logits_bias=False, init_std=0.02, param_dtype="float32",
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
       attention_impl="auto", remat=False))

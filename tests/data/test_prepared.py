@@ -48,6 +48,26 @@ def test_streams_are_bos_doc_eos_per_document(prepared):
   assert [tok.decode(tokens[b + 1:e]) for b, e in zip(bos, eos)] == docs
 
 
+def test_tune_frac_holds_out_the_train_streams_last_whole_documents(cache_dir, prepared):
+  held = data.prepare(small(cache_dir, tune_frac=0.1))
+  assert held.path == prepared.path  # the same cache: the split is a view of the train stream
+  train, tune, whole = (np.asarray(a) for a in (held.tokens("train"), held.tokens("tune"), prepared.tokens("train")))
+  np.testing.assert_array_equal(np.concatenate([train, tune]), whole)  # nothing lost, nothing read twice
+  tok = prepared.tokenizer
+  assert train[-1] == tok.eos_id and tune[0] == tok.bos_id  # cut between documents
+  docs = list(stories.generate(300, seed=0, split="train"))  # the tune split is the corpus's last stories
+  n_tune = int((tune == tok.bos_id).sum())
+  assert tok.decode(tune[1:np.flatnonzero(tune == tok.eos_id)[0]]) == docs[-n_tune]
+  longest = np.diff(np.flatnonzero(whole == tok.bos_id)).max()  # the cut is the first document start past 90%
+  assert 0 <= 0.1 * len(whole) - len(tune) < longest + 1
+  np.testing.assert_array_equal(held.tokens("validation"), prepared.tokens("validation"))  # the reported split
+  for frac in (-0.1, 0.5):
+    with pytest.raises(ValueError, match=rf"data.tune_frac={frac}: must lie in \[0, 0.5\)"):
+      data.prepare(small(cache_dir, tune_frac=frac))
+  with pytest.raises(ValueError, match="data.tune_frac=1e-06: no whole document"):
+    data.prepare(small(cache_dir, tune_frac=1e-6))
+
+
 def test_second_prepare_loads_the_cache(cache_dir, prepared, monkeypatch):
   monkeypatch.setattr(prepared_lib, "build", lambda *a: pytest.fail("rebuilt a complete cache"))
   again = data.prepare(small(cache_dir))

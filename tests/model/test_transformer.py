@@ -161,6 +161,7 @@ def test_bf16_compute_keeps_fp32_logits():
     (dict(family="bert"), "model.family"),
     (dict(D=30, H=10), "model.H"),  # odd head dim for RoPE
     (dict(logits_bias=True), "model.logits_bias"),
+    (dict(norm_gain_init=0.0), "model.norm_gain_init"),
 ])
 def test_bad_configs_raise_before_compiling(changes, field):
   base = dict(V=97, D=32, H=4, L=2, T=16)
@@ -223,3 +224,20 @@ def test_pointwise_norms_start_from_their_authors_alphas_and_scale_the_embedding
 def test_a_bad_norm_alpha_is_named(alphas):
   with pytest.raises(ValueError, match=r"model.norm_alpha=.*give three values > 0"):
     LLAMA.replace(internal_norm="dyt", norm_alpha=alphas)
+
+
+@pytest.mark.parametrize("internal,final", [("plain", "plain"), ("taper", "taper"), ("dyt", "dyt")])
+def test_norm_gain_init_starts_every_gain_there_as_scaling_the_gains_by_hand_does(internal, final):
+  cfg = LLAMA.replace(internal_norm=internal, final_norm=final)
+  base = nn.unbox(init(cfg, jax.random.key(0)))
+  five = nn.unbox(init(cfg.replace(norm_gain_init=5.0), jax.random.key(0)))
+  by_hand = traverse_util.unflatten_dict({k: 5 * v if k[-1] == param_paths.GAMMA else v
+                                          for k, v in traverse_util.flatten_dict(base["params"]).items()})
+  flat = traverse_util.flatten_dict(five["params"])
+  assert sum(k[-1] == param_paths.GAMMA for k in flat) == 2 * cfg.L + 1  # every norm's γ, γ̃ left at 1
+  assert all(np.all(v == 1.0) for k, v in flat.items() if k[-1] == param_paths.GAMMA_TILDE)
+  tokens = _tokens()
+  logits = lambda c, v: Transformer(c).apply(v, tokens, gate=1.0)
+  np.testing.assert_allclose(logits(cfg.replace(norm_gain_init=5.0), five), logits(cfg, {**base, "params": by_hand}),
+                             rtol=1e-5, atol=1e-5)
+  assert not np.allclose(logits(cfg, base), logits(cfg, {**base, "params": by_hand}), atol=1e-3)
