@@ -11,4 +11,5 @@
     curves     per-step metrics of the complete runs, grouped for the figures
     figures    Figures 2-4 and the training loss with the gate
     report     report.md, results.csv and `write_report`, which `experiments.report` calls
+    tuning     a tuning study's report (tagged grids): each method's setting chosen on the tune split
 """

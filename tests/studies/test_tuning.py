@@ -9,6 +9,7 @@ from PIL import Image
 
 from configs.sweeps import tuning as tuning_sweep
 from tapernorm_jax.studies import grid, manifest, report, tuning
+from tapernorm_jax.taper import phases
 from tapernorm_jax.train import loop
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
 
@@ -23,7 +24,7 @@ def test_the_tuning_sweep_gives_every_method_the_same_nine_settings_on_the_tune_
   dyt = next(c for c in cells if c.variant == "dyt" and c.tag == "lr0.01_alpha25x" and c.size == "cpu").config()
   assert tuple(dyt.model.norm_alpha) == pytest.approx((20.0, 5.0, 5.0)) and dyt.opt.lr == 0.01
   cal = next(c for c in cells if c.variant == "all_taper" and c.tag.endswith("cal150")).config()
-  from tapernorm_jax.taper import phases  # the calibration step each setting names is the one the trainer uses
+  # the calibration step each setting names is the one the trainer uses
   assert phases.calibration_step(cal.taper.gate_warmup_frac, cal.taper.min_calibration_step, 300, 299) == 150
 
 
