@@ -29,3 +29,16 @@ def reference(train_tokens: np.ndarray, windows_BxT1: Iterable[np.ndarray], voca
   targets_N = np.concatenate([np.asarray(w)[:, 1:].ravel() for w in windows_BxT1])
   return {"unigram_val_loss": float(-log_p_V[targets_N].mean()),
           "val_unseen_tokens": int((counts_V[targets_N] == 0).sum())}
+
+
+def unseen_warning(ref: dict[str, float | int], num_targets: int, corpus: str, vocab_size: int) -> str | None:
+  """The warning for validation targets whose id never occurs in training (None where there are none): their
+  embeddings are never trained, so the loss on them says nothing of the model (the 1M soak's g = 0 validation loss
+  reached 9e12 on 185 such targets; docs/guarantees.md)."""
+  unseen = int(ref["val_unseen_tokens"])
+  if unseen == 0:
+    return None
+  return (f"{unseen:,} of the {num_targets:,} validation targets evaluated on {corpus} have a token id that never "
+          f"occurs in its training stream: their embeddings are never trained (tied, they only drift), and the "
+          f"validation loss on them can blow up. Fit the tokenizer to the corpus: a smaller data.vocab_size "
+          f"(model.V={vocab_size} now), or more training text")

@@ -353,6 +353,11 @@ def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, 
   if data_state is not None:
     train_it.set_state(data_state)
   eval_sets = evaluation_batches(trainer, cfg, prepared)
+  reference = unigram.reference(prepared.tokens("train"), data.eval_batches(prepared, B, T, cfg.train.eval_batches),
+                                prepared.vocab_size)  # before training: unseen validation ids are named at the start
+  if warning := unigram.unseen_warning(reference, cfg.train.eval_batches * B * T, prepared.name,
+                                       prepared.vocab_size):
+    log(f"warning: {warning}")
   rundir.truncate_metrics(start)
   writer = MetricsWriter(rundir.path, trackers=tracking.trackers(cfg, rundir.path) if jax.process_index() == 0 else ())
   log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
@@ -370,8 +375,7 @@ def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, 
   if evaluated["step"] != done:
     evaluated = {"step": done, **evaluate(trainer, state, eval_sets)}
   results = {**results_of(cfg, prepared.name, state, evaluated), "wall_time_s": time.time() - t_start,
-             **unigram.reference(prepared.tokens("train"), data.eval_batches(prepared, B, T, cfg.train.eval_batches),
-                                 prepared.vocab_size),
+             **reference,
              "resumed_from": start, "time_to_first_step_s": reporter.first_step_s, "devices": mesh.size,
              "backend": jax.default_backend(),
              "device_kind": mesh.devices.flat[0].device_kind, "cpu_paths": trainer.paths_choice.record(),
