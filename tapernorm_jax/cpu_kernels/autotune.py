@@ -2,14 +2,18 @@
 
 A kernel tuned on one CPU can lose on another (the fused attention and matrix products were tuned on AVX-512 hosts and
 cost a third of a 9M step on an AVX2-only one), so where the project has more than one implementation of a path,
-`choose` builds each candidate, times them in alternated rounds (a bounded cost: one compile and one untimed call per
-candidate, then `ROUNDS` rounds of at least `SAMPLE_S` each, the clearly slower dropped after the first), logs what it
-measured, and keeps the fastest. The result is cached like an autotuner's, as one JSON file per host signature and shape
-under `$TAPERNORM_CACHE/autotune/`, so a host measures each shape once. A preferred candidate (the model's own) is kept
-unless another beats it by `MARGIN`, so noise does not flip a choice between near-equal paths.
+`choose` builds each candidate, times them in alternated rounds (one compile and one untimed call per candidate, then
+rounds of at least `SAMPLE_S` each, the far slower dropped after the first) until the ranking is clear or the budget
+ends, logs what it measured, and keeps the fastest that is *clearly* the fastest. Clearly faster means every one of
+its samples beat every sample of the other over at least `MIN_ROUNDS` alternated rounds, and its median by `MARGIN`;
+candidates the fastest does not clearly beat are a tie, which the earliest in the preference order wins (the model's
+own first, then the order offered). So noise decides nothing: two processes agree unless one path really is faster.
+The result is cached like an autotuner's, one JSON file per host signature (CPU, cores, jax, the kernels' sources) and
+shape under `$TAPERNORM_CACHE/autotune/`, so a host measures each shape once and again when any of those change.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -28,10 +32,12 @@ from tapernorm_jax import files
 from tapernorm_jax.cpu_kernels import build
 
 log = logging.getLogger(__name__)
-ROUNDS = 3  # alternated rounds; each candidate's time is its median over them
+MIN_ROUNDS = 5  # alternated rounds before a ranking may be called clear (5 each: two ties separate by chance 0.8%)
+MAX_ROUNDS = 15  # ... and the most, within
+BUDGET_S = 60.0  # seconds of timing (after compiling): a tie still unresolved then goes to the preference order
 SAMPLE_S = 0.05  # a round times each candidate for at least this long (repeating fast calls)
 DROP = 1.5  # after the first round, candidates this many times slower than the fastest are not timed again
-MARGIN = 0.03  # another candidate must be this much faster than the preferred one to be chosen
+MARGIN = 0.03  # ... and a candidate's median must beat another's by this share to be clearly faster
 XLA, KERNELS = "xla", "kernels"  # the model's own products and attention; the CPU kernels that apply
 ENV = "TAPERNORM_CPU_PATHS"  # what `auto` stands for in this process: `auto` (measure), or a path to force
 Run = Callable[[], Any]  # one call of a candidate, returning only when its work is done
@@ -46,24 +52,36 @@ class Choice:
   how: str
   seconds: dict[str, float] = dataclasses.field(default_factory=dict)
   measure_s: float = 0.0
+  rounds: int = 0  # alternated rounds timed
+  tied: tuple[str, ...] = ()  # the candidates the fastest did not clearly beat (the choice is the first by preference)
 
   def record(self) -> dict[str, Any]:
     """As results.json and the benchmark tables record it."""
-    return dataclasses.asdict(self)
+    return {**dataclasses.asdict(self), "tied": list(self.tied)}
 
   def describe(self) -> str:
     """`xla (measured: xla 0.281 s, kernels 0.412 s)`."""
     times = ", ".join(f"{name} {s:.3g} s" for name, s in sorted(self.seconds.items(), key=lambda kv: kv[1]))
-    return f"{self.name} ({self.how}{': ' + times if times else ''})"
+    tie = f"; not clearly apart: {', '.join(self.tied)}" if len(self.tied) > 1 else ""
+    return f"{self.name} ({self.how}{': ' + times if times else ''}{tie})"
 
 
 def host_signature() -> dict[str, Any]:
   """What a timing depends on besides the shape: the CPU model and its flags (as the kernels' builds key them), the
-  cores this process may use, jaxlib, XLA's flags, the kernels' -march and the devices."""
+  cores this process may use, jax and jaxlib, XLA's flags, the kernels' sources and -march, and the devices."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12], "cores": cores,
+  return {"cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12], "cores": cores, "jax": jax.__version__,
           "jaxlib": jaxlib.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
-          "kernel_march": build.MARCH}
+          "kernels": kernels_digest(), "kernel_march": build.MARCH}
+
+
+@functools.cache
+def kernels_digest() -> str:
+  """A hash of the kernels' sources (this package's C++ and Python files): an edited kernel is timed again."""
+  digest = hashlib.sha256()
+  for source in sorted(Path(__file__).parent.glob("*.[cp][cy]")):  # *.cc and *.py
+    digest.update(source.name.encode() + source.read_bytes())
+  return digest.hexdigest()[:12]
 
 
 def cache_file(what: str, shape: dict[str, Any]) -> Path:
@@ -94,7 +112,8 @@ def choose(what: str, label: str, shape: dict[str, Any], candidates: dict[str, C
   cached = _read(path) or {}
   index = agreed(names.index(cached["name"]) if cached.get("name") in candidates else -1)
   if index >= 0:  # every process takes process 0's cached choice, or all of them time the candidates together
-    return Choice(names[index], "cached", cached.get("seconds", {}), cached.get("measure_s", 0.0))
+    return Choice(names[index], "cached", cached.get("seconds", {}), cached.get("measure_s", 0.0),
+                  cached.get("rounds", 0), tuple(cached.get("tied", ())))
   choice = measure(what, label, candidates, prefer)
   choice = dataclasses.replace(choice, name=names[agreed(names.index(choice.name))])
   try:
@@ -122,7 +141,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def measure(what: str, label: str, candidates: dict[str, Callable[[], Run]], prefer: str) -> Choice:
-  """Builds every candidate, times them in ROUNDS alternated rounds and picks the fastest (`prefer` within MARGIN)."""
+  """Builds every candidate and times them in alternated rounds until the fastest clearly beats the rest (at least
+  MIN_ROUNDS, at most MAX_ROUNDS or BUDGET_S); the choice is `decide`'s."""
   t0 = time.perf_counter()
   log.warning("%s at %s: timing %d paths on this CPU (once for this host and shape): %s", what, label,
               len(candidates), ", ".join(candidates))
@@ -130,20 +150,35 @@ def measure(what: str, label: str, candidates: dict[str, Callable[[], Run]], pre
   for run in runs.values():
     run()  # one untimed call each: first-call allocations are no candidate's speed
   samples: dict[str, list[float]] = {name: [] for name in runs}
-  names = list(runs)
-  for r in range(ROUNDS):
-    for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts with the next candidate
+  names, t_timing, rounds = list(runs), time.perf_counter(), 0
+  while True:
+    for name in names[rounds % len(names):] + names[:rounds % len(names)]:  # each round starts with the next one
       samples[name].append(seconds_per_call(runs[name]))
-    best = min(statistics.median(s) for s in samples.values())
+    rounds += 1
+    best = min(statistics.median(samples[name]) for name in names)
     names = [name for name in names if name == prefer or statistics.median(samples[name]) < DROP * best]
-  seconds = {name: statistics.median(s) for name, s in samples.items()}
-  fastest = min(seconds, key=seconds.get)
-  name = prefer if prefer in seconds and seconds[fastest] > (1 - MARGIN) * seconds[prefer] else fastest
-  choice = Choice(name, "measured", seconds, time.perf_counter() - t0)
-  log.warning("%s at %s: timed %d paths on this CPU in %.1f s, chose %s (cached for this host and shape; "
-              "force one with a config field or $%s)", what, label, len(runs), choice.measure_s,
+    tied = ties({name: samples[name] for name in names})
+    if rounds >= MIN_ROUNDS and (len(tied) == 1 or rounds >= MAX_ROUNDS
+                                 or time.perf_counter() - t_timing >= BUDGET_S):
+      break
+  order = [prefer, *(name for name in runs if name != prefer)]
+  choice = Choice(min(tied, key=order.index), "measured", {name: statistics.median(s) for name, s in samples.items()},
+                  time.perf_counter() - t0, rounds, tuple(sorted(tied, key=order.index)))
+  log.warning("%s at %s: timed %d paths on this CPU in %.1f s (%d rounds), chose %s (cached for this host and shape; "
+              "force one with a config field or $%s)", what, label, len(runs), choice.measure_s, rounds,
               choice.describe(), ENV)
   return choice
+
+
+def clearly_faster(a: list[float], b: list[float]) -> bool:
+  """Whether samples `a` beat `b` beyond noise: every one faster than every one of `b`, the median by MARGIN."""
+  return max(a) < min(b) and statistics.median(a) < (1 - MARGIN) * statistics.median(b)
+
+
+def ties(samples: dict[str, list[float]]) -> list[str]:
+  """The fastest candidate (by median) and every one it does not clearly beat."""
+  fastest = min(samples, key=lambda name: statistics.median(samples[name]))
+  return [name for name in samples if name == fastest or not clearly_faster(samples[fastest], samples[name])]
 
 
 def seconds_per_call(run: Run) -> float:

@@ -2,10 +2,14 @@
 and shape, a forced path is never timed, and a Trainer whose kernels are slow on this host trains through XLA's."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import base
@@ -58,6 +62,28 @@ def test_a_near_tie_keeps_the_preferred_candidate(monkeypatch):
   assert autotune.choose("t", "tie", {}, candidates, prefer="xla").name == "xla"
 
 
+def test_noise_decides_nothing_a_real_lead_decides_after_the_least_rounds(monkeypatch):
+  # per-call times drawn by the test: two candidates from one distribution (a tie), then one 20% faster
+  rng = np.random.default_rng(0)
+  monkeypatch.setattr(autotune, "seconds_per_call", lambda run: run.seconds * rng.lognormal(0.0, 0.05))
+  monkeypatch.setattr(autotune, "cache_file", lambda what, shape: autotune.Path(os.devnull) / "x")  # never cached
+  switched = 0
+  for trial in range(300):
+    choice = autotune.measure("t", "tie", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.01, [], "kernels")},
+                              prefer="xla")
+    switched += choice.name != "xla"
+  # a tie leaves the preferred candidate unless every sample of the other beats every one of its own over 5 rounds
+  # (chance 2/C(10,5) = 0.8%) and its median by 3%; once samples overlap they overlap for good
+  assert switched <= 0.02 * 300
+  lead = autotune.measure("t", "lead", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.008, [], "kernels")},
+                          prefer="xla")
+  assert (lead.name, lead.rounds, lead.tied) == ("kernels", autotune.MIN_ROUNDS, ("kernels",))
+  tie = autotune.measure("t", "tie", {"xla": sleeper(0.01, [], "xla"), "k1": sleeper(0.008, [], "k1"),
+                                      "k2": sleeper(0.008, [], "k2")}, prefer="xla")
+  # two kernels tied with each other, both clearly ahead of xla: the first offered wins, after every round
+  assert tie.name == "k1" and tie.rounds == autotune.MAX_ROUNDS and "xla" not in tie.tied
+
+
 def test_a_damaged_cache_entry_is_measured_again():
   candidates = {"xla": sleeper(0.01, [], "xla"), "fast": sleeper(0.001, [], "fast")}
   path = autotune.cache_file("t", {"n": 1})
@@ -80,9 +106,14 @@ def test_a_forced_path_is_not_timed_and_an_unknown_one_is_named(monkeypatch):
 def test_the_host_signature_names_the_cpu_and_what_limits_it(monkeypatch):
   signature = autotune.host_signature()
   assert signature["cores"] >= 1 and signature["jaxlib"] and signature["devices"] == jax.device_count()
-  before = autotune.cache_file("t", {})
+  before, flags = autotune.cache_file("t", {}), os.environ.get("XLA_FLAGS", "")
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")  # another ISA is another host
   assert autotune.cache_file("t", {}) != before
+  monkeypatch.setenv("XLA_FLAGS", flags)
+  assert autotune.cache_file("t", {}) == before
+  for field, value in (("jax", "0.0.1"), ("kernels", "edited")):  # another jax or an edited kernel: timed again
+    monkeypatch.setattr(autotune, "host_signature", lambda f=field, v=value, s=signature: {**s, f: v})
+    assert autotune.cache_file("t", {}) != before
 
 
 def config(data_dir, **changes):
@@ -140,3 +171,26 @@ def test_decoding_a_few_rows_chooses_among_xla_the_kernel_and_row_by_row():
   assert projection is offered[choice.name]
   assert (few_rows.MATVEC in variables_out) == (projection is few_rows.kernel_projection)
   assert few_rows.decode_paths(cfg, rows=9) == {"xla": few_rows.einsum}  # past 8 rows: XLA's GEMM only
+
+
+CHOOSE_PATHS = """
+from configs import base
+from tapernorm_jax.model import sharding
+from tapernorm_jax.train.trainer import Trainer
+cfg = base.override(base.get_config("all_taper"), {**TINY, "model.D": 64, "train.batch_size": 16,
+                                                   "data.data_dir": DATA})
+print(Trainer(cfg, sharding.make_mesh()).paths_choice.describe())
+"""
+
+
+@pytest.mark.slow  # two fresh processes time every train path at one shape
+def test_two_fresh_processes_choose_the_same_train_path(tmp_path):
+  names, described = [], []
+  for i in range(2):
+    env = {**os.environ, "TAPERNORM_CACHE": str(tmp_path / f"cache{i}"), autotune.ENV: "auto"}
+    code = f"TINY = {TINY!r}\nDATA = {str(tmp_path / 'data')!r}\n" + CHOOSE_PATHS
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))), check=True).stdout
+    described.append(out.strip().splitlines()[-1])
+    names.append(described[-1].split(" ")[0])
+  assert names[0] == names[1], described  # each in its own cache: measured twice, chosen alike
