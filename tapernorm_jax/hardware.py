@@ -1,6 +1,7 @@
 """What numbers were measured on: backend, device, CPU model and caches, versions; and known peak FLOP/s."""
 
 import functools
+import importlib.metadata
 import os
 import platform
 import time
@@ -76,14 +77,53 @@ def mfu(tokens_per_s: float | None, flops_per_token: float, peak: float | None) 
   return tokens_per_s * flops_per_token / peak if peak and tokens_per_s else None
 
 
+# The instruction sets a CPU result depends on, as /proc/cpuinfo's flags name them → as the docs write them.
+ISA_FLAGS = (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"),
+             ("avx512_vnni", "AVX512-VNNI"), ("amx_tile", "AMX"), ("amx_bf16", "AMX-BF16"))
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
+  """The exact CPU: vendor, family, model and stepping, model name and the ISA extensions that matter here, from
+  the first processor of /proc/cpuinfo (`cpuinfo`: its text, for tests); {} where there is none."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo") as f:
+        cpuinfo = f.read()
+    except OSError:
+      return {}
+  fields: dict[str, str] = {}
+  for line in cpuinfo.split("\n\n", 1)[0].splitlines():
+    key, _, value = line.partition(":")
+    fields.setdefault(key.strip(), value.strip())
+  flags = set(fields.get("flags", "").split())
+  as_int = lambda key: int(fields[key]) if fields.get(key, "").isdigit() else None
+  return {"vendor": fields.get("vendor_id", ""), "family": as_int("cpu family"), "model": as_int("model"),
+          "stepping": as_int("stepping"), "model_name": fields.get("model name", ""),
+          "isa": [name for flag, name in ISA_FLAGS if flag in flags]}
+
+
+def library_versions() -> dict[str, str]:
+  """The versions a measurement depends on: python, jax, jaxlib, numpy, flax, optax where installed."""
+  versions = {"python": platform.python_version()}
+  for module in ("jax", "jaxlib", "numpy", "flax", "optax"):
+    try:
+      versions[module] = importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+  return versions
+
+
 def describe() -> dict[str, Any]:
-  """Backend, device kind and count, CPU model, cores and L3 size (from Linux's /proc and /sys), versions."""
+  """Backend, device kind and count, the exact CPU (`cpu_identity`), usable cores and L3 size (from Linux's /proc and
+  /sys), library versions."""
   device = jax.devices()[0]
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return {"backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
           "device_count": jax.device_count(), "process_count": jax.process_count(),
           "cpu": _read_first("/proc/cpuinfo", "model name") or platform.machine(), "cpu_count": os.cpu_count(),
+          "usable_cores": cores, "cpu_identity": cpu_identity(),
           "l3_cache": _read_first("/sys/devices/system/cpu/cpu0/cache/index3/size"), "jax": jax.__version__,
-          "python": platform.python_version(), "isa_limit": isa_limit()}
+          "python": platform.python_version(), "libraries": library_versions(), "isa_limit": isa_limit()}
 
 
 def isa_limit() -> str:
@@ -95,10 +135,14 @@ def isa_limit() -> str:
 
 
 def one_line(hw: dict[str, Any]) -> str:
-  """`Intel Xeon, 2 cores, L3 256M` on CPU; `NVIDIA H100 × 8 (gpu)` elsewhere."""
+  """`AMD EPYC (AuthenticAMD family 25 model 17 stepping 1; AVX2 FMA AVX-512), 2 cores, L3 32768 KB` on CPU (the
+  exact identity where the record has it); `NVIDIA H100 × 8 (gpu)` elsewhere."""
   if hw["backend"] == "cpu":
     limit = f", limited to {hw['isa_limit']}" if hw.get("isa_limit") else ""
-    return f"{hw['cpu']}, {hw['cpu_count']} cores, L3 {hw.get('l3_cache') or '?'}{limit}"
+    ident = hw.get("cpu_identity") or {}
+    exact = (f" ({ident['vendor']} family {ident['family']} model {ident['model']} stepping {ident['stepping']}; "
+             f"{' '.join(ident['isa']) or 'no AVX2'})") if ident.get("vendor") else ""
+    return f"{hw['cpu']}{exact}, {hw['cpu_count']} cores, L3 {hw.get('l3_cache') or '?'}{limit}"
   return f"{hw['device']} × {hw['device_count']} ({hw['backend']})"
 
 
