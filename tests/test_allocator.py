@@ -140,6 +140,7 @@ from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer
 cfg = base.override(base.get_config("baseline"), json.loads(sys.argv[1]))
 trainer = Trainer(cfg, sharding.make_mesh())
+trainer.choose_paths()  # the one call that times the paths, as a run does (docs/library.md)
 print(json.dumps({"malloc": allocator.in_effect(), "cpu_paths": trainer.paths_choice.record()}))
 """
 

@@ -55,6 +55,44 @@ def test_packages_import_one_way():
   assert edges["taper"] <= plumbing | {"model"}, edges["taper"]
 
 
+def module_imports() -> dict[str, set[str]]:
+  """Module → the project's modules it imports (`from pkg import mod` is an import of pkg.mod), TYPE_CHECKING
+  imports included: a circle only a type checker sees is still a circle."""
+  modules = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  edges = {}
+  for name, path in modules.items():
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tapernorm_jax"):
+        targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names}
+      elif isinstance(node, ast.Import):
+        targets |= {a.name for a in node.names if a.name.startswith("tapernorm_jax")}
+    # a package's __init__ re-exporting its own modules is its interface, not a circle
+    edges[name] = {t for t in targets if t in modules and t != name and not t.startswith(name + ".")}
+  return edges
+
+
+def test_no_module_imports_itself_round_a_circle():
+  edges, done, path = module_imports(), set(), []
+
+  def visit(node: str) -> None:
+    assert node not in path, f"import circle: {' → '.join(path[path.index(node):] + [node])}"
+    if node in done:
+      return
+    path.append(node)
+    for target in sorted(edges[node]):
+      visit(target)
+    path.pop()
+    done.add(node)
+
+  for node in sorted(edges):
+    visit(node)
+
+
 def test_tokenizers_and_the_hub_client_import_without_jax():
   script = ("import sys\nimport tapernorm_jax.tokenizers.sentencepiece, tapernorm_jax.tokenizers.gpt2_bpe, "
             "tapernorm_jax.hf.hub\nprint(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))")

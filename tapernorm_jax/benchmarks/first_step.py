@@ -59,6 +59,7 @@ def child(case: str, cache: str, workdir: str, started: float) -> float:
   compilation_cache.use(cache)
   cfg = run_config.get_config("all_taper", "size=30m")
   trainer = Trainer(cfg, sharding.make_mesh())
+  trainer.choose_paths()  # as a run does
   state = trainer.init_state(0)
   batch = jax.device_put(jnp.zeros((cfg.train.batch_size, cfg.model.T + 1), jnp.int32), trainer.batch_sharding)
   _, metrics = trainer.train_step(state, batch)

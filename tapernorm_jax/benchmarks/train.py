@@ -53,7 +53,9 @@ def make_trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float] 
   if dtype is not None:
     cfg.model.dtype = dtype
   cfg.opt.update(opt or {})
-  return Trainer(cfg, mesh or sharding.make_mesh(), cpu_paths)
+  trainer = Trainer(cfg, mesh or sharding.make_mesh(), cpu_paths)
+  trainer.choose_paths()
+  return trainer
 
 
 def mid_taper(trainer: Trainer, state: dict) -> dict:

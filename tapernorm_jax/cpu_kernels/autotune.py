@@ -46,7 +46,8 @@ Run = Callable[[], Any]  # one call of a candidate, returning only when its work
 @dataclasses.dataclass(frozen=True)
 class Choice:
   """The chosen candidate and how: `measured` here now, `cached` from an earlier measurement, `forced` by a config
-  field or `$TAPERNORM_CPU_PATHS`, or `only` (one candidate); the measured median seconds per call of each."""
+  field or `$TAPERNORM_CPU_PATHS`, `only` (one candidate), or `untimed` (the preferred one, nothing timed yet); the
+  measured median seconds per call of each."""
 
   name: str
   how: str
@@ -96,10 +97,11 @@ def requested(forced: str | None) -> str:
 
 
 def choose(what: str, label: str, shape: dict[str, Any], candidates: dict[str, Callable[[], Run]], prefer: str,
-           forced: str | None = "auto") -> Choice:
+           forced: str | None = "auto", measure: bool = True) -> Choice:
   """The candidate for `what` at `shape` (`label` in the log): `forced` (or `$TAPERNORM_CPU_PATHS`) when not auto,
-  else the cached choice, else the fastest of `candidates` (name → a builder that compiles and returns one call),
-  `prefer` unless another is faster by MARGIN. ValueError naming the choices for a forced name that is not one."""
+  else the cached choice, else the clearly fastest of `candidates` (name → a builder that compiles and returns one
+  call; `measure`'s rule), or with `measure` False `prefer`, untimed. ValueError naming the choices for a forced name
+  that is not one."""
   asked = requested(forced)
   if asked in candidates:
     return Choice(asked, "forced")
@@ -114,7 +116,9 @@ def choose(what: str, label: str, shape: dict[str, Any], candidates: dict[str, C
   if index >= 0:  # every process takes process 0's cached choice, or all of them time the candidates together
     return Choice(names[index], "cached", cached.get("seconds", {}), cached.get("measure_s", 0.0),
                   cached.get("rounds", 0), tuple(cached.get("tied", ())))
-  choice = measure(what, label, candidates, prefer)
+  if not measure:
+    return Choice(prefer, "untimed")
+  choice = timed(what, label, candidates, prefer)
   choice = dataclasses.replace(choice, name=names[agreed(names.index(choice.name))])
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +144,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def measure(what: str, label: str, candidates: dict[str, Callable[[], Run]], prefer: str) -> Choice:
+def timed(what: str, label: str, candidates: dict[str, Callable[[], Run]], prefer: str) -> Choice:
   """Builds every candidate and times them in alternated rounds until the fastest clearly beats the rest (at least
   MIN_ROUNDS, at most MAX_ROUNDS or BUDGET_S); the choice is `decide`'s."""
   t0 = time.perf_counter()

@@ -329,12 +329,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
   rundir.check_config(cfg)
   started = rundir.started_paths() if cfg.train.get("cpu_paths", "auto") == "auto" else None
-  trainer = Trainer(cfg, mesh, started)  # validates the config before anything compiles; times the CPU paths
+  trainer = Trainer(cfg, mesh, started)  # validates the config before anything compiles
   if started:
     log(f"resuming with the CPU paths this run started with: {started} ({PATHS_FILE})")
   with directory_lock.hold(rundir.path, "--workdir") if rundir.writer else contextlib.nullcontext([]) as removed:
     if removed:
       log(f"removed {len(removed)} temporary files left by writers that are gone: {', '.join(removed)}")
+    trainer.choose_paths()  # times the CPU paths where auto has no cached choice: once the directory is held
     with orbax_log.to_file(rundir.log_file()):  # Orbax's writer threads' tracebacks: not the terminal's
       return train_run(cfg, rundir, trainer, mesh, stop_after, t_start)
 

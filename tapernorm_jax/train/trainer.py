@@ -12,16 +12,19 @@ their batch split over the mesh (`Transformer(mesh=...)`).
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import traverse_util
 from jax.sharding import Mesh
 
+from tapernorm_jax.cpu_kernels import autotune
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
 from tapernorm_jax.model.gates import Gates
@@ -72,9 +75,47 @@ class Trainer:
     boxed = jax.eval_shape(self._boxed_state, jax.random.key(0))
     self.state_shardings = sharding.shardings(boxed, self.mesh)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
-    # the target's products and attention (candidates beyond the model's own for CPU only), timed here unless forced
-    self.paths_choice, (self.projection, self.attend) = paths.choose(
-        self, self.cpu_paths if self.cpu_paths is not None else cfg.train.get("cpu_paths", "auto"))
+    # the target's products and attention (candidates beyond the model's own for CPU only): nothing is timed until
+    # `choose_paths` is asked
+    self.paths_choice, (self.projection, self.attend) = self._paths(timed=False)
+    self._jit_steps()
+
+  def choose_paths(self) -> autotune.Choice:
+    """Times the CPU paths at this run's shape where `train.cpu_paths=auto` has no cached choice (paths.py), and
+    trains through the chosen from now on; what a run does once it holds its directory. Returns the choice."""
+    self.paths_choice, (self.projection, self.attend) = self._paths(timed=True)
+    self._jit_steps()  # the steps trace the paths they are built with
+    return self.paths_choice
+
+  def _paths(self, timed: bool) -> tuple[autotune.Choice, paths.Paths]:
+    """`paths.choose` for this trainer: its requested paths, its shape, its compiled step as the timed candidate."""
+    cfg, B = self.model_cfg, self.cfg.train.batch_size
+    shape = {"model": repr(cfg), "method": self.method.__class__.__name__, "B": B,
+             "microbatches": self.cfg.train.microbatches, "mesh": dict(self.mesh.shape)}
+    label = f"{self.cfg.get('size', '?')} {self.cfg.get('variant', '?')} {B}×{cfg.T}"
+    forced = self.cpu_paths if self.cpu_paths is not None else self.cfg.train.get("cpu_paths", "auto")
+    return paths.choose(cfg, self.mesh, forced, shape, label, self._timed_step if timed else None)
+
+  def _timed_step(self, candidate: paths.Paths) -> autotune.Run:
+    """One train step through `candidate` (forward, backward, optimiser) on a fresh state mid-taper and a random
+    batch, compiled; the state is not updated, so every call does the same work."""
+    state, batch_BxT1 = self._timing_inputs
+    step = jax.jit(lambda s, b: self._train_step(s, b, False, candidate), in_shardings=(
+        self.state_shardings, self.batch_sharding)).lower(state, batch_BxT1).compile()
+    return lambda: jax.block_until_ready(step(state, batch_BxT1))
+
+  @functools.cached_property
+  def _timing_inputs(self) -> tuple[State, jax.Array]:
+    """A fresh state in the middle of the taper (0 < g < 1) and a random B × (T + 1) batch (made once)."""
+    state = self.init_state(0)
+    mid = (self.phases.taper_start + self.phases.taper_end) // 2
+    state["step"] = jax.device_put(np.int32(mid), state["step"].sharding)
+    batch_BxT1 = np.random.default_rng(0).integers(0, self.model_cfg.V, (self.cfg.train.batch_size,
+                                                                       self.model_cfg.T + 1), dtype=np.int32)
+    return state, jax.device_put(batch_BxT1, self.batch_sharding)
+
+  def _jit_steps(self) -> None:
+    """The jitted train, eval and diagnostics steps through the chosen paths."""
     replicated = sharding.replicated(self.mesh)
     step = lambda fixed: jax.jit(lambda s, b: self._train_step(s, b, fixed),
                                 in_shardings=(self.state_shardings, self.batch_sharding),

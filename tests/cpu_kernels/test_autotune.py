@@ -69,16 +69,16 @@ def test_noise_decides_nothing_a_real_lead_decides_after_the_least_rounds(monkey
   monkeypatch.setattr(autotune, "cache_file", lambda what, shape: autotune.Path(os.devnull) / "x")  # never cached
   switched = 0
   for trial in range(300):
-    choice = autotune.measure("t", "tie", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.01, [], "kernels")},
+    choice = autotune.timed("t", "tie", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.01, [], "kernels")},
                               prefer="xla")
     switched += choice.name != "xla"
   # a tie leaves the preferred candidate unless every sample of the other beats every one of its own over 5 rounds
   # (chance 2/C(10,5) = 0.8%) and its median by 3%; once samples overlap they overlap for good
   assert switched <= 0.02 * 300
-  lead = autotune.measure("t", "lead", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.008, [], "kernels")},
+  lead = autotune.timed("t", "lead", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.008, [], "kernels")},
                           prefer="xla")
   assert (lead.name, lead.rounds, lead.tied) == ("kernels", autotune.MIN_ROUNDS, ("kernels",))
-  tie = autotune.measure("t", "tie", {"xla": sleeper(0.01, [], "xla"), "k1": sleeper(0.008, [], "k1"),
+  tie = autotune.timed("t", "tie", {"xla": sleeper(0.01, [], "xla"), "k1": sleeper(0.008, [], "k1"),
                                       "k2": sleeper(0.008, [], "k2")}, prefer="xla")
   # two kernels tied with each other, both clearly ahead of xla: the first offered wins, after every round
   assert tie.name == "k1" and tie.rounds == autotune.MAX_ROUNDS and "xla" not in tie.tied
@@ -137,9 +137,10 @@ def test_a_trainer_whose_kernels_lose_here_trains_through_xla_without_being_told
   monkeypatch.setattr(cpu_kernels, "training_paths", lambda cfg, mesh=None: {
       "xla": offered(cfg, mesh)["xla"], "kernels": slowed(offered(cfg, mesh)["xla"])})
   trainer = Trainer(config(tmp_path), sharding.make_mesh())
-  choice = trainer.paths_choice
+  assert trainer.paths_choice == autotune.Choice("xla", "untimed")  # building a Trainer times nothing
+  choice = trainer.choose_paths()
   assert (choice.name, choice.how) == ("xla", "measured") and choice.seconds["kernels"] > choice.seconds["xla"]
-  assert trainer.attend is None  # XLA's own attention, as `xla` means
+  assert trainer.attend is None and trainer.paths_choice is choice  # XLA's own attention, as `xla` means
   assert Trainer(config(tmp_path), sharding.make_mesh()).paths_choice.how == "cached"
 
 
@@ -179,7 +180,7 @@ from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer
 cfg = base.override(base.get_config("all_taper"), {**TINY, "model.D": 64, "train.batch_size": 16,
                                                    "data.data_dir": DATA})
-print(Trainer(cfg, sharding.make_mesh()).paths_choice.describe())
+print(Trainer(cfg, sharding.make_mesh()).choose_paths().describe())
 """
 
 
@@ -194,3 +195,15 @@ def test_two_fresh_processes_choose_the_same_train_path(tmp_path):
     described.append(out.strip().splitlines()[-1])
     names.append(described[-1].split(" ")[0])
   assert names[0] == names[1], described  # each in its own cache: measured twice, chosen alike
+
+
+def test_a_kernel_chosen_after_building_is_the_one_the_train_step_traces(monkeypatch, tmp_path):
+  offered = cpu_kernels.training_paths
+  monkeypatch.setattr(cpu_kernels, "training_paths", lambda cfg, mesh=None: {
+      "xla": slowed(offered(cfg, mesh)["xla"]), "kernels": offered(cfg, mesh)["xla"]})  # here XLA's own loses
+  trainer = Trainer(config(tmp_path), sharding.make_mesh())
+  state = trainer.init_state(0)
+  batch = jax.device_put(np.zeros((8, 33), np.int32), trainer.batch_sharding)
+  assert "callback" in trainer.train_step.lower(state, batch).as_text()  # untimed: the model's own, slowed
+  assert trainer.choose_paths().name == "kernels"
+  assert "callback" not in trainer.train_step.lower(state, batch).as_text()  # re-traced through the chosen
