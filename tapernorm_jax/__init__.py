@@ -1,7 +1,7 @@
-"""TaperNorm in JAX/Flax: gated normalization removal and scale anchoring."""
+"""TaperNorm in JAX/Flax: gated normalization removal and scale anchoring.
 
-from tapernorm_jax import allocator as _allocator
-
-_allocator.keep_freed_memory()  # before jax is imported: XLA:CPU's step buffers reused, not re-faulted (allocator.py)
+Importing the package changes nothing in the process. A script or notebook that trains on CPU calls
+`tapernorm_jax.allocator.keep_freed_memory()` before it imports jax, as every entry point does (docs/library.md).
+"""
 
 __version__ = "0.1.0"

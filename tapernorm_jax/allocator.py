@@ -6,9 +6,10 @@ mapping: tens of thousands of page faults, each page zeroed by the kernel (9–1
 under `perf` on this project's machine; docs/benchmarks.md). With one arena, no `mmap` for large blocks and no
 trimming, the freed block stays in the heap and the next step reuses it. The settings apply only to threads that
 have not allocated yet, and jax 0.12 starts threads when it is imported, so `keep_freed_memory()` runs before jax
-is imported: `import tapernorm_jax` calls it (so a notebook or script that imports the package before jax trains as
-fast as `python -m experiments.NAME`), and `cli.run` again for any entry point (there it holds fully only on jax
-lines that start their threads with the backend). `in_effect()` says what holds; results.json records it. This
+is imported. The entry points call it (`experiments/__init__.py`, and `cli.run` again: there it holds fully only on
+jax lines that start their threads with the backend); a notebook or script calls it itself, first, and then trains
+as fast as `python -m experiments.NAME` (docs/library.md). Importing the package sets nothing: a library that
+changed process-wide state on import would surprise its users. `in_effect()` says what holds; results.json records it. This
 module imports nothing of jax.
 `TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
 """
@@ -38,7 +39,7 @@ def in_effect() -> dict[str, object]:
   """What malloc runs with: `keeps_freed_memory`, and `set_before_jax` (false: jax's first threads kept the default
   arenas), or the reason it was not set."""
   if not _FIRST:
-    return {"keeps_freed_memory": False, "why_not": "never set (tapernorm_jax was not imported)"}
+    return {"keeps_freed_memory": False, "why_not": "never set (no entry point, and keep_freed_memory() not called)"}
   return {"keeps_freed_memory": not _FIRST["why_not"], "why_not": _FIRST["why_not"],
           "set_before_jax": _FIRST["before_jax"]}
 

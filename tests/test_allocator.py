@@ -130,12 +130,12 @@ def test_a_freed_block_over_2_gib_stays_in_the_heap(keep):
     assert report["after_free"] < 2**30, report
 
 
-# A library user's script: imports the package (not an entry point), builds a Trainer as a notebook would.
+# A library user's script as docs/library.md has it (not an entry point): malloc's one call, then a Trainer.
 LIBRARY = """
 import json, sys
-import tapernorm_jax
-from configs import base
 from tapernorm_jax import allocator
+allocator.keep_freed_memory()  # first, before jax
+from configs import base
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer
 cfg = base.override(base.get_config("baseline"), json.loads(sys.argv[1]))
@@ -143,6 +143,15 @@ trainer = Trainer(cfg, sharding.make_mesh())
 trainer.choose_paths()  # the one call that times the paths, as a run does (docs/library.md)
 print(json.dumps({"malloc": allocator.in_effect(), "cpu_paths": trainer.paths_choice.record()}))
 """
+
+
+def test_importing_the_package_changes_nothing_in_the_process():
+  code = ("import json, tapernorm_jax, tapernorm_jax.train.trainer; from tapernorm_jax import allocator; "
+          "print(json.dumps(allocator.in_effect()))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+      "keeps_freed_memory": False, "why_not": "never set (no entry point, and keep_freed_memory() not called)"}
 
 
 def test_a_library_user_gets_the_malloc_settings_and_paths_an_entry_point_gets(tmp_path):

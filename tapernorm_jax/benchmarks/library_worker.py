@@ -2,14 +2,18 @@
 by tapernorm_jax/benchmarks/peer_train.py, never by hand.
 
 The same step as the `baseline` contender (`peer_train.OurStep`), in a process that starts as a user's script or
-notebook does: `import tapernorm_jax` first (which sets malloc: tapernorm_jax/allocator.py), then a Trainer, and
-nothing of experiments/ or `cli.run`. The benchmark times it beside the baseline that an entry point started, so a
-process-level setting that only the entry points make shows up as a gap between the two.
+notebook does as docs/library.md tells it: `tapernorm_jax.allocator.keep_freed_memory()` first, then a Trainer with
+`choose_paths()`, and nothing of experiments/ or `cli.run`. The benchmark times it beside the baseline that an entry
+point started, so a process-level setting that only the entry points make shows up as a gap between the two.
 """
 
 import sys
 
-from tapernorm_jax.benchmarks import peer_train, workers
+from tapernorm_jax import allocator
+
+allocator.keep_freed_memory()  # the documented call, before jax is imported
+
+from tapernorm_jax.benchmarks import peer_train, workers  # noqa: E402 (after malloc's settings)
 
 if __name__ == "__main__":
   workers.main(sys.argv, peer_train.OurStep,

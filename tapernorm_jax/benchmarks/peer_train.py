@@ -48,7 +48,7 @@ PyTree = Any
 CELLS = ("1m:16x512", "9m:4x512", "30m:1x512")  # the grid: a step of about the same cost on 2 cores
 OURS = {"baseline": "baseline", "library": "baseline", "taper": "all_taper"}  # contender → variant
 # How each of ours is started: through an entry point (experiments/, as `python -m experiments.NAME` runs), or as a
-# user's script or notebook builds a Trainer (`import tapernorm_jax` first, no entry point: library_worker.py).
+# user's script or notebook builds a Trainer (malloc's documented call first, no entry point: library_worker.py).
 LIBRARY_WORKER = [sys.executable, "-m", "tapernorm_jax.benchmarks.library_worker"]
 PEERS = ("hf_eager", "hf_compiled")  # experiments/peer_train_hf.py
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
