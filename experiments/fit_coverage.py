@@ -5,8 +5,6 @@ each as a report does and counts how often each interval holds the true value; p
 `--out` (default tapernorm_jax/studies/coverage.json, the measurement reports and predictions.json quote).
 """
 
-import json
-
 from absl import app, flags
 
 from tapernorm_jax import cli, files

@@ -9,9 +9,8 @@ have not allocated yet, and jax 0.12 starts threads when it is imported, so `kee
 is imported. The entry points call it (`experiments/__init__.py`, and `cli.run` again: there it holds fully only on
 jax lines that start their threads with the backend); a notebook or script calls it itself, first, and then trains
 as fast as `python -m experiments.NAME` (docs/library.md). Importing the package sets nothing: a library that
-changed process-wide state on import would surprise its users. `in_effect()` says what holds; results.json records it. This
-module imports nothing of jax.
-`TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
+changed process-wide state on import would surprise its users. `in_effect()` says what holds; results.json records
+it. This module imports nothing of jax. `TAPERNORM_KEEP_FREED_MEMORY=0` leaves malloc as it is.
 """
 
 import ctypes

@@ -224,9 +224,9 @@ def write_tuning_report(workdir: str, out: str, generated: str) -> dict[str, Any
       f"{generated}. {finished} of {len(runs)} runs finished; {len(trials)} settings over "
       f"{len({(t.variant, t.aux, t.size) for t in trials})} method × size pairs.",
       "Each setting is scored by its mean loss on the **tune split** (nats/token): the last "
-      f"{float(shared.get('data.tune_frac', 0)):.0%} of the training stream, whole documents, which these runs never train "
-      "on. The validation split the other studies report is not used to choose. A setting is chosen only if every "
-      "seed trained (no failure, no divergence, no run at the unigram reference).",
+      f"{float(shared.get('data.tune_frac', 0)):.0%} of the training stream, whole documents, which these runs never "
+      "train on. The validation split the other studies report is not used to choose. A setting is chosen only if "
+      "every seed trained (no failure, no divergence, no run at the unigram reference).",
       "## Chosen settings", chosen_markdown(trials),
       "## Every setting (bold: chosen)", grid_markdown(trials),
       f"![tuning grid](figures/{FIGURE})"])

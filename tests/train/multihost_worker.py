@@ -17,7 +17,7 @@ import traceback
 SPEC = json.loads(sys.argv[1])
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 
-import jax
+import jax  # noqa: E402 (after the checkout is on the path)
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", SPEC["local_devices"])
@@ -25,10 +25,10 @@ if SPEC.get("compilation_cache"):  # shared by the test's runs: a later run with
   jax.config.update("jax_compilation_cache_dir", SPEC["compilation_cache"])
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
-import numpy as np
+import numpy as np  # noqa: E402 (after jax's platform and device count are set)
 
-from configs import base
-from tapernorm_jax import cli, data
+from configs import base  # noqa: E402
+from tapernorm_jax import cli, data  # noqa: E402
 
 WORKDIR = os.path.abspath(SPEC["workdir"])
 written: list[str] = []
