@@ -15,7 +15,7 @@ Before anything is timed, per cell and allocator row: the peer loads the baselin
 checkpoint, hf/llama.py) and steps at the baseline's learning rate; both sides must compute in the same dtypes
 (float32 on a CPU; bf16 compute on float32 weights on accelerators, the peer under autocast) or the run stops; each
 peer contender's first loss must be the baseline's, and its parameters after that first step must be the baseline's
-(`compare_params`, on the Llama checkpoint's names). This module needs no PyTorch.
+(`peer_parity.py`, on the Llama checkpoint's names). This module needs no PyTorch.
 """
 
 import json
@@ -33,10 +33,10 @@ import optax
 import safetensors.numpy
 
 from tapernorm_jax import hardware
+from tapernorm_jax.benchmarks import peer_parity as parity
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.benchmarks import workers
 from tapernorm_jax.benchmarks.timing import paired_ratio, summary
-from tapernorm_jax.errors import UserError
 from tapernorm_jax.hf import llama
 from tapernorm_jax.hf.hub import WEIGHTS_FILE
 from tapernorm_jax.markdown import markdown_table
@@ -55,33 +55,7 @@ LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline":
           "library": "ours baseline, library-built", "taper": "ours all_taper, 0 < g < 1"}
 ALLOCATORS = {"default": "0", "project settings": "1"}  # row → TAPERNORM_KEEP_FREED_MEMORY in every worker
 OPT = {"lr": 1e-4, "weight_decay": 0.1}  # every contender's; decay > 0 so the one-step check covers its mask
-# Measured on this project's 2-core CPU (docs/benchmarks.md), the tolerances with room above them. First loss, relative
-# difference: float32 0 to 6e-8, bf16 (autocast on CPU) 1e-5.
-LOSS_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
-# After one step, the worst tensor's max |difference| ÷ its max |parameter|: float32 2e-6 (cpu), 8e-6 (1m), 5e-4
-# (9m, 30m), bf16 1e-2. Adam's first update is lr·g/(|g| + eps), so where |g| is near eps float32's rounding moves
-# it by up to ~0.1·lr, and bf16's can flip its sign (2·lr): the bound is lr-sized, not a relative precision.
-PARAM_TOLERANCE = {"float32": 2e-3, "bfloat16": 5e-2, "float16": 5e-2}
-# The update itself, ‖Δours − Δpeer‖ ÷ ‖Δours‖ per tensor: float32 ≤ 5e-4 up to 30m, so a 10% error in the learning
-# rate or weight decay (or decay on a gain) fails it; bf16 0.3 (sign flips), not checked.
-UPDATE_TOLERANCE = {"float32": 1e-2, "bfloat16": None, "float16": None}
 Spawn = Callable[[str, dict[str, Any], str], Any]  # (contender, spec, allocator row) → a ready workers.WorkerProcess
-
-
-class LossMismatchError(UserError, ValueError):
-  """The peer's first loss is not ours on the same weights and batch: a timing would compare two computations."""
-
-
-class ParamMismatchError(UserError, ValueError):
-  """The peer's parameters after one step are not ours: its optimiser is not the one being compared."""
-
-
-class DtypeMismatchError(UserError, ValueError):
-  """The peer would compute in other dtypes than ours: the timing would compare two precisions."""
-
-
-class AllocatorMismatchError(UserError, RuntimeError):
-  """The workers of one row run with different malloc settings: the row would not compare like with like."""
 
 
 def parse_cell(cell: str) -> tuple[str, int, int]:
@@ -167,72 +141,6 @@ def placed(state: dict, step: int) -> dict:
   return {**state, "step": at(state["step"]), "opt_state": opt_state}
 
 
-def check_loss(ours: float, theirs: float, tolerance: float = LOSS_TOLERANCE["float32"],
-               peer: str = "the peer") -> dict[str, float]:
-  """The two first losses and their relative difference; LossMismatchError (naming `peer`) above `tolerance`."""
-  rel = abs(ours - theirs) / max(abs(ours), 1e-12)
-  if not rel <= tolerance:
-    raise LossMismatchError(f"{peer}'s first-step loss {theirs:.6f} differs from this project's {ours:.6f} by "
-                            f"{rel:.2e} (tolerance {tolerance:g}): the Llama checkpoint is not the same model, so "
-                            "no timing is reported")
-  return {"ours": ours, "peer": theirs, "relative_difference": rel, "tolerance": tolerance}
-
-
-def compare_params(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray],
-                   initial: dict[str, np.ndarray] | None = None, tolerance: float = PARAM_TOLERANCE["float32"],
-                   update_tolerance: float | None = UPDATE_TOLERANCE["float32"]) -> dict[str, Any]:
-  """Parameters of the two sides after the same step, by Llama checkpoint name (ours: `llama.llama_tensors`; the
-  peer's: its state_dict as numpy, which may hold more): the worst tensor's max |difference| ÷ its max |parameter|
-  and, given the `initial` weights, the worst relative L2 difference of the update itself; ParamMismatchError above
-  `tolerance` or `update_tolerance` (None: not checked), or where a name is missing or a shape differs."""
-  missing = sorted(set(ours) - set(theirs))
-  if missing:
-    raise ParamMismatchError(f"the peer has no parameters {missing[:3]}{' ...' * (len(missing) > 3)}")
-  out: dict[str, Any] = {"tolerance": tolerance, "update_tolerance": update_tolerance, "relative": 0.0,
-                         "worst": None, "max_abs_diff": 0.0}
-  for name, a in ours.items():
-    a, b = np.asarray(a, np.float64), np.asarray(theirs[name], np.float64)
-    if a.shape != b.shape:
-      raise ParamMismatchError(f"the peer's {name} has shape {b.shape}, ours {a.shape}")
-    diff = float(np.abs(a - b).max(initial=0.0))
-    rel = diff / max(float(np.abs(a).max(initial=0.0)), 1e-12)
-    if rel >= out["relative"]:
-      out.update(relative=rel, worst=name, max_abs_diff=diff)
-    if initial is not None:
-      update = a - np.asarray(initial[name], np.float64)
-      update_rel = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(update)), 1e-30))
-      if update_rel >= out.get("update_relative_l2", 0.0):
-        out.update(update_relative_l2=update_rel, worst_update=name)
-  if not out["relative"] <= tolerance:
-    raise ParamMismatchError(f"after one optimiser step the peer's {out['worst']} differs from this project's by "
-                             f"{out['relative']:.2e} of its largest entry (tolerance {tolerance:g}): the optimisers "
-                             "(AdamW, clipping, weight decay, learning rate) differ, so no timing is reported")
-  if update_tolerance is not None and not out.get("update_relative_l2", 0.0) <= update_tolerance:
-    raise ParamMismatchError(f"the peer's first update of {out['worst_update']} differs from this project's by "
-                             f"{out['update_relative_l2']:.2e} of its norm (tolerance {update_tolerance:g}): the "
-                             "optimisers (AdamW, weight decay, learning rate) differ, so no timing is reported")
-  return out
-
-
-def check_dtypes(ours: dict[str, str], theirs: dict[str, str]) -> dict[str, dict[str, str]]:
-  """Both sides' weight and compute dtypes; DtypeMismatchError where they differ."""
-  if ours != theirs:
-    raise DtypeMismatchError(f"the peer would run with {theirs['param']} weights and {theirs['compute']} compute, "
-                             f"this project with {ours['param']} and {ours['compute']}: a timing would compare two "
-                             "precisions, so none is reported")
-  return {"ours": ours, "peer": theirs}
-
-
-def check_allocators(requested: str, described: dict[str, dict[str, Any]]) -> dict[str, Any]:
-  """The malloc setting every worker of a row reports (`requested` is the row); AllocatorMismatchError where two
-  differ."""
-  seen = {name: d["allocator"]["setting"] for name, d in described.items()}
-  if len(set(seen.values())) > 1:
-    raise AllocatorMismatchError(f"allocator row {requested!r}: the workers run with different malloc settings "
-                                 f"({', '.join(f'{n}: {v}' for n, v in seen.items())}); no timing is reported")
-  return next(iter(described.values()))["allocator"]
-
-
 def process_spawner(command: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> Spawn:
   """Starts workers as `command + [SPEC as JSON]` (e.g. python -m experiments.peer_train_worker; the library-built
   baseline as `LIBRARY_WORKER`) with the row's TAPERNORM_KEEP_FREED_MEMORY, no preallocation of a GPU's memory by jax
@@ -265,7 +173,7 @@ def checked(started: dict[str, Any], directory: str) -> tuple[dict[str, Any], di
   """The peers' dtypes against the baseline's (before any step), then each worker's first step and the peers' losses
   and parameters after it against the baseline's: (the checks, the reason per contender that cannot run)."""
   ours = started["baseline"].ready
-  checks: dict[str, Any] = {"dtypes": {name: check_dtypes(ours["dtypes"], started[name].ready["dtypes"])
+  checks: dict[str, Any] = {"dtypes": {name: parity.check_dtypes(ours["dtypes"], started[name].ready["dtypes"])
                                        for name in PEERS if name in started}, "loss": {}, "params": {}}
   first = checks["first_step"] = {name: w.request("check") for name, w in started.items()}
   na = {name: c["na"] for name, c in first.items() if "na" in c}
@@ -277,10 +185,10 @@ def checked(started: dict[str, Any], directory: str) -> tuple[dict[str, Any], di
   for name in PEERS:
     if name not in started or name in na:
       continue
-    checks["loss"][name] = check_loss(first["baseline"]["loss"], first[name]["loss"], LOSS_TOLERANCE[compute],
-                                      LABELS[name])
-    checks["params"][name] = compare_params(ours_after, dict(np.load(first[name]["params"])), initial,
-                                            PARAM_TOLERANCE[compute], UPDATE_TOLERANCE[compute])
+    checks["loss"][name] = parity.check_loss(first["baseline"]["loss"], first[name]["loss"],
+                                             parity.LOSS_TOLERANCE[compute], LABELS[name])
+    checks["params"][name] = parity.compare_params(ours_after, dict(np.load(first[name]["params"])), initial,
+                                                   parity.PARAM_TOLERANCE[compute], parity.UPDATE_TOLERANCE[compute])
   return checks, na
 
 
@@ -293,7 +201,7 @@ def bench_cell(cell: str, allocator: str, spawn: Spawn, s: Any, peak: dict | Non
     try:
       start(cell, allocator, spawn, s, directory, started)
       described = {name: w.ready for name, w in started.items()}
-      in_effect = check_allocators(allocator, described)
+      in_effect = parity.check_allocators(allocator, described)
       checks, na = checked(started, directory)
       if not s.compile:
         na["hf_compiled"] = "skipped: --nocompile"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from tapernorm_jax.benchmarks import peer, peer_train, workers
+from tapernorm_jax.benchmarks import peer, peer_parity, peer_train, workers
 from tapernorm_jax.train import run_config
 from locations import ROOT
 
@@ -25,9 +25,9 @@ def test_a_cell_that_does_not_parse_is_refused_by_name(cell):
 
 
 def test_the_first_losses_must_agree():
-  assert peer_train.check_loss(9.2103, 9.2104)["relative_difference"] == pytest.approx(1e-4 / 9.2103, rel=1e-3)
-  with pytest.raises(peer_train.LossMismatchError, match=r"9\.300000 differs from this project's 9\.210300"):
-    peer_train.check_loss(9.2103, 9.3)
+  assert peer_parity.check_loss(9.2103, 9.2104)["relative_difference"] == pytest.approx(1e-4 / 9.2103, rel=1e-3)
+  with pytest.raises(peer_parity.LossMismatchError, match=r"9\.300000 differs from this project's 9\.210300"):
+    peer_parity.check_loss(9.2103, 9.3)
 
 
 def one_step(lr: float = 1e-4, decay: float = 0.1, seed: int = 0) -> dict[str, np.ndarray]:
@@ -41,34 +41,34 @@ def test_parameters_after_one_step_must_agree_and_so_must_the_update():
   initial = {"w": np.random.default_rng(0).normal(0, 0.02, (64, 32)), "g": np.ones(64)}
   ours = one_step()
   theirs = {**{k: v + 1e-9 for k, v in ours.items()}, "lm_head.weight": np.zeros(3)}  # the peer may hold more
-  agreed = peer_train.compare_params(ours, theirs, initial)
+  agreed = peer_parity.compare_params(ours, theirs, initial)
   assert agreed["relative"] < 1e-6 and agreed["update_relative_l2"] < 1e-3
-  with pytest.raises(peer_train.ParamMismatchError, match="has no parameters"):
-    peer_train.compare_params(ours, {"w": theirs["w"]})
-  with pytest.raises(peer_train.ParamMismatchError, match=r"peer's w has shape \(32, 64\)"):
-    peer_train.compare_params(ours, {**theirs, "w": theirs["w"].T})
-  with pytest.raises(peer_train.ParamMismatchError, match="differs from this project's by .* of its largest entry"):
-    peer_train.compare_params(ours, {**theirs, "w": theirs["w"] + 1e-3})
+  with pytest.raises(peer_parity.ParamMismatchError, match="has no parameters"):
+    peer_parity.compare_params(ours, {"w": theirs["w"]})
+  with pytest.raises(peer_parity.ParamMismatchError, match=r"peer's w has shape \(32, 64\)"):
+    peer_parity.compare_params(ours, {**theirs, "w": theirs["w"].T})
+  with pytest.raises(peer_parity.ParamMismatchError, match="differs from this project's by .* of its largest entry"):
+    peer_parity.compare_params(ours, {**theirs, "w": theirs["w"] + 1e-3})
   tenth_more = one_step(lr=1.1e-4)  # a learning rate 10% off: within the float32 bound on the weights, not the update
-  assert peer_train.compare_params(ours, tenth_more)["relative"] < peer_train.PARAM_TOLERANCE["float32"]
-  with pytest.raises(peer_train.ParamMismatchError, match="first update of [wg] differs"):
-    peer_train.compare_params(ours, tenth_more, initial)
-  assert peer_train.compare_params(ours, tenth_more, initial, update_tolerance=None)["update_relative_l2"] > 0.05
+  assert peer_parity.compare_params(ours, tenth_more)["relative"] < peer_parity.PARAM_TOLERANCE["float32"]
+  with pytest.raises(peer_parity.ParamMismatchError, match="first update of [wg] differs"):
+    peer_parity.compare_params(ours, tenth_more, initial)
+  assert peer_parity.compare_params(ours, tenth_more, initial, update_tolerance=None)["update_relative_l2"] > 0.05
 
 
 def test_the_dtypes_must_agree():
   f32 = {"param": "float32", "compute": "float32"}
-  assert peer_train.check_dtypes(f32, dict(f32))["peer"] == f32
-  with pytest.raises(peer_train.DtypeMismatchError, match="float32 weights and float32 compute, this project with "
+  assert peer_parity.check_dtypes(f32, dict(f32))["peer"] == f32
+  with pytest.raises(peer_parity.DtypeMismatchError, match="float32 weights and float32 compute, this project with "
                      "float32 and bfloat16"):
-    peer_train.check_dtypes({"param": "float32", "compute": "bfloat16"}, f32)
+    peer_parity.check_dtypes({"param": "float32", "compute": "bfloat16"}, f32)
 
 
 def test_every_worker_of_a_row_runs_with_the_same_allocator():
   described = lambda *settings: {f"w{i}": {"allocator": {"setting": s}} for i, s in enumerate(settings)}
-  assert peer_train.check_allocators("default", described("default", "default")) == {"setting": "default"}
-  with pytest.raises(peer_train.AllocatorMismatchError, match="w0: default, w1: project settings"):
-    peer_train.check_allocators("default", described("default", "project settings"))
+  assert peer_parity.check_allocators("default", described("default", "default")) == {"setting": "default"}
+  with pytest.raises(peer_parity.AllocatorMismatchError, match="w0: default, w1: project settings"):
+    peer_parity.check_allocators("default", described("default", "project settings"))
 
 
 class StandInPeer:
@@ -147,8 +147,8 @@ def test_a_cell_checks_the_peers_then_times_every_contender_in_turn():
 
 
 @pytest.mark.parametrize("peer_kind, error", [
-    (lambda spec: StandInPeer(spec, loss_offset=0.01), peer_train.LossMismatchError),
-    (lambda spec: StandInPeer(spec, update_scale=1.2), peer_train.ParamMismatchError)])
+    (lambda spec: StandInPeer(spec, loss_offset=0.01), peer_parity.LossMismatchError),
+    (lambda spec: StandInPeer(spec, update_scale=1.2), peer_parity.ParamMismatchError)])
 def test_a_peer_that_computes_otherwise_is_never_timed(peer_kind, error):
   made = []
   with pytest.raises(error, match="no timing is reported"):

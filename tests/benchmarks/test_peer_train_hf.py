@@ -1,7 +1,7 @@
 """The train mode against the real peer (experiments/peer_train_hf.py: Hugging Face LlamaForCausalLM + torch AdamW),
 every contender in its own worker process: after one optimiser step from the same weights and batch the peer's
 parameters are this project's (float32 here: ~2e-6 of each tensor's largest entry, eager and compiled; the run's
-own tolerance is peer_train.PARAM_TOLERANCE), and bf16 compute runs the peer under autocast. Needs the peer extra:
+own tolerance is peer_parity.PARAM_TOLERANCE), and bf16 compute runs the peer under autocast. Needs the peer extra:
 .ci/peer runs these tests in .venv-peer; elsewhere they are skipped."""
 
 import sys
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch", reason="PyTorch (the peer extra) is not installed here; .ci/peer runs these tests")
 pytest.importorskip("transformers", reason="transformers (the peer extra) is not installed here; .ci/peer runs them")
 
-from tapernorm_jax.benchmarks import peer, peer_train  # noqa: E402
+from tapernorm_jax.benchmarks import peer, peer_parity, peer_train  # noqa: E402
 from locations import ROOT  # noqa: E402
 
 CELL = "cpu:8x16"  # B a multiple of the tests' 8 fake devices (the workers inherit them)
@@ -48,6 +48,6 @@ def test_bf16_compute_runs_the_peer_under_autocast_over_float32_weights_and_aten
   assert row["dtypes"]["hf_eager"] == {"ours": {"param": "float32", "compute": "bfloat16"},
                                        "peer": {"param": "float32", "compute": "bfloat16"}}
   assert row["workers"]["hf_eager"]["autocast"] is True
-  assert row["loss"]["hf_eager"]["relative_difference"] < peer_train.LOSS_TOLERANCE["bfloat16"]
+  assert row["loss"]["hf_eager"]["relative_difference"] < peer_parity.LOSS_TOLERANCE["bfloat16"]
   assert row["contenders"]["hf_compiled"] == {"na": "skipped: --nocompile"}
   assert {w["allocator"]["setting"] for w in row["workers"].values()} == {"default"}
