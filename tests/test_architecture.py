@@ -108,3 +108,8 @@ def test_the_model_never_asks_the_host_which_backend_it_has():
            for node in ast.walk(ast.parse(path.read_text()))
            if isinstance(node, ast.Attribute) and node.attr in ("default_backend", "backend")]
   assert calls == []
+
+
+def test_no_module_runs_past_400_lines():
+  long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+  assert not long, f"split these by concern: {long}"
