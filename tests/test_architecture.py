@@ -1,8 +1,9 @@
-"""The packages import one way (docs/architecture.md): no cycles, the model imports no other package, the method
-only the model, the tokenizers and the hub client no jax."""
+"""The packages import one way, exactly as docs/architecture.md's table says: no circle between packages or modules,
+each layer importing only the layers above it, the tokenizers and the hub client no jax, no module past 400 lines."""
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -33,26 +34,24 @@ def imports() -> dict[str, set[str]]:
   return edges
 
 
-def test_packages_import_one_way():
-  edges = imports()
-  order: list[str] = []
-  visiting: list[str] = []
+def documented_layers() -> list[tuple[str, set[str]]]:
+  """docs/architecture.md's table: (package or module, what it imports), layer by layer from the top."""
+  rows = re.findall(r"^\| (\d+) \| `(\w+)` \| (.*) \|$", (ROOT / "docs" / "architecture.md").read_text(), re.M)
+  assert [int(n) for n, _, _ in rows] == list(range(1, len(rows) + 1)), "the table's layers are not 1, 2, 3, ..."
+  return [(name, set(re.findall(r"`(\w+)`", imported))) for _, name, imported in rows]
 
-  def visit(node: str) -> None:
-    assert node not in visiting, f"import cycle: {' → '.join(visiting[visiting.index(node):] + [node])}"
-    if node in order:
-      return
-    visiting.append(node)
-    for target in sorted(edges.get(node, ())):
-      visit(target)
-    visiting.pop()
-    order.append(node)
 
-  for node in sorted(edges):
-    visit(node)
-  plumbing = {"errors", "files", "config_fields", "damaged", "hardware", "markdown"}
-  assert edges["model"] <= plumbing, edges["model"]
-  assert edges["taper"] <= plumbing | {"model"}, edges["taper"]
+def test_the_documented_table_is_the_import_graph_and_each_layer_imports_only_those_above():
+  layers, edges = documented_layers(), imports()
+  names = [name for name, _ in layers]
+  top = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+  assert set(names) == top, f"in the code, not the table: {top - set(names)}; in the table only: {set(names) - top}"
+  for i, (name, documented) in enumerate(layers):
+    actual = edges.get(name, set())
+    assert actual == documented, f"{name} imports {sorted(actual)}; docs/architecture.md says {sorted(documented)}"
+    below = documented - set(names[:i])
+    assert not below, f"{name} (layer {i + 1}) imports {sorted(below)}, which sit below it"
 
 
 def module_imports() -> dict[str, set[str]]:
