@@ -82,39 +82,54 @@ class Norm(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0,
                gate_v: Array | None = None) -> Array | tuple[Array, Array]:
-    """Normalizes the last axis; `gate` is a traced scalar used by the `taper` form only. With `gate_v`, returns two
-    outputs of the one normalization: blended by `gate` and by `gate_v` (an attention norm's value path)."""
-    both = lambda y: y if gate_v is None else (y, y)  # forms without a gate give one output for both paths
+    """Normalizes the last axis; `gate` is a traced scalar used by the `taper` and `repbn` forms only. With `gate_v`,
+    returns two outputs of the one normalization: blended by `gate` and by `gate_v` (an attention norm's value
+    path); forms without a gate give the same output for both."""
     if self.kind not in NORM_KINDS:
       raise ValueError(f"norm kind must be one of {NORM_KINDS}, got {self.kind!r}")
     if self.mode not in NORM_MODES:
       raise ValueError(f"norm mode must be one of {NORM_MODES}, got {self.mode!r}")
     if self.mode == "identity":
-      return both(x_BxTxD)
-    D, sdt = x_BxTxD.shape[-1], stats_dtype(x_BxTxD.dtype)
-    feature_param = lambda name, init: self.param(
-        name, nn.with_logical_partitioning(init, ("norm",)), (D,), self.param_dtype
-    ).astype(sdt)
-    gamma_D = feature_param(param_paths.GAMMA, nn.initializers.constant(self.gain_init))
-    beta_D = feature_param(param_paths.BETA, nn.initializers.zeros) if self.kind == "ln" else 0.0
+      return x_BxTxD if gate_v is None else (x_BxTxD, x_BxTxD)
+    x_BxTxD_s = x_BxTxD.astype(stats_dtype(x_BxTxD.dtype))
+    gamma_D = self.feature(param_paths.GAMMA, nn.initializers.constant(self.gain_init), x_BxTxD_s)
+    beta_D = self.feature(param_paths.BETA, nn.initializers.zeros, x_BxTxD_s) if self.kind == "ln" else 0.0
+    if self.mode in ("taper", "fixed"):
+      return self.calibrated(centered(x_BxTxD_s, self.kind), gamma_D, beta_D, gate, gate_v)
     if self.mode in POINTWISE_MODES:
-      scalar = lambda name, value: self.param(
-          name, nn.with_logical_partitioning(nn.initializers.constant(value), ()), (), self.param_dtype).astype(sdt)
-      z_BxTxD = scalar(param_paths.ALPHA, self.alpha_init) * x_BxTxD.astype(sdt)
-      if self.mode == "dyt":
-        return both((jnp.tanh(z_BxTxD) * gamma_D + beta_D).astype(self.dtype))
-      return both((jax.scipy.special.erf(z_BxTxD + scalar(param_paths.SHIFT, self.shift_init)) * gamma_D
-                   + beta_D).astype(self.dtype))
-    hbar_BxTxD = centered(x_BxTxD.astype(sdt), self.kind)
-    if self.mode in ("plain", "repbn"):
-      normed_BxTxD = hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D
-      if self.mode == "plain":
-        return both(normed_BxTxD.astype(self.dtype))
-      rep_BxTxD = self.rep_bn(x_BxTxD.astype(sdt), feature_param)
-      g = jnp.asarray(gate, sdt)
-      return both((g * normed_BxTxD + (1.0 - g) * rep_BxTxD).astype(self.dtype))
+      y_BxTxD = self.pointwise(x_BxTxD_s, gamma_D, beta_D)
+    else:  # plain, repbn
+      hbar_BxTxD = centered(x_BxTxD_s, self.kind)
+      y_BxTxD = hbar_BxTxD * inv_scale(hbar_BxTxD, self.eps) * gamma_D + beta_D
+      if self.mode == "repbn":
+        g = jnp.asarray(gate, y_BxTxD.dtype)
+        y_BxTxD = g * y_BxTxD + (1.0 - g) * self.rep_bn(x_BxTxD_s)
+    y_BxTxD = y_BxTxD.astype(self.dtype)
+    return y_BxTxD if gate_v is None else (y_BxTxD, y_BxTxD)
 
-    gamma_tilde_D = feature_param(param_paths.GAMMA_TILDE, nn.initializers.ones)
+  def feature(self, name: str, init: Any, x_BxTxD: Array) -> Array:
+    """A (D,) parameter `name`, split along the `norm` axis, in the statistics dtype of `x_BxTxD`."""
+    return self.param(name, nn.with_logical_partitioning(init, ("norm",)), (x_BxTxD.shape[-1],),
+                      self.param_dtype).astype(x_BxTxD.dtype)
+
+  def scalar(self, name: str, value: float, dtype: Any) -> Array:
+    """A learned scalar parameter `name`, initially `value`, in `dtype`."""
+    return self.param(name, nn.with_logical_partitioning(nn.initializers.constant(value), ()), (),
+                      self.param_dtype).astype(dtype)
+
+  def pointwise(self, x_BxTxD: Array, gamma_D: Array, beta_D: Array | float) -> Array:
+    """DyT's γ·tanh(α·h) + β or Derf's γ·erf(α·h + s) + β, in the statistics dtype."""
+    z_BxTxD = self.scalar(param_paths.ALPHA, self.alpha_init, x_BxTxD.dtype) * x_BxTxD
+    if self.mode == "dyt":
+      return jnp.tanh(z_BxTxD) * gamma_D + beta_D
+    return jax.scipy.special.erf(z_BxTxD + self.scalar(param_paths.SHIFT, self.shift_init, x_BxTxD.dtype)) * gamma_D \
+        + beta_D
+
+  def calibrated(self, hbar_BxTxD: Array, gamma_D: Array, beta_D: Array | float, gate: Array | float,
+                 gate_v: Array | None) -> Array | tuple[Array, Array]:
+    """The `fixed` map β + c·h̄·γ̃, or the `taper` blend β + g·(h̄/s(h))·γ + (1 − g)·c·h̄·γ̃, recording this step's
+    calibration statistics where the `calib_stats` collection is mutable."""
+    gamma_tilde_D = self.feature(param_paths.GAMMA_TILDE, nn.initializers.ones, hbar_BxTxD)
     c = calib_scalar(self, param_paths.C, 1.0).value
     calib_scalar(self, param_paths.NUM, 0.0)
     calib_scalar(self, param_paths.DEN, 0.0)
@@ -122,8 +137,8 @@ class Norm(nn.Module):
     calib_scalar(self, param_paths.COUNT, 0, jnp.int32)
     fixed_BxTxD = c * hbar_BxTxD * gamma_tilde_D
     if self.mode == "fixed":
-      return both((beta_D + fixed_BxTxD).astype(self.dtype))
-
+      y_BxTxD = (beta_D + fixed_BxTxD).astype(self.dtype)
+      return y_BxTxD if gate_v is None else (y_BxTxD, y_BxTxD)
     inv_s_BxTx1 = inv_scale(hbar_BxTxD, self.eps)
     normed_BxTxD = hbar_BxTxD * inv_s_BxTx1 * gamma_D
     if self.is_mutable_collection(CALIB_STATS) and not self.is_initializing():
@@ -133,16 +148,15 @@ class Norm(nn.Module):
       s_BxT = 1.0 / jax.lax.stop_gradient(inv_s_BxTx1[..., 0])  # σ_avg leaves out position 0 (an attention sink)
       self.put_variable(CALIB_STATS, param_paths.S, jnp.mean(s_BxT[:, 1:] if s_BxT.shape[1] > 1 else s_BxT))
     blend = lambda g: (beta_D + g * normed_BxTxD + (1.0 - g) * fixed_BxTxD).astype(self.dtype)
-    return blend(jnp.asarray(gate, sdt)) if gate_v is None else (blend(jnp.asarray(gate, sdt)),
-                                                                 blend(jnp.asarray(gate_v, sdt)))
+    g = jnp.asarray(gate, hbar_BxTxD.dtype)
+    return blend(g) if gate_v is None else (blend(g), blend(jnp.asarray(gate_v, hbar_BxTxD.dtype)))
 
-  def rep_bn(self, x_BxTxD: Array, feature_param: Any) -> Array:
+  def rep_bn(self, x_BxTxD: Array) -> Array:
     """RepBN(x) = BN(x) + η·x: BatchNorm over every token of the batch in a train step (recording its mean and
     unbiased variance), over the running statistics otherwise; BN's affine map and η start at 0, as in PRepBN."""
-    bn_gamma_D = feature_param(param_paths.BN_GAMMA, nn.initializers.zeros)
-    bn_beta_D = feature_param(param_paths.BN_BETA, nn.initializers.zeros)
-    eta = self.param(param_paths.ETA, nn.with_logical_partitioning(nn.initializers.zeros, ()), (),
-                     self.param_dtype).astype(x_BxTxD.dtype)
+    bn_gamma_D = self.feature(param_paths.BN_GAMMA, nn.initializers.zeros, x_BxTxD)
+    bn_beta_D = self.feature(param_paths.BN_BETA, nn.initializers.zeros, x_BxTxD)
+    eta = self.scalar(param_paths.ETA, 0.0, x_BxTxD.dtype)
     D = x_BxTxD.shape[-1]
     mean_D = self.variable(CALIB, param_paths.MEAN, lambda: jnp.zeros((D,), jnp.float32)).value.astype(x_BxTxD.dtype)
     var_D = self.variable(CALIB, param_paths.VAR, lambda: jnp.ones((D,), jnp.float32)).value.astype(x_BxTxD.dtype)
