@@ -119,31 +119,8 @@ class Attention(nn.Module):
     selected implementation instead of over the cache. `last_only`: only the last position's output (B×1×D).
     `x_v_BxTxD`: the values' own input (queries and keys from x), as the same projection's last third.
     """
-    cfg, dt = self.cfg, self.cfg.compute_dtype
-    K = cfg.D // cfg.H
-    w_qkv_Dx3xHxK = _param(self, param_paths.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
-                           cfg.param_dtype).astype(dt)
-    bias_3xHxK = (_param(self, param_paths.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
-                  .astype(dt) if cfg.input_biases else None)
-
-    def heads(x_BxTxD: Array, which: slice) -> Array:
-      """Queries, keys and/or values (`which` of the three) of every position of x, B×T×n×H×K."""
-      # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel.
-      out_BxTxnxHxK = self.projection(self, param_paths.QKV, "bld,dthk->blthk", x_BxTxD.astype(dt),
-                                      w_qkv_Dx3xHxK[:, which], which)
-      return out_BxTxnxHxK if bias_3xHxK is None else out_BxTxnxHxK + bias_3xHxK[which]
-
-    if x_v_BxTxD is not None:  # two inputs: the same weights, split (no more FLOPs than one fused projection)
-      qk_BxTx2xHxK = heads(x_BxTxD[:, -1:] if last_only else x_BxTxD, slice(0, 2))
-      q_BxTxHxK, v_BxTxHxK = qk_BxTx2xHxK[:, :, 0], heads(x_v_BxTxD, slice(2, 3))[:, :, 0]
-      k_BxTxHxK = heads(x_BxTxD, slice(1, 2))[:, :, 0] if last_only else qk_BxTx2xHxK[:, :, 1]
-    elif last_only:  # keys and values of every position, the query of the last one only
-      q_BxTxHxK = heads(x_BxTxD[:, -1:], slice(0, 1))[:, :, 0]
-      kv_BxTx2xHxK = heads(x_BxTxD, slice(1, 3))
-      k_BxTxHxK, v_BxTxHxK = kv_BxTx2xHxK[:, :, 0], kv_BxTx2xHxK[:, :, 1]
-    else:
-      # split, not three slices: its gradient is one concatenation, theirs three padded copies summed
-      q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = (x[:, :, 0] for x in jnp.split(heads(x_BxTxD, slice(0, 3)), 3, axis=2))
+    cfg = self.cfg
+    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = self.queries_keys_values(x_BxTxD, x_v_BxTxD, last_only)
     if cfg.family == "llama":
       q_BxTxHxK = rope(q_BxTxHxK, positions_BxT[:, -1:] if last_only else positions_BxT, cfg.rope_base)
       k_BxTxHxK = rope(k_BxTxHxK, positions_BxT, cfg.rope_base)
@@ -159,6 +136,38 @@ class Attention(nn.Module):
       out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
     out_BxTxD = self.project_out(out_BxTxHxK)
     return out_BxTxD if cache is None else (out_BxTxD, cache)
+
+  def queries_keys_values(self, x_BxTxD: Array, x_v_BxTxD: Array | None,
+                          last_only: bool) -> tuple[Array, Array, Array]:
+    """q, k and v (each B×T×H×K) from the one fused projection, computing only what is used: the values from
+    `x_v_BxTxD` where given (the same weights' last third), the query of the last position only with `last_only`."""
+    cfg, dt = self.cfg, self.cfg.compute_dtype
+    K = cfg.D // cfg.H
+    w_qkv_Dx3xHxK = _param(self, param_paths.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
+                           cfg.param_dtype).astype(dt)
+    bias_3xHxK = (_param(self, param_paths.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
+                  .astype(dt) if cfg.input_biases else None)
+
+    def heads(x_BxTxD: Array, first: int, last: int) -> Array:
+      """Parts first..last−1 of (q, k, v) at every position of x, each B×T×H×K."""
+      which = slice(first, last)
+      # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel.
+      out_BxTxnxHxK = self.projection(self, param_paths.QKV, "bld,dthk->blthk", x_BxTxD.astype(dt),
+                                      w_qkv_Dx3xHxK[:, which], which)
+      if bias_3xHxK is not None:
+        out_BxTxnxHxK = out_BxTxnxHxK + bias_3xHxK[which]
+      # split, not slices: its gradient is one concatenation, theirs padded copies summed
+      return [part[:, :, 0] for part in jnp.split(out_BxTxnxHxK, last - first, axis=2)]
+
+    x_q_BxTxD = x_BxTxD[:, -1:] if last_only else x_BxTxD
+    if x_v_BxTxD is not None:  # two inputs: the same weights, split (no more FLOPs than one fused projection)
+      v_BxTxHxK, = heads(x_v_BxTxD, 2, 3)
+      if last_only:
+        return (*heads(x_q_BxTxD, 0, 1), *heads(x_BxTxD, 1, 2), v_BxTxHxK)
+      return (*heads(x_BxTxD, 0, 2), v_BxTxHxK)
+    if last_only:  # keys and values of every position, the query of the last one only
+      return (*heads(x_q_BxTxD, 0, 1), *heads(x_BxTxD, 1, 3))
+    return tuple(heads(x_BxTxD, 0, 3))
 
   def project_out(self, out_BxTxHxK: Array) -> Array:
     """The output projection H×K → D (with bias for gpt2)."""
