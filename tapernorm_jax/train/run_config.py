@@ -129,6 +129,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       (cfg.checkpoint.every >= 1, "checkpoint.every", "must be >= 1 (a checkpoint every this many steps)"),
       (cfg.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1 (the number of checkpoints kept)"),
       (0 <= cfg.seed < 2**32, "seed", "must be an integer in [0, 2**32)"),
+      (0.0 <= cfg.data.get("tune_frac", 0.0) < 0.5, "data.tune_frac",
+       "must lie in [0, 0.5) (the share of the train stream held out for tuning; 0: none)"),
   ]
   config_fields.check(cfg, checks)
   if cfg.taper.taper_end != -1 and not 0 < cfg.taper.taper_end <= cfg.train.steps:

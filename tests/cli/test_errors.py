@@ -372,7 +372,8 @@ def test_compile_check_flags_out_of_range_are_one_line_before_compiling(tmp_path
 @pytest.mark.parametrize("override, fragment", [
     ("--config.taper.mu=5", "error: taper.mu=5.0: the EMA weight μ must lie in (0, 1]"),
     ("--config.taper.taper_end=99999", "error: taper.taper_end=99999: must be -1 (the last step) or in (0, "),
-    ("--config.train.batch_size=12", "error: train.batch_size=12: must be divisible by the data-parallel size (8")])
+    ("--config.train.batch_size=12", "error: train.batch_size=12: must be divisible by the data-parallel size (8"),
+    ("--config.data.tune_frac=0.6", "error: data.tune_frac=0.6: must lie in [0, 0.5) (the share of the train stream")])
 def test_check_only_checks_the_values_a_run_would_refuse(tmp_path, override, fragment):
   args = ["--config=configs/all_taper.py:size=cpu", override, f"--workdir={tmp_path / 'run'}", "--check_only"]
   if "batch_size" in override:  # the split over devices is checked where the mesh says how many
