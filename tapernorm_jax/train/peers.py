@@ -80,20 +80,33 @@ class Watchdog:
     now = time.monotonic()
     self.seen = {p: ("", now) for p in range(count) if p != index}  # a peer's counter and when it last moved
     self.answered = now  # when the store last answered
-    self.exiting = False  # set at exit, before JAX's shutdown closes the client
+    self.stopping = threading.Event()  # set at exit (`close`), before JAX's shutdown closes the client
     self.beats = 0
     self.step: int | None = None
     self.checkpoints: epath.Path | None = None
     self.thread = threading.Thread(target=self.run, name="tapernorm-peers", daemon=True)
 
+  @property
+  def exiting(self) -> bool:
+    """Whether this process is exiting (`close` was called)."""
+    return self.stopping.is_set()
+
   def run(self) -> None:
-    """Beats, reads the others' beats and stops this process once one is lost; forever (a daemon thread)."""
-    while True:
+    """Beats, reads the others' beats and stops this process once one is lost; until `close` (a daemon thread)."""
+    while not self.stopping.is_set():
       self.beat()
       lost, why = self.lost()
       if lost:
         self.stop(lost, why)
-      time.sleep(self.interval)
+      self.stopping.wait(self.interval)
+
+  def close(self, timeout_s: float = 10.0) -> None:
+    """Stops the thread and waits for it (at most `timeout_s`), so that the interpreter's exit never finds it inside
+    the store's C++ client: a daemon thread still there when Python finalizes is ended by a forced unwind, which the
+    client's catch-all handlers swallow, and the process aborts ("FATAL: exception not rethrown")."""
+    self.stopping.set()
+    if self.thread.is_alive() and self.thread is not threading.current_thread():
+      self.thread.join(timeout_s)
 
   def beat(self) -> None:
     """Bumps this process's counter and notes every other counter that moved."""
@@ -140,7 +153,7 @@ def start(timeout_s: float) -> Watchdog | None:
   if _watchdog is None and state.client is not None and (state.num_processes or 1) > 1:
     _watchdog = Watchdog(state.client, state.process_id, state.num_processes, timeout_s)
     _watchdog.thread.start()
-    atexit.register(setattr, _watchdog, "exiting", True)  # runs before JAX's shutdown, registered earlier
+    atexit.register(_watchdog.close)  # runs before JAX's shutdown, which registered earlier
   return _watchdog
 
 

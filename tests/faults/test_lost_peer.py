@@ -118,3 +118,33 @@ def test_one_process_starts_no_watchdog():
   assert not [t for t in __import__("threading").enumerate() if t.name == "tapernorm-peers"]
   peers.at_step(3, None)  # nothing to note
   peers.settle()  # returns at once
+
+
+class SlowStore:
+  """A key-value store whose calls take a while, as the coordination service's C++ client may; counts calls."""
+
+  def __init__(self):
+    self.calls, self.values = 0, {}
+
+  def key_value_set(self, key, value, allow_overwrite):
+    self.calls += 1
+    time.sleep(0.05)
+    self.values[key] = value
+
+  def key_value_dir_get(self, prefix):
+    time.sleep(0.05)
+    return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def test_closing_the_watchdog_stops_its_thread_outside_the_store_before_the_interpreter_exits():
+  store = SlowStore()
+  watchdog = peers.Watchdog(store, 0, 2, timeout_s=5)  # beats every 0.5 s
+  watchdog.thread.start()
+  time.sleep(1.3)
+  t0 = time.monotonic()
+  watchdog.close()
+  # joined: no store call in flight when Python finalizes (a daemon thread inside the C++ client then aborts it)
+  assert not watchdog.thread.is_alive() and watchdog.exiting and time.monotonic() - t0 < watchdog.interval + 1
+  calls = store.calls
+  time.sleep(3 * watchdog.interval)
+  assert store.calls == calls >= 2  # it beat while running, and never after
