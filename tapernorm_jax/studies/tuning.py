@@ -22,6 +22,7 @@ from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, csv_text, label, 
 
 FIGURE = "tuning_grid.png"
 Group = tuple[str, int, str]  # (variant, aux, size)
+SHARED_KEYS = ("data.tune_frac", "train.eval_batches")  # the study's own settings, the same for every trial
 
 
 @dataclasses.dataclass
@@ -156,9 +157,6 @@ def chosen_markdown(trials: Sequence[Trial]) -> str:
                  "" if t is None else ", ".join(f"`{k}={v}`" for k, v in sorted(t.overrides.items())
                                                  if k not in SHARED_KEYS)])
   return markdown_table(["method", "size", "chosen", "tune loss", "overrides"], rows)
-
-
-SHARED_KEYS = ("data.tune_frac", "train.eval_batches")  # the study's own settings, the same for every trial
 
 
 def figure_grid(trials: Sequence[Trial]) -> Any:
