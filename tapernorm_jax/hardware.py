@@ -113,15 +113,19 @@ def library_versions() -> dict[str, str]:
   return versions
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (its affinity mask where the OS has one)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def describe() -> dict[str, Any]:
   """Backend, device kind and count, the exact CPU (`cpu_identity`), usable cores and L3 size (from Linux's /proc and
   /sys), library versions."""
-  device = jax.devices()[0]
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  device, ident = jax.devices()[0], cpu_identity()
   return {"backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
           "device_count": jax.device_count(), "process_count": jax.process_count(),
-          "cpu": _read_first("/proc/cpuinfo", "model name") or platform.machine(), "cpu_count": os.cpu_count(),
-          "usable_cores": cores, "cpu_identity": cpu_identity(),
+          "cpu": ident.get("model_name") or platform.machine(), "cpu_count": os.cpu_count(),
+          "usable_cores": usable_cores(), "cpu_identity": ident,
           "l3_cache": _read_first("/sys/devices/system/cpu/cpu0/cache/index3/size"), "jax": jax.__version__,
           "python": platform.python_version(), "libraries": library_versions(), "isa_limit": isa_limit()}
 

@@ -28,7 +28,7 @@ import jax
 import jaxlib
 import numpy as np
 
-from tapernorm_jax import files
+from tapernorm_jax import files, hardware
 from tapernorm_jax.cpu_kernels import build
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ class Choice:
 def host_signature() -> dict[str, Any]:
   """What a timing depends on besides the shape: the CPU model and its flags (as the kernels' builds key them), the
   cores this process may use, jax and jaxlib, XLA's flags, the kernels' sources and -march, and the devices."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12], "cores": cores, "jax": jax.__version__,
+  return {"cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12], "cores": hardware.usable_cores(),
+          "jax": jax.__version__,
           "jaxlib": jaxlib.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
           "kernels": kernels_digest(), "kernel_march": build.MARCH}
 
