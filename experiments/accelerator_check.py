@@ -17,7 +17,7 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import accelerator
-from tapernorm_jax.files import write_report
+from tapernorm_jax.storage.run_files import write_report
 
 _SETTINGS = cli.define_flags(accelerator.Settings, {
     "smoke": "Tiny CPU preset (what CI runs).", "tests": "Run the accelerator test subset.",

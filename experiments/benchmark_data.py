@@ -13,7 +13,7 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import data as bench
-from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.storage.run_files import write_json_atomically
 
 _SETTINGS = cli.define_flags(bench.Settings, {
     "stories": "Training stories (~500 bytes each; 40,000 is ~20 MB).",

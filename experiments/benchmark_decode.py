@@ -17,7 +17,7 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import decode as bench
-from tapernorm_jax.files import write_report
+from tapernorm_jax.storage.run_files import write_report
 
 _SETTINGS = cli.define_flags(bench.Settings, bench.FLAG_HELP)
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens.")

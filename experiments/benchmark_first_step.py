@@ -15,7 +15,7 @@ from absl import flags  # noqa: E402
 
 from tapernorm_jax import cli  # noqa: E402
 from tapernorm_jax.benchmarks import first_step as bench  # noqa: E402
-from tapernorm_jax.files import write_report  # noqa: E402
+from tapernorm_jax.storage.run_files import write_report  # noqa: E402
 
 _SETTINGS = cli.define_flags(bench.Settings, {"cases": f"Which of {', '.join(bench.CASES)}.",
                                               "rounds": "Cold/warm rounds per case."})

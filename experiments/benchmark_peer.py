@@ -49,7 +49,7 @@ from tapernorm_jax.benchmarks import decode as decode_bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
 from tapernorm_jax.benchmarks import peer_train  # noqa: E402
 from tapernorm_jax.benchmarks.workers import reason  # noqa: E402
-from tapernorm_jax.files import write_report  # noqa: E402
+from tapernorm_jax.storage.run_files import write_report  # noqa: E402
 from experiments.peer_train_hf import TORCH_DTYPES, load_llama, synchronize  # noqa: E402
 
 _SETTINGS = cli.define_flags(bench.Settings, {

@@ -10,7 +10,7 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import train as bench
-from tapernorm_jax.files import write_report
+from tapernorm_jax.storage.run_files import write_report
 
 _SETTINGS = cli.define_flags(bench.Settings, {
     "sizes": "Model sizes (tapernorm_jax/train/run_config.py SIZES).",

@@ -51,7 +51,7 @@ def check_flags(T: int) -> None:
 def main(argv: list[str]) -> None:
   """Compiles, prints the table, writes the report; a run that does not fit ends in one line (exit 2)."""
   from tapernorm_jax.aot import check, report
-  from tapernorm_jax.files import write_report
+  from tapernorm_jax.storage.run_files import write_report
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cfg = _CONFIG.value

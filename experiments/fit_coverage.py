@@ -7,7 +7,8 @@ each as a report does and counts how often each interval holds the true value; p
 
 from absl import app, flags
 
-from tapernorm_jax import cli, files
+from tapernorm_jax import cli
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.studies import coverage
 
 _STUDIES = flags.DEFINE_integer("studies", 1000, "Studies drawn per check (the rates' standard error is about "
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> None:
                              resamples=_RESAMPLES.value)
   result = coverage.measure(setting, echo=print)
   print(coverage.markdown(result))
-  files.write_json_atomically(_OUT.value, result)
+  run_files.write_json_atomically(_OUT.value, result)
   print(f"wrote {_OUT.value}")
 
 

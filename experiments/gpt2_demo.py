@@ -18,7 +18,7 @@ from absl import app, flags, logging
 
 from configs import base, gpt2
 from tapernorm_jax import cli
-from tapernorm_jax.files import write_text_atomically
+from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.data import evaluation_sets, text_files
 from tapernorm_jax.hf import gpt2 as hf_gpt2
 from tapernorm_jax.inference import loading

@@ -13,7 +13,8 @@ import os
 from absl import flags
 import jax
 
-from tapernorm_jax import cli, files
+from tapernorm_jax import cli
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.hf import gpt2
 from tapernorm_jax.inference import loading
 
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> None:
   results = cli.train(argv, cfg, workdir, _STOP_AFTER.value)
   if jax.process_index() == 0 and results["complete"] and cfg.model.internal_norm == cfg.model.final_norm == "plain":
     loaded = loading.load(workdir)
-    out = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, files.workdir_path(workdir) / "hf")
+    out = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, run_files.workdir_path(workdir) / "hf")
     print(f"Hugging Face GPT-2 directory: {out}")
 
 if __name__ == "__main__":

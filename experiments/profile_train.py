@@ -7,9 +7,10 @@ prints a markdown table and writes results.json and table.md under --out.
 
 from absl import flags
 
-from tapernorm_jax import cli, hardware
+from tapernorm_jax import cli
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import peer_train, step_profile
-from tapernorm_jax.files import write_report
+from tapernorm_jax.storage.run_files import write_report
 
 _CELLS = flags.DEFINE_list("cells", list(peer_train.CELLS), "Cells SIZE:BATCHxT to profile.")
 _VARIANT = flags.DEFINE_string("variant", "baseline", "Variant (TaperNorm variants are profiled mid-taper).")

@@ -9,7 +9,8 @@ reported beside the losses; a study measured before keeps its file until this fl
 
 from absl import app, flags, logging
 
-from tapernorm_jax import cli, files
+from tapernorm_jax import cli
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.studies import report, throughput
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (the sweep's --workdir, or any directory of runs).")
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _THROUGHPUT.value:
     logging.set_verbosity(logging.WARNING)  # not Orbax's lines for every checkpoint it restores
-    if files.is_url(_WORKDIR.value):
+    if run_files.is_url(_WORKDIR.value):
       raise ValueError(f"--throughput needs the study's checkpoints here: --workdir={_WORKDIR.value} is a URL; copy "
                        f"the study to a local directory or drop --throughput")
     throughput.measure(_WORKDIR.value, throughput.Settings())

@@ -9,7 +9,9 @@ import os
 
 from absl import app, flags, logging
 
-from tapernorm_jax import cli, files, hardware
+from tapernorm_jax import cli
+from tapernorm_jax.storage import run_files
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import soak
 
 _CONFIG = cli.define_config_file("config", "configs/all_taper.py", "Variant config file.", lock_config=True)
@@ -25,7 +27,7 @@ def main(argv: list[str]) -> None:
   cfg = _CONFIG.value
   result = soak.run(cfg, _WORKDIR.value)
   os.makedirs(_OUT.value, exist_ok=True)
-  files.write_json_atomically(os.path.join(_OUT.value, "soak.json"), result)
+  run_files.write_json_atomically(os.path.join(_OUT.value, "soak.json"), result)
   first, last = result["windows"][0], result["windows"][-1]
   soak.figure(result, os.path.join(_OUT.value, "soak.png"),
               f"Soak: {cfg.variant} {cfg.size}, {result['steps']:,} steps on {hardware.one_line(result['host'])}")

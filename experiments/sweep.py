@@ -15,7 +15,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tapernorm_jax import cli, directory_lock, files
+from tapernorm_jax import cli
+from tapernorm_jax.storage import directory_lock, run_files
 from tapernorm_jax.studies import commands, grid, manifest, predict, ray_launch, runner
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
-  workdir = str(files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
+  workdir = str(run_files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
   if _HOLD_OUT.value and _LAUNCH.value == "print":
     raise grid.SweepError("--hold_out_largest with --launch=print: the prediction is made between running the smaller "
                           "sizes and the largest, and printed commands run elsewhere; use --launch=local or "
@@ -72,7 +73,7 @@ def sweep(cells: list[grid.Cell], workdir: str) -> None:
   stages = [cells]
   if _HOLD_OUT.value:
     stages = list(predict.split_largest(cells))  # too few sizes fails here, before anything trains
-    if files.is_url(workdir):
+    if run_files.is_url(workdir):
       raise ValueError(f"--hold_out_largest reads the runs back here: --workdir={workdir} must be a local directory")
   statuses = {}
   for i, stage in enumerate(stages):

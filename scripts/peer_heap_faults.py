@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 
 allocator.keep_freed_memory()  # as the entry points set malloc, before jax starts
 

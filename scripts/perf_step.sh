@@ -4,7 +4,7 @@
 # Runs baseline train steps of CELL for a while, samples both cores with `perf record` for SECONDS, and prints the
 # share of cycles per library: XLA's runtime and YNNPACK products (libjax_common.so), XLA's generated fused kernels
 # ([JIT]), the fused CPU attention (attention_rows-*.so), the Linux kernel (page faults), libm and libc.
-# KEEP_FREED_MEMORY=0 runs with malloc as it is (tapernorm_jax/allocator.py is what the entry points set). Last line:
+# KEEP_FREED_MEMORY=0 runs with malloc as it is (tapernorm_jax/runtime/allocator.py is what the entry points set). Last line:
 # the median step time while sampled; alternate KEEP_FREED_MEMORY=0 and 1 runs to compare the two side by side.
 # CPU_PATHS forces the products and attention as train.cpu_paths does (xla: the model's own; kernels: the CPU kernels).
 set -euo pipefail
@@ -18,7 +18,7 @@ trap 'rm -rf "$WORK"' EXIT
 
 TAPERNORM_KEEP_FREED_MEMORY=$KEEP "$PYTHON" - "$CELL" "$WORK/ready" "$WORK/stop" "$CPU_PATHS" > "$WORK/steps.log" 2>&1 <<'EOF' &
 import os, sys, time
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 allocator.keep_freed_memory()  # before jax is imported, as experiments/__init__.py does
 import jax, jax.numpy as jnp, numpy as np
 from tapernorm_jax.benchmarks import peer_train, train

@@ -13,7 +13,7 @@ float32 product of that speed could buy. A development tool: the package never i
 import sys
 import time
 
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 
 allocator.keep_freed_memory()  # as the entry points set malloc, before jax starts
 

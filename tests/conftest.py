@@ -28,7 +28,7 @@ elif BACKEND != "default":
 
 import jax  # noqa: E402
 
-from tapernorm_jax import hardware  # noqa: E402
+from tapernorm_jax.runtime import hardware  # noqa: E402
 
 if not BACKEND:
   jax.config.update("jax_num_cpu_devices", 8)

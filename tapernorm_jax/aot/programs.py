@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh, NamedSharding
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.inference import decode
 from tapernorm_jax.model import ModelConfig, abstract_variables, param_count, sharding
 from tapernorm_jax.taper import fold as fold_lib

@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.model import attention, sharding

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.inference import decode
 from tapernorm_jax.inference import forms as forms_lib
 from tapernorm_jax.cpu_kernels import few_rows, matvec

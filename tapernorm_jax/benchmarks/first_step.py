@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.markdown import markdown_table
 
 CASES = ("dev_train", "step_30m")
@@ -46,7 +46,7 @@ def child(case: str, cache: str, workdir: str, started: float) -> float:
   import jax
   import jax.numpy as jnp
 
-  from tapernorm_jax import compilation_cache
+  from tapernorm_jax.runtime import compilation_cache
   from tapernorm_jax.model import sharding
   from tapernorm_jax.train import loop, run_config
   from tapernorm_jax.train.trainer import Trainer

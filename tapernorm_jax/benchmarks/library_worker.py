@@ -2,14 +2,15 @@
 by tapernorm_jax/benchmarks/peer_train.py, never by hand.
 
 The same step as the `baseline` contender (`peer_train.OurStep`), in a process that starts as a user's script or
-notebook does as docs/library.md tells it: `tapernorm_jax.allocator.keep_freed_memory()` first, then a Trainer with
-`choose_paths()`, and nothing of experiments/ or `cli.run`. The benchmark times it beside the baseline that an entry
-point started, so a process-level setting that only the entry points make shows up as a gap between the two.
+notebook does as docs/library.md tells it: `tapernorm_jax.runtime.allocator.keep_freed_memory()` first, then a
+Trainer with `choose_paths()`, and nothing of experiments/ or `cli.run`. The benchmark times it beside the baseline
+that an entry point started, so a process-level setting that only the entry points make shows up as a gap between
+the two.
 """
 
 import sys
 
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 
 allocator.keep_freed_memory()  # the documented call, before jax is imported
 

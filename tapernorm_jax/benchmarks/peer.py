@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
 from tapernorm_jax.benchmarks import peer_train
 from tapernorm_jax.benchmarks.decode import model_config

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 import safetensors.numpy
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import peer_parity as parity
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.benchmarks import workers

@@ -17,7 +17,8 @@ import matplotlib
 import ml_collections
 import numpy as np
 
-from tapernorm_jax import directory_lock, files, hardware
+from tapernorm_jax.storage import directory_lock, run_files
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.metrics import read_jsonl
 
@@ -128,13 +129,13 @@ def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], w
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices: list | None = None, sample_every_s: float = 0.5
         ) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir` with its directory sampled; the soak summary with the run's results."""
-  sampler = Sampler(os.fspath(files.local_path(workdir, "--workdir")), sample_every_s)
+  sampler = Sampler(os.fspath(run_files.local_path(workdir, "--workdir")), sample_every_s)
   sampler.start()
   try:
     results = loop.run(cfg, workdir, devices=devices)
   finally:
     sampler.stop()
-  return {**summary(cfg, os.fspath(files.local_path(workdir, "--workdir")), sampler.counts),
+  return {**summary(cfg, os.fspath(run_files.local_path(workdir, "--workdir")), sampler.counts),
           "results": {k: results[k] for k in ("steps", "final_val_loss", "wall_time_s", "tokens_per_s")}}
 
 
@@ -157,6 +158,6 @@ def figure(soak: dict[str, Any], path: str, title: str) -> None:
   count_ax.legend()
   fig.suptitle(title)
   fig.tight_layout()
-  with files.atomic_path(path) as tmp:
+  with run_files.atomic_path(path) as tmp:
     fig.savefig(tmp, format="png", dpi=110)
   plt.close(fig)

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tapernorm_jax import cpu_kernels, data, hardware
+from tapernorm_jax import cpu_kernels, data
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, seconds_per_batch
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, param_count, sharding

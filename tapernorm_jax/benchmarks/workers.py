@@ -11,8 +11,9 @@ answers each command on its stdin with one JSON line:
 
 A command that fails is answered {"error": one line} (the traceback goes to stderr). The coordinator asks its
 workers in turn, one at a time, so rounds interleave as `timing.time_interleaved`'s do while every contender keeps
-its own process, allocator and threads. This module imports the standard library and tapernorm_jax.allocator only: a
-worker of another framework (experiments/peer_train_hf.py's PyTorch) imports it without jax.
+its own process, allocator and threads. This module imports the standard library and
+tapernorm_jax.runtime.allocator only: a worker of another framework (experiments/peer_train_hf.py's PyTorch) imports
+it without jax.
 """
 
 import json
@@ -27,7 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 
 READY_TIMEOUT_S = 600.0  # imports and building the contender
 COMMAND_TIMEOUT_S = 1800.0  # a first step compiles (torch.compile of a 30M model's step: minutes on 2 cores)

@@ -2,7 +2,7 @@
 (`flags.py`). `run` reports a user's mistake as one line on stderr and exits 2, or 1 for a stopped run, without a
 traceback (what counts as which: `failures.py`); anything else is a bug and keeps its traceback, and `--verbose`
 shows it for mistakes too. `--check_only` checks the flags, config files and a training config's values, then exits.
-Before anything runs, glibc's malloc is told to keep freed memory (`tapernorm_jax/allocator.py`: XLA:CPU's per-step
+Before anything runs, glibc's malloc is told to keep freed memory (`runtime/allocator.py`: XLA:CPU's per-step
 buffers without page faults).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from absl import app, logging
 from absl.flags import FLAGS
 
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 from tapernorm_jax.cli.failures import describe, exit_code, fail
 from tapernorm_jax.cli.flags import (check_only, config_flag_names, define_config_file, define_flags, from_flags,
                                      parse_flags, settings, verbose)
@@ -25,7 +25,7 @@ __all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flag
 
 def run(main: Callable[[list[str]], Any]) -> None:
   """absl's app.run(main), with flag and config mistakes and the user errors `main` raises reported in one line;
-  malloc keeps freed memory for reuse (`tapernorm_jax/allocator.py`; fully where jax has not started threads yet)."""
+  malloc keeps freed memory for reuse (`runtime/allocator.py`; fully where jax has not started threads yet)."""
   allocator.keep_freed_memory()
   app.run(guard(main), flags_parser=parse_flags)
 
@@ -80,7 +80,7 @@ def check_run_configs() -> None:
 def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> dict:
   """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
   import jax  # the training stack: only for the entry points that train
-  from tapernorm_jax import files
+  from tapernorm_jax.storage import run_files
   from tapernorm_jax.train import loop, peers
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -95,5 +95,5 @@ def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> di
     raise
   if jax.process_index() == 0:
     print(json.dumps(results, indent=2))
-    print(f"run directory: {files.workdir_path(workdir)}")
+    print(f"run directory: {run_files.workdir_path(workdir)}")
   return results

@@ -28,7 +28,8 @@ import jax
 import jaxlib
 import numpy as np
 
-from tapernorm_jax import files, hardware
+from tapernorm_jax.storage import run_files
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.cpu_kernels import build
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def kernels_digest() -> str:
 def cache_file(what: str, shape: dict[str, Any]) -> Path:
   """The cached choice of `what` at `shape` on this host."""
   key = json.dumps({"what": what, "shape": shape, "host": host_signature()}, sort_keys=True, default=str)
-  return Path(files.cache_dir()) / "autotune" / f"{what}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+  return Path(run_files.cache_dir()) / "autotune" / f"{what}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def requested(forced: str | None) -> str:
@@ -122,7 +123,7 @@ def choose(what: str, label: str, shape: dict[str, Any], candidates: dict[str, C
   choice = dataclasses.replace(choice, name=names[agreed(names.index(choice.name))])
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_json_atomically(path, choice.record())
+    run_files.write_json_atomically(path, choice.record())
   except OSError as e:
     log.warning("could not cache the %s timing in %s (%s); it will be measured again next time", what, path, e)
   return choice

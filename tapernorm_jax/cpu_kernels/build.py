@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import jaxlib
 
-from tapernorm_jax import files, integrity
+from tapernorm_jax.storage import run_files, integrity
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -32,7 +32,7 @@ FLAGS = ("-O3", f"-march={MARCH}", "-std=c++17", "-shared", "-fPIC")
 
 def cache_dir() -> Path:
   """Where compiled kernels are kept."""
-  return Path(files.cache_dir())
+  return Path(run_files.cache_dir())
 
 
 def cpu_id() -> str:

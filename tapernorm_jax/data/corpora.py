@@ -5,7 +5,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.data import stories, text_files
 
 SOURCES = ("synthetic", "tinystories", "text", "openwebtext")
@@ -14,7 +14,7 @@ SPLITS = ("train", "validation")
 # Every `cfg.data` field this package reads, with the value used where a config lacks it.
 DEFAULTS: dict[str, Any] = dict(
     source="synthetic",  # one of SOURCES
-    data_dir="",  # prepared corpora, eval sets and downloads live here ("": files.cache_dir())
+    data_dir="",  # prepared corpora, eval sets and downloads live here ("": run_files.cache_dir())
     manual_dir="",  # tinystories: a directory with the raw text files; openwebtext: a directory of parquet files
     text_train="", text_valid="",  # source=text: path or glob of the train / validation text files
     text_separator="<|endoftext|>",  # splits text files (source=text and eval_sets) into documents
@@ -82,7 +82,7 @@ def text(cfg: Any) -> Corpus:
 
 def data_directory(cfg: Any) -> Path:
   """`data.data_dir`, or the cache directory where it is empty (a local path; a URL is refused naming the field)."""
-  return files.local_path(setting(cfg, "data_dir") or files.cache_dir(), "data.data_dir")
+  return run_files.local_path(setting(cfg, "data_dir") or run_files.cache_dir(), "data.data_dir")
 
 
 def tinystories(cfg: Any) -> Corpus:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tapernorm_jax.errors import DownloadError
-from tapernorm_jax.files import write_json_atomically
+from tapernorm_jax.storage.run_files import write_json_atomically
 
 REPO = "Skylion007/openwebtext"
 LAYOUTS = (  # (revision, glob) in the order tried

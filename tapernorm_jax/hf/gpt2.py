@@ -30,7 +30,7 @@ import safetensors.numpy
 from etils import epath
 from flax import traverse_util
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.hf.hub import CONFIG_FILE, MODEL_FILES, WEIGHTS_FILE, read_config, resolve
 from tapernorm_jax.model import ModelConfig, check_matches, init, param_paths
 from tapernorm_jax.model.param_paths import Path as ModelPath
@@ -284,10 +284,10 @@ def save_gpt2(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, e
   params = traverse_util.flatten_dict(plain["params"])
   tensors = {e.hf: np.ascontiguousarray(e.rule.to_hf(np.asarray(jax.device_get(params[e.path])), cfg)
                                         .astype(np.float32)) for e in entries(cfg)}
-  directory = files.workdir_path(directory)
+  directory = run_files.workdir_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  with files.atomic_path(directory / WEIGHTS_FILE) as tmp:
+  with run_files.atomic_path(directory / WEIGHTS_FILE) as tmp:
     safetensors.numpy.save_file(tensors, tmp, metadata={"format": "pt"})  # transformers wants format=pt
     os.chmod(tmp, 0o644)  # safetensors creates it owner-only
-  files.write_json_atomically(directory / CONFIG_FILE, hf_config(cfg, eos_id))
+  run_files.write_json_atomically(directory / CONFIG_FILE, hf_config(cfg, eos_id))
   return directory

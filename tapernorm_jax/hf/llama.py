@@ -24,7 +24,7 @@ import safetensors.numpy
 from etils import epath
 from flax import traverse_util
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.hf.hub import CONFIG_FILE, WEIGHTS_FILE
 from tapernorm_jax.model import ModelConfig, check_matches, param_paths
 from tapernorm_jax.model.param_paths import Path as ModelPath
@@ -131,10 +131,10 @@ def save_llama(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, 
   exportable(cfg)
   check_matches(nn.unbox(variables), cfg)
   tensors = llama_tensors(variables, cfg)
-  directory = files.workdir_path(directory)
+  directory = run_files.workdir_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  with files.atomic_path(directory / WEIGHTS_FILE) as tmp:
+  with run_files.atomic_path(directory / WEIGHTS_FILE) as tmp:
     safetensors.numpy.save_file(tensors, tmp, metadata={"format": "pt"})  # transformers wants format=pt
     os.chmod(tmp, 0o644)  # safetensors creates it owner-only
-  files.write_json_atomically(directory / CONFIG_FILE, hf_config(cfg, bos_id, eos_id))
+  run_files.write_json_atomically(directory / CONFIG_FILE, hf_config(cfg, bos_id, eos_id))
   return directory

@@ -27,7 +27,7 @@ import safetensors.flax
 from etils import epath
 from flax import traverse_util
 
-from tapernorm_jax import damaged, files, integrity
+from tapernorm_jax.storage import unreadable, run_files, integrity
 from tapernorm_jax.model import ModelConfig, abstract_variables, check_matches
 from tapernorm_jax.taper import fold as fold_lib
 from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
@@ -55,7 +55,7 @@ class Exported:
 
 def is_export(directory: str | os.PathLike) -> bool:
   """Whether `directory` holds an export (rather than, say, a training workdir)."""
-  path = files.workdir_path(directory) / CONFIG_FILE
+  path = run_files.workdir_path(directory) / CONFIG_FILE
   return path.is_file() and json.loads(path.read_text()).get("format") == FORMAT
 
 
@@ -69,7 +69,7 @@ def interrupted(directory: epath.Path) -> bool:
 def check_target(directory: str | os.PathLike) -> None:
   """Raises unless `directory` is new, empty or an interrupted export (which `save` writes again): an export never
   overwrites anything else."""
-  directory = files.workdir_path(directory)
+  directory = run_files.workdir_path(directory)
   if directory.exists() and not directory.is_dir():
     raise NotADirectoryError(f"{directory} is a file; give a new directory for the export")
   if directory.exists() and any(directory.iterdir()) and not interrupted(directory):
@@ -88,7 +88,7 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
     variables, cfg = fold_lib.fold(variables, cfg)
   else:
     check_matches(variables, cfg)
-  directory = files.workdir_path(directory)
+  directory = run_files.workdir_path(directory)
   check_target(directory)
   if directory.exists() and any(directory.iterdir()):
     warnings.warn(f"{directory} holds an export that was interrupted (no {CONFIG_FILE}); writing it again",
@@ -98,7 +98,7 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
   host = jax.tree.map(np.asarray, jax.device_get(variables))
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(directory / VARIABLES_DIR, host)
-  with files.atomic_path(directory / SAFETENSORS_FILE) as tmp:
+  with run_files.atomic_path(directory / SAFETENSORS_FILE) as tmp:
     safetensors.flax.save_file(flatten(host), tmp, metadata={"format": FORMAT})
   if tokenizer is not None:  # anything with `kind` and `save(directory)`: SentencePiece or GPT2Tokenizer
     save_tokenizer(tokenizer, directory / TOKENIZER_DIR)
@@ -106,7 +106,7 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
               tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
               **(extra or {}))
   integrity.record(directory)  # sizes and hashes of the files above; config.json, which marks the export, last
-  files.write_json_atomically(directory / CONFIG_FILE, info)
+  run_files.write_json_atomically(directory / CONFIG_FILE, info)
   return directory
 
 
@@ -114,7 +114,7 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
   """Loads an export from its Orbax checkpoint (`source="orbax"`) or its safetensors file, after checking every file
   against the export's manifest: damage to what is read is an error naming the file, damage to the other copy a
   warning."""
-  directory = files.workdir_path(directory)
+  directory = run_files.workdir_path(directory)
   if not is_export(directory):
     raise FileNotFoundError(f"{directory} is not a {FORMAT} directory (no {CONFIG_FILE} with format={FORMAT!r})")
   info = json.loads((directory / CONFIG_FILE).read_text())
@@ -128,23 +128,23 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
   where, other = (VARIABLES_DIR + "/", "safetensors") if source == "orbax" else (SAFETENSORS_FILE, "orbax")
   if problem := integrity.check(directory, (where, TOKENIZER_DIR + "/")):
     fix = "export the model again" + (f", or load it with source={other!r}" if problem.startswith(where) else "")
-    raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {problem}; {fix}", None, problem)
+    raise unreadable.DamagedCheckpointError(f"the export in {directory} is damaged: {problem}; {fix}", None, problem)
   if problem := integrity.check(directory, (SAFETENSORS_FILE if source == "orbax" else VARIABLES_DIR + "/",)):
     warnings.warn(f"the export in {directory} is damaged: {problem}; loading its intact {where.rstrip('/')} "
                   "copy instead, but export the model again before sharing it", RuntimeWarning, stacklevel=2)
-  damaged.quiet_aborted_reads()
+  unreadable.quiet_aborted_reads()
   try:
     if source == "orbax":
       with ocp.StandardCheckpointer() as checkpointer:
         variables = checkpointer.restore(directory / VARIABLES_DIR, restore_target(cfg))
     else:
       path = directory / SAFETENSORS_FILE  # read whole from an object store, memory-mapped locally
-      local = not files.is_url(path)
+      local = not run_files.is_url(path)
       variables = unflatten(safetensors.flax.load_file(os.fspath(path)) if local else
                             safetensors.flax.load(path.read_bytes()))
   except Exception as e:  # TensorStore, Orbax and safetensors errors: the files are not what was written
-    reason = damaged.read_error(e, os.fspath(directory / VARIABLES_DIR))
-    raise damaged.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
+    reason = unreadable.read_error(e, os.fspath(directory / VARIABLES_DIR))
+    raise unreadable.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
                                          f"export the model again, or load it with source={other!r}", None,
                                          reason) from e
   check_matches(variables, cfg)
@@ -181,18 +181,18 @@ def load_tokenizer(exported: Exported) -> Any:
   if kind not in TOKENIZERS:
     raise ValueError(f"{exported.tokenizer_dir}: unknown tokenizer kind {kind!r}")
   directory = exported.tokenizer_dir
-  return TOKENIZERS[kind].load(files.download_tree(directory) if files.is_url(directory) else directory)
+  return TOKENIZERS[kind].load(run_files.download_tree(directory) if run_files.is_url(directory) else directory)
 
 
 def save_tokenizer(tokenizer: Any, directory: epath.Path) -> None:
   """Writes the tokenizer's files into the new `directory`: into a temporary one renamed into place locally (whole or
   absent under its name), through a local temporary one uploaded when it is remote."""
-  if not files.is_url(directory):
-    staging = epath.Path(files.staging_path(directory))
+  if not run_files.is_url(directory):
+    staging = epath.Path(run_files.staging_path(directory))
     staging.mkdir()
     tokenizer.save(staging)
     staging.rename(directory)
     return
   with tempfile.TemporaryDirectory(prefix="tapernorm-tokenizer-") as local:
     tokenizer.save(pathlib.Path(local))
-    files.upload_tree(local, directory)
+    run_files.upload_tree(local, directory)

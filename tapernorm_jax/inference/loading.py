@@ -10,7 +10,8 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
-from tapernorm_jax import config_fields, damaged, files
+from tapernorm_jax import config_fields
+from tapernorm_jax.storage import unreadable, run_files
 from tapernorm_jax.inference import export
 from tapernorm_jax.model import ModelConfig
 
@@ -29,7 +30,7 @@ class Loaded:
 def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tuple[PyTree, dict]:
   """Restores only {"params", "calib"} of the `state` item at `step` (default: latest) of a run directory, local or
   remote; returns (variables, config)."""
-  workdir = files.workdir_path(workdir)
+  workdir = run_files.workdir_path(workdir)
   config_path = workdir / "config.json"
   if not config_path.is_file():
     raise FileNotFoundError(f"{config_path} not found: --workdir must be a training run or an export directory")
@@ -43,7 +44,7 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tupl
       raise FileNotFoundError(f"no checkpoint {'at step ' + str(step) if step is not None else ''} in "
                               f"{directory} (steps: {steps})")
     target = export.restore_target(model_cfg)
-    damaged.quiet_aborted_reads()
+    unreadable.quiet_aborted_reads()
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
@@ -51,8 +52,8 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tupl
     except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
       older = [s for s in steps if s < step]
       fix = f"load an older one with --step={older[-1]}" if older else "there is no older checkpoint"
-      reason = damaged.read_error(e, os.fspath(directory / str(step)))
-      raise damaged.DamagedCheckpointError(f"the checkpoint at step {step} in {directory} is damaged: {reason}; "
+      reason = unreadable.read_error(e, os.fspath(directory / str(step)))
+      raise unreadable.DamagedCheckpointError(f"the checkpoint at step {step} in {directory} is damaged: {reason}; "
                                            f"{fix}", step, reason) from e
   return dict(restored["state"]), {**run_cfg, "restored_step": step}
 

@@ -8,7 +8,7 @@ reports its error in one line, as `experiments.tinystories` does; the traceback 
 
 import os
 
-from tapernorm_jax import allocator, platforms
+from tapernorm_jax.runtime import allocator, platforms
 
 allocator.keep_freed_memory()  # before jax is imported (allocator.py says why); cli.run sets it again, harmlessly
 platforms.without_absent_tpu()  # before jax is imported (platforms.py says why)
@@ -16,7 +16,8 @@ platforms.without_absent_tpu()  # before jax is imported (platforms.py says why)
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
-from tapernorm_jax import cli, files  # noqa: E402
+from tapernorm_jax import cli  # noqa: E402
+from tapernorm_jax.storage import run_files  # noqa: E402
 from tapernorm_jax.train import peers  # noqa: E402
 from tapernorm_jax.studies import runner  # noqa: E402
 from tapernorm_jax.studies.manifest import find_cell  # noqa: E402
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
-  study = str(files.workdir_path(_STUDY.value))  # a local path or a URL (gs://...)
+  study = str(run_files.workdir_path(_STUDY.value))  # a local path or a URL (gs://...)
   cell = find_cell(study, _CELL.value)
   peers.initialize(cell.config().mesh)  # with mesh.distributed: one process per host (or per GPU)
   status = runner.run_cell(cell, study, jax.devices(), runner.trainer_run_fn(), reraise=True)

@@ -6,7 +6,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from tapernorm_jax.files import workdir_path, write_text_atomically
+from tapernorm_jax.storage.run_files import workdir_path, write_text_atomically
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import MANIFEST, cell_status, manifest_cells
 

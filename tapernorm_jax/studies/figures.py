@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter
 import numpy as np
 from PIL import Image
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.studies import fits
 from tapernorm_jax.studies.aggregate import Group
 from tapernorm_jax.studies.curves import Curves, mean_curve, series, taper_start
@@ -364,5 +364,5 @@ def save_png(fig: Figure, path: str) -> None:
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=DPI)
   image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-  with files.atomic_path(path) as tmp:
+  with run_files.atomic_path(path) as tmp:
     image.save(tmp, format="PNG", optimize=True)

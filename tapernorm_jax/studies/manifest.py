@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tapernorm_jax import integrity
-from tapernorm_jax.files import workdir_path, write_json_atomically
+from tapernorm_jax.storage import integrity
+from tapernorm_jax.storage.run_files import workdir_path, write_json_atomically
 from tapernorm_jax.studies.grid import Cell, SweepError
 
 MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing

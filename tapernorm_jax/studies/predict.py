@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tapernorm_jax import hardware
-from tapernorm_jax.files import read_json, write_json_atomically
+from tapernorm_jax.runtime import hardware
+from tapernorm_jax.storage.run_files import read_json, write_json_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.studies import coverage, fits

@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 from tapernorm_jax.errors import UserError
-from tapernorm_jax.files import is_url, workdir_path
+from tapernorm_jax.storage.run_files import is_url, workdir_path
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, find_cell, read_record, write_record
 from tapernorm_jax.studies.runner import CELL_LOG, Progress, Routed, run_cell, say, trainer_run_fn

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from tapernorm_jax import files, retries
-from tapernorm_jax.files import write_text_atomically
+from tapernorm_jax.storage import run_files, retries
+from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib, tuning
 from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
@@ -231,16 +231,16 @@ def write_report(workdir: str, out: str | None = None) -> dict[str, Any]:
   """Reads the study in `workdir`; writes report.md, results.csv and figures/*.png to `out` (default: workdir).
   Either may be a URL (gs://...): the runs' records are read from local copies and the report uploaded."""
   out = out or workdir
-  if not (files.is_url(workdir) or files.is_url(out)):
+  if not (run_files.is_url(workdir) or run_files.is_url(out)):
     return _write_report(os.path.abspath(os.path.expanduser(workdir)), os.path.abspath(os.path.expanduser(out)))
   with tempfile.TemporaryDirectory(prefix="tapernorm-report-") as tmp:
     local = workdir
-    if files.is_url(workdir):  # named as the study is: the report's title and text name it
+    if run_files.is_url(workdir):  # named as the study is: the report's title and text name it
       local = os.path.join(tmp, "in", os.path.basename(workdir.rstrip("/")))
-      copy_records(files.workdir_path(workdir), Path(local))
+      copy_records(run_files.workdir_path(workdir), Path(local))
     written = _write_report(os.path.abspath(local), os.path.join(tmp, "out"))
-    files.upload_tree(os.path.join(tmp, "out"), files.workdir_path(out))
-    where = lambda path: str(files.workdir_path(out) / os.path.relpath(path, os.path.join(tmp, "out")))
+    run_files.upload_tree(os.path.join(tmp, "out"), run_files.workdir_path(out))
+    where = lambda path: str(run_files.workdir_path(out) / os.path.relpath(path, os.path.join(tmp, "out")))
     return {**written, "report": where(written["report"]), "csv": where(written["csv"]),
             "figures": [where(f) for f in written["figures"]]}
 

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from tapernorm_jax import config_fields, files, hardware, integrity
+from tapernorm_jax import config_fields
+from tapernorm_jax.storage import run_files, integrity
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.studies import grid, manifest
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
@@ -172,7 +174,7 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   name = os.path.basename(os.path.normpath(run_dir))
   status = manifest.cell_status(run_dir)
   results = dict(status.results or {})
-  config = config_fields.upgrade(files.read_json(os.path.join(run_dir, "config.json")) or {})
+  config = config_fields.upgrade(run_files.read_json(os.path.join(run_dir, "config.json")) or {})
   record = manifest.read_record(run_dir)
   ident = {**(expected or {}), **record}
   if config:

@@ -20,7 +20,8 @@ from typing import Any, Self, TextIO
 import jax
 import ml_collections
 
-from tapernorm_jax import files, hardware
+from tapernorm_jax.storage import run_files
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.studies.grid import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, last_step, write_record
 
@@ -182,11 +183,11 @@ class Progress:
 def cell_log(run_dir: str) -> Iterator[TextIO]:
   """DIR/<cell>/log.txt opened to append: on a local disk directly; at a URL, whose objects cannot be appended to, a
   local copy uploaded when the cell ends."""
-  if not files.is_url(run_dir):
+  if not run_files.is_url(run_dir):
     with open(os.path.join(run_dir, CELL_LOG), "a", buffering=1) as log:
       yield log
     return
-  mirror = files.Mirror(files.workdir_path(run_dir))
+  mirror = run_files.Mirror(run_files.workdir_path(run_dir))
   mirror.download(CELL_LOG)
   try:
     with open(mirror.local / CELL_LOG, "a", buffering=1) as log:
@@ -208,7 +209,7 @@ def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, ro
   """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json (with the host and
   `where` it ran), and raised again only with `reraise` (one cell on its own, whose caller reports the error)."""
   run_dir = os.path.join(workdir, cell.name)
-  files.workdir_path(run_dir).mkdir(parents=True, exist_ok=True)
+  run_files.workdir_path(run_dir).mkdir(parents=True, exist_ok=True)
   kind = getattr(devices[0], "device_kind", str(devices[0])) if devices else ""
   record = {**cell.to_json(), "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": socket.gethostname(), **(where or {}),
@@ -302,8 +303,8 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, oversubscribe
   Each cell's output goes to DIR/<cell>/log.txt; `echo` gets one progress line per event and every
   `progress_every` seconds.
   """
-  workdir = str(files.workdir_path(workdir))
-  files.workdir_path(workdir).mkdir(parents=True, exist_ok=True)
+  workdir = str(run_files.workdir_path(workdir))
+  run_files.workdir_path(workdir).mkdir(parents=True, exist_ok=True)
   echo = echo or say
   groups = device_groups(list(devices) if devices is not None else jax.devices(), parallel, oversubscribe)
   progress = Progress(cells, workdir)

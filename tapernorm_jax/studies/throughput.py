@@ -9,11 +9,11 @@ from typing import Any
 
 import jax
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks.decode import decode_calls
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.cpu_kernels import few_rows
-from tapernorm_jax.files import read_json, write_json_atomically
+from tapernorm_jax.storage.run_files import read_json, write_json_atomically
 from tapernorm_jax.inference import forms, loading
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig

@@ -14,7 +14,7 @@ import matplotlib
 from matplotlib.patches import Rectangle
 import numpy as np
 
-from tapernorm_jax.files import write_text_atomically
+from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest
 from tapernorm_jax.studies.figures import new_figure, save_png

@@ -22,8 +22,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from tapernorm_jax import files, integrity
-from tapernorm_jax.damaged import DamagedCheckpointError, quiet_aborted_reads, read_error
+from tapernorm_jax.storage import run_files, integrity
+from tapernorm_jax.storage.unreadable import DamagedCheckpointError, quiet_aborted_reads, read_error
 
 PyTree = Any
 LEGACY_KEY = "('rng',)"  # every 0.1 train state carried an (unused) RNG; later ones do not
@@ -52,7 +52,7 @@ class Checkpointer:
   """Saves asynchronously, keeps the last `keep`; only complete checkpoints are ever listed or restored."""
 
   def __init__(self, directory: str | os.PathLike, keep: int = 3):
-    self.directory = files.workdir_path(directory)
+    self.directory = run_files.workdir_path(directory)
     # create=False: the directory appears with the first save, so a run that fails before saving leaves none.
     # Directories are created before save() returns: created in the background, two managers of one process (the
     # sweep's cells running side by side) saving the same step take each other's completion signal, and one
@@ -77,11 +77,11 @@ class Checkpointer:
     self._saving = (f"the checkpoint at step {step}", sum(x.nbytes for x in jax.tree.leaves(state)))
     # Checked before Orbax starts: a disk that fills under its writer threads prints their tracebacks. The spare
     # bytes are for what the run writes until the next save (metrics, events) and Orbax's own metadata.
-    free = files.free_bytes(self.directory)  # None for a URL: not checked
+    free = run_files.free_bytes(self.directory)  # None for a URL: not checked
     if not every_process(free is None or free >= self._saving[1] + SAVE_SPARE_BYTES):
-      needs = f"{files.in_bytes(self._saving[1])} and {files.in_bytes(SAVE_SPARE_BYTES)} spare"
-      raise files.DiskFullError(files.full_disk_message(self._saving[0], self.directory, needs, free))
-    with files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
+      needs = f"{run_files.in_bytes(self._saving[1])} and {run_files.in_bytes(SAVE_SPARE_BYTES)} spare"
+      raise run_files.DiskFullError(run_files.full_disk_message(self._saving[0], self.directory, needs, free))
+    with run_files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
       self.directory.mkdir(parents=True, exist_ok=True)
       self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                        data=ocp.args.JsonSave(data_state)), force=True)
@@ -164,8 +164,8 @@ class Checkpointer:
   def record_complete(self) -> None:
     """Waits for pending saves; then process 0 writes `<step>/manifest.json` (every file's size and SHA-256) for each
     complete checkpoint that has none, so that damage found later is named before Orbax reads it. A save that found
-    the disk full raises files.DiskFullError; the checkpoints complete before it stay complete."""
-    with files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
+    the disk full raises run_files.DiskFullError; the checkpoints complete before it stay complete."""
+    with run_files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
       self._manager.wait_until_finished()
     if jax.process_index() != 0:
       return

@@ -7,7 +7,7 @@
     StepReporter        reads each step's metrics one step behind, writes them, stops on a non-finite loss
     Profiler            a jax.profiler trace of `train.profile_steps` steps into <workdir>/profile
 
-The workdir may be local or a URL (`--workdir=gs://bucket/run`): run-directory files go through `files.workdir_path`
+The workdir may be local or a URL (`--workdir=gs://bucket/run`): run-directory files go through `run_files.workdir_path`
 (etils.epath), checkpoints through Orbax, metrics and TensorBoard events through `metrics.MetricsWriter`.
 """
 
@@ -26,9 +26,10 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from tapernorm_jax import (allocator, compilation_cache, data, directory_lock, files, hardware, integrity,
-                           orbax_log)
-from tapernorm_jax.files import write_json_atomically, write_text_atomically
+from tapernorm_jax import data
+from tapernorm_jax.runtime import allocator, compilation_cache, hardware
+from tapernorm_jax.storage import directory_lock, run_files, integrity, orbax_log
+from tapernorm_jax.storage.run_files import write_json_atomically, write_text_atomically
 from tapernorm_jax.data import unigram
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import ModelConfig, param_count, sharding
@@ -53,7 +54,7 @@ class RunDir:
   """The files of one run directory; only process 0 writes."""
 
   def __init__(self, workdir: str | os.PathLike):
-    self.path = files.workdir_path(workdir)
+    self.path = run_files.workdir_path(workdir)
     self.writer = jax.process_index() == 0
     check_directory(self.path, "--workdir")
 
@@ -65,7 +66,7 @@ class RunDir:
     """Where this process logs what is not for the terminal: LOG_FILE here (log.process<N>.txt beside it on the
     others); in the system's temporary directory for a run at a URL (objects cannot be appended to)."""
     name = LOG_FILE if self.writer else f"log.process{jax.process_index()}.txt"
-    if files.is_url(self.path):
+    if run_files.is_url(self.path):
       return os.path.join(tempfile.gettempdir(), f"tapernorm-{os.getpid()}-{name}")
     return str(self.file(name))
 
@@ -126,7 +127,7 @@ def check_directory(path: epath.Path, flag: str) -> None:
   """Raises NotADirectoryError naming `flag` when `path`, or (locally) a directory above it, is a file."""
   if path.is_file():
     raise NotADirectoryError(f"{flag}={path} is a file; give a directory")
-  if files.is_url(path):  # an object store has no files standing in for directories
+  if run_files.is_url(path):  # an object store has no files standing in for directories
     return
   parent = path.parent
   while not parent.exists() and parent.parent != parent:
@@ -207,17 +208,17 @@ class StepReporter:
 
 class Profiler:
   """Traces steps [start, start + count) with jax.profiler into `directory` (count 0: off); a remote directory gets
-  the trace through a local `files.Mirror`, uploaded when it stops."""
+  the trace through a local `run_files.Mirror`, uploaded when it stops."""
 
   def __init__(self, directory: epath.Path, start: int, count: int):
     self.directory, self.start, self.stop = directory, start, start + count
     self.active = False
-    self.mirror: files.Mirror | None = None
+    self.mirror: run_files.Mirror | None = None
 
   def before_step(self, step: int) -> None:
     """Starts the trace at the first traced step."""
     if step == self.start and self.stop > self.start:
-      self.mirror = files.Mirror(self.directory) if files.is_url(self.directory) else None
+      self.mirror = run_files.Mirror(self.directory) if run_files.is_url(self.directory) else None
       jax.profiler.start_trace(os.fspath(self.mirror.local if self.mirror else self.directory))
       self.active = True
 

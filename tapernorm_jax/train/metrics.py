@@ -1,7 +1,7 @@
 """Metrics to JSON lines (always), TensorBoard event files (no TensorFlow needed) and the trackers of
 `tracking.py` (Weights & Biases).
 
-In a remote run directory (`gs://...`) both are written to a local `files.Mirror` and uploaded whole (an object
+In a remote run directory (`gs://...`) both are written to a local `run_files.Mirror` and uploaded whole (an object
 store cannot append, and TensorBoard's writer writes local files only): every `upload_every_s` seconds, at every
 checkpoint (`flush`) and on `close`. A resumed run first downloads metrics.jsonl to append to it.
 
@@ -20,7 +20,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from tapernorm_jax import files, integrity
+from tapernorm_jax.storage import run_files, integrity
 from tapernorm_jax.train.tracking import Tracker
 
 METRICS_FILE = "metrics.jsonl"
@@ -56,9 +56,9 @@ class MetricsWriter:
                trackers: Sequence[Tracker] = ()):
     self.active = jax.process_index() == 0
     self.trackers = list(trackers)  # the caller makes them on the first process only
-    root = files.workdir_path(workdir)
+    root = run_files.workdir_path(workdir)
     self.path = root / METRICS_FILE
-    self._mirror = files.Mirror(root) if self.active and files.is_url(root) else None
+    self._mirror = run_files.Mirror(root) if self.active and run_files.is_url(root) else None
     if self._mirror:
       self._mirror.download(METRICS_FILE)
     local = self._mirror.local if self._mirror else root
@@ -76,7 +76,7 @@ class MetricsWriter:
       return
     record = {"step": int(step), **{k: to_python(v) for k, v in jax.device_get(dict(metrics)).items()}}
     line = integrity.checked_line(record)
-    with files.full_disk_named(f"step {step}'s record", self.path, len(line)):  # a torn line is cut on resume
+    with run_files.full_disk_named(f"step {step}'s record", self.path, len(line)):  # a torn line is cut on resume
       self._file.write(line)
       self._file.flush()
     numbers = scalars(record)
@@ -115,7 +115,7 @@ class MetricsWriter:
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
   """All records of a metrics file (local or remote); a torn or damaged line raises integrity.DamagedLinesError naming
   it."""
-  records, damage = integrity.read_lines(files.workdir_path(path))
+  records, damage = integrity.read_lines(run_files.workdir_path(path))
   if damage:
     raise integrity.DamagedLinesError(f"{path}: {damage}")
   return records

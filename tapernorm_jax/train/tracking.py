@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Tracker(Protocol):
 
 def run_id(run_dir: str | os.PathLike) -> str:
   """W&B's run id for a run directory: the same directory (local path or URL) always gives the same id."""
-  where = str(run_dir) if files.is_url(run_dir) else os.path.realpath(os.fspath(run_dir))
+  where = str(run_dir) if run_files.is_url(run_dir) else os.path.realpath(os.fspath(run_dir))
   return "tn-" + hashlib.sha256(where.rstrip("/").encode()).hexdigest()[:20]
 
 
@@ -114,7 +114,7 @@ class WandbTracker:
       raise TrackerError("tracking.wandb_project is set but wandb is not installed: pip install "
                          "'tapernorm-jax[wandb]'") from None
     rid = run_id(run_dir)  # W&B writes into <home>/wandb: the run directory, or a local cache for a URL
-    home = os.path.join(files.cache_dir(), "wandb", rid) if files.is_url(run_dir) else os.fspath(run_dir)
+    home = os.path.join(run_files.cache_dir(), "wandb", rid) if run_files.is_url(run_dir) else os.fspath(run_dir)
     os.makedirs(home, exist_ok=True)
     held = last_logged_step(os.path.join(home, WANDB_DIR), rid)
     try:

@@ -6,7 +6,7 @@ temporaries per device fall as the same batch is split over more devices."""
 import jax
 import pytest
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.aot import analysis, programs
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer

@@ -7,7 +7,7 @@ import re
 import jax
 import pytest
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.aot import analysis, check, chips, hlo, programs, topology
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer

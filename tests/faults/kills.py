@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from etils import epath
 from PIL import Image
 
-from tapernorm_jax import integrity
+from tapernorm_jax.storage import integrity
 from tapernorm_jax.studies.manifest import read_results
 from tapernorm_jax.train.metrics import read_jsonl
 from locations import ROOT

@@ -14,7 +14,8 @@ from etils import epath
 from PIL import Image
 
 from configs import base
-from tapernorm_jax import cli, files, integrity
+from tapernorm_jax import cli
+from tapernorm_jax.storage import run_files, integrity
 from tapernorm_jax.studies import manifest, report
 from tapernorm_jax.train import checkpoint, loop
 from tapernorm_jax.train.checkpoint import Checkpointer
@@ -69,7 +70,7 @@ def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_res
   workdir = str(small_disk / "run")
   loop.run(cfg(), workdir, stop_after=8)  # checkpoints at 4 and 8
   ballast = fill(small_disk, leave=64_000)  # room for metrics and events, not for the next checkpoint
-  with pytest.raises(files.DiskFullError) as full:
+  with pytest.raises(run_files.DiskFullError) as full:
     loop.run(cfg(), workdir)
   message = str(full.value)
   state_bytes = reference["params"] * 4 * 3 + 4 * 9  # parameters, Adam's two moments, the small scalars
@@ -99,7 +100,7 @@ def test_a_disk_that_fills_mid_save_is_one_line_and_orbax_s_tracebacks_go_to_a_f
   fill(small_disk, leave=64_000)
   monkeypatch.setattr(checkpoint, "SAVE_SPARE_BYTES", -(1 << 40))  # the room check passes: Orbax's writers meet it
   capfd.readouterr()
-  with pytest.raises(files.DiskFullError, match="^no space left for the checkpoint at step 12 "):
+  with pytest.raises(run_files.DiskFullError, match="^no space left for the checkpoint at step 12 "):
     loop.run(cfg(), workdir)
   terminal = capfd.readouterr().err
   assert "Traceback" not in terminal and "RESOURCE_EXHAUSTED" not in terminal, terminal[-3000:]
@@ -130,7 +131,7 @@ def test_a_report_that_fills_the_disk_is_named_and_written_whole_once_space_is_f
   shutil.copytree(reference[0], study / "run", ignore=shutil.ignore_patterns("checkpoints", "tensorboard"))
   ballast = fill(small_disk, leave=20_000)  # room for the report's text, not for its figures
   full = r"^no space left for \S+\.png in .*figures \(it needs more than the [\d.]+ k?B written; "
-  with pytest.raises(files.DiskFullError, match=full):
+  with pytest.raises(run_files.DiskFullError, match=full):
     report.write_report(str(study))
   assert not [name for _, _, names in os.walk(study) for name in names if ".tmp-" in name]
   os.remove(ballast)

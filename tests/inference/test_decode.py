@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as bench
 from tapernorm_jax.benchmarks.timing import read_bandwidth
 from tapernorm_jax.inference import decode

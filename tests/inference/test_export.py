@@ -16,7 +16,7 @@ import pytest
 import sentencepiece as spm
 
 from configs import base
-from tapernorm_jax import damaged
+from tapernorm_jax.storage import unreadable
 from tapernorm_jax.inference import decode, export, forms, loading
 from tapernorm_jax.inference import prompts as prompts_lib
 from tapernorm_jax.model import ModelConfig
@@ -82,14 +82,14 @@ def test_a_damaged_export_file_is_named_before_it_is_loaded(tmp_path, tokenizer_
   data = bytearray(weights.read_bytes())
   data[-1] ^= 0x01  # one flipped bit in the last weight: safetensors itself would load it
   weights.write_bytes(bytes(data))
-  with pytest.raises(damaged.DamagedCheckpointError) as e:
+  with pytest.raises(unreadable.DamagedCheckpointError) as e:
     export.load(directory, "safetensors")
   assert str(e.value) == (f"the export in {directory} is damaged: model.safetensors does not match the SHA-256 "
                           "manifest.json recorded; export the model again, or load it with source='orbax'")
   with pytest.warns(RuntimeWarning, match="model.safetensors does not match .*; loading its intact variables copy"):
     assert export.load(directory, "orbax").model_cfg.D == 32  # the other copy is intact: loaded, with a warning
   (directory / "tokenizer" / "tokenizer.model").write_bytes(b"")
-  with pytest.raises(damaged.DamagedCheckpointError, match=r"tokenizer/tokenizer.model has 0 bytes, manifest.json "
+  with pytest.raises(unreadable.DamagedCheckpointError, match=r"tokenizer/tokenizer.model has 0 bytes, manifest.json "
                      r"recorded [\d,]+; export the model again$"):
     export.load(directory, "orbax")
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from tapernorm_jax import integrity
+from tapernorm_jax.storage import integrity
 from tapernorm_jax.studies import aggregate, curves, figures, grid, manifest, report, run_rows
 
 STEPS = 40

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 from tapernorm_jax.studies import aggregate, coverage, figures, fits, grid, predict, run_rows, scaling
 from tapernorm_jax.studies.run_rows import Run
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file

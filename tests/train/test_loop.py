@@ -21,7 +21,7 @@ from configs import base
 from tapernorm_jax import data
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train import loop
-from tapernorm_jax.damaged import DamagedCheckpointError
+from tapernorm_jax.storage.unreadable import DamagedCheckpointError
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import of_the_run, read_jsonl
 from tapernorm_jax.train.trainer import Trainer

@@ -4,7 +4,7 @@ rows = []
 for rep in range(3):
   for isa in ("SSE4_2", "AVX2", ""):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_cpu_max_isa={isa}" if isa else ""}
-    out = subprocess.run([sys.executable, "-c", "import json; from tapernorm_jax import hardware; "
+    out = subprocess.run([sys.executable, "-c", "import json; from tapernorm_jax.runtime import hardware; "
                           "print(json.dumps({'flops': hardware.measured_gemm_flops(), 'hw': hardware.describe()}))"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     got = json.loads(out)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tapernorm_jax import platforms
+from tapernorm_jax.runtime import platforms
 from locations import ROOT
 
 

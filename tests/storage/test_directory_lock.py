@@ -13,14 +13,14 @@ import time
 import pytest
 from etils import epath
 
-from tapernorm_jax import directory_lock
+from tapernorm_jax.storage import directory_lock
 from locations import ROOT
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from tapernorm_jax import directory_lock, files
+    from tapernorm_jax.storage import directory_lock, run_files
     with directory_lock.hold(sys.argv[1], "--workdir"):
-      with open(files.staging_path(sys.argv[1] + "/metrics.jsonl"), "w") as f:  # a write it never finishes
+      with open(run_files.staging_path(sys.argv[1] + "/metrics.jsonl"), "w") as f:  # a write it never finishes
         f.write("half")
       print("held", flush=True)
       time.sleep(600)

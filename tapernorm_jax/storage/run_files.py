@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 from etils import epath
 
-from tapernorm_jax import retries
+from tapernorm_jax.storage import retries
 from tapernorm_jax.errors import StoppedError, UserError
 
 

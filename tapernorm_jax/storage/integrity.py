@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from etils import epath
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -54,7 +54,7 @@ def record(directory: epath.Path) -> dict[str, dict]:
   """Writes DIR/manifest.json: {"version", "files": {relative path: {"size", "sha256"}}}; returns the files."""
   entries = {name: {"size": (directory / name).stat().length, "sha256": sha256(directory / name)}
              for name in _files(directory)}
-  files.write_text_atomically(directory / MANIFEST,  # whole or absent under its name, killed anywhere
+  run_files.write_text_atomically(directory / MANIFEST,  # whole or absent under its name, killed anywhere
                               json.dumps({"version": VERSION, "files": entries}, indent=1, sort_keys=True))
   return entries
 

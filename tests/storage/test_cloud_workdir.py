@@ -28,7 +28,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from configs import base
 from tapernorm_jax import data
-from tapernorm_jax.files import LocalPathError, MissingFilesystemError, workdir_path
+from tapernorm_jax.storage.run_files import LocalPathError, MissingFilesystemError, workdir_path
 from tapernorm_jax.inference import export, forms, loading
 from tapernorm_jax.studies import grid, manifest, report, run_rows, runner
 from tapernorm_jax.train import loop

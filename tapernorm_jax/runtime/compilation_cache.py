@@ -16,7 +16,7 @@ import os
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 
 OFF = ("off", "")
 MAX_BYTES = 4 * 2**30  # least recently used entries go beyond this (jax keeps every entry by default)
@@ -26,7 +26,7 @@ def directory(setting: str) -> str | None:
   """The cache directory `setting` stands for ('auto': the project's cache directory's `xla`; 'off' or '': None)."""
   if setting in OFF:
     return None
-  return os.path.join(files.cache_dir(), "xla") if setting == "auto" else setting
+  return os.path.join(run_files.cache_dir(), "xla") if setting == "auto" else setting
 
 
 def use(setting: str) -> str | None:
@@ -34,8 +34,8 @@ def use(setting: str) -> str | None:
   A file in the way, or a URL whose filesystem is not installed, is named as `train.compilation_cache`."""
   path = directory(setting)
   if path is not None:
-    if files.is_url(path):
-      files.workdir_path(path)  # MissingFilesystemError names the extra to install
+    if run_files.is_url(path):
+      run_files.workdir_path(path)  # MissingFilesystemError names the extra to install
     elif os.path.isfile(path):
       raise NotADirectoryError(f"train.compilation_cache={setting}: {path} is a file; give a directory, auto or off")
   if path == jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache == (path is not None):

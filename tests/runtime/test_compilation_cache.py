@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from configs import base
-from tapernorm_jax import compilation_cache
+from tapernorm_jax.runtime import compilation_cache
 from tapernorm_jax.train import loop
 
 TINY = {"model.D": 32, "model.H": 4, "model.L": 1, "model.T": 32, "model.V": 512, "train.steps": 4,

@@ -9,7 +9,7 @@ ends, however it ends, so whether a writer is alive is never guessed from a pid.
 nothing can be locked, holds a lease in `DIR/.lock` that a thread renews every RENEW_S seconds: a holder on another
 host is gone once its lease is EXPIRE_S old; one on this host as soon as its process is.
 
-Leftovers are the staging files of `files.atomic_path` (`NAME.tmp-<pid>`) under the directory; they are written only
+Leftovers are the staging files of `run_files.atomic_path` (`NAME.tmp-<pid>`) under the directory; they are written only
 by the process holding it (a subdirectory with a holder of its own, a study's running cell, is skipped), so once it is
 held, every one of them belongs to a writer that is gone.
 """
@@ -27,11 +27,11 @@ from typing import Any
 
 from etils import epath
 
-from tapernorm_jax import files
+from tapernorm_jax.storage import run_files
 from tapernorm_jax.errors import UserError
 
 LOCK_FILE = ".lock"
-STAGING = re.compile(r"\.tmp-\d+$")  # files.staging_path's names
+STAGING = re.compile(r"\.tmp-\d+$")  # run_files.staging_path's names
 RENEW_S = 60.0  # how often a lease at a URL is renewed
 EXPIRE_S = 300.0  # a lease at a URL not renewed for this long belongs to a process that is gone
 
@@ -133,7 +133,7 @@ class RemoteLease:
   def write(self) -> None:
     """Uploads the lease with the time now."""
     self.record["renewed"] = time.time()
-    files.write_json_atomically(self.path, self.record)
+    run_files.write_json_atomically(self.path, self.record)
 
   def renew(self) -> None:
     """Renews the lease every RENEW_S seconds until released; a failed renewal is tried again at the next one."""
@@ -191,11 +191,11 @@ def remove_leftovers(directory: epath.Path) -> list[str]:
 def hold(directory: str | os.PathLike, flag: str) -> Iterator[list[str]]:
   """Holds `directory` (created) for the block, after removing the leftovers of writers that are gone (yielded);
   raises DirectoryInUseError, naming the holder, where another live process holds it."""
-  path = files.workdir_path(directory)
+  path = run_files.workdir_path(directory)
   path.mkdir(parents=True, exist_ok=True)
-  lock = RemoteLease(path, flag) if files.is_url(path) else LocalLock(path, flag)
+  lock = RemoteLease(path, flag) if run_files.is_url(path) else LocalLock(path, flag)
   lock.acquire()
   try:
-    yield [] if files.is_url(path) else remove_leftovers(path)
+    yield [] if run_files.is_url(path) else remove_leftovers(path)
   finally:
     lock.release()

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from locations import ROOT
+
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 # call against 17,332 without them), which a mean over five reads as a failure of the setting.
 PROBE = """
 import json, resource
-from tapernorm_jax import allocator  # imports nothing of jax: set before jax starts any thread
+from tapernorm_jax.runtime import allocator  # imports nothing of jax: set before jax starts any thread
 why_not = allocator.keep_freed_memory()
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x, w: jnp.sum(jnp.tanh(x @ w) @ w.T))
@@ -74,7 +76,7 @@ def test_a_computations_scratch_buffer_is_reused_instead_of_faulted_in_again():
 # Records, at each call of keep_freed_memory, whether jax was already imported; then imports an entry point.
 ORDER = """
 import json, sys
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 calls, setting = [], allocator.keep_freed_memory
 allocator.keep_freed_memory = lambda: calls.append("jax" in sys.modules) or setting()
 import {module}
@@ -85,7 +87,7 @@ print(json.dumps(calls))
 @pytest.mark.parametrize("module", ["experiments.tinystories", "tapernorm_jax.studies.cell"])
 def test_entry_points_set_malloc_before_jax_is_imported(module):
   out = subprocess.run([sys.executable, "-c", ORDER.format(module=module)], capture_output=True, text=True,
-                       timeout=300, check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       timeout=300, check=True, cwd=ROOT)
   jax_already_imported = json.loads(out.stdout.strip().splitlines()[-1])
   assert jax_already_imported and not jax_already_imported[0], jax_already_imported
 
@@ -94,7 +96,7 @@ def test_entry_points_set_malloc_before_jax_is_imported(module):
 # memory before and after the free.
 TRIM_PROBE = """
 import ctypes, ctypes.util, json
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 why_not = allocator.keep_freed_memory()
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
@@ -133,7 +135,7 @@ def test_a_freed_block_over_2_gib_stays_in_the_heap(keep):
 # A library user's script as docs/library.md has it (not an entry point): malloc's one call, then a Trainer.
 LIBRARY = """
 import json, sys
-from tapernorm_jax import allocator
+from tapernorm_jax.runtime import allocator
 allocator.keep_freed_memory()  # first, before jax
 from configs import base
 from tapernorm_jax.model import sharding
@@ -146,16 +148,16 @@ print(json.dumps({"malloc": allocator.in_effect(), "cpu_paths": trainer.paths_ch
 
 
 def test_importing_the_package_changes_nothing_in_the_process():
-  code = ("import json, tapernorm_jax, tapernorm_jax.train.trainer; from tapernorm_jax import allocator; "
+  code = ("import json, tapernorm_jax, tapernorm_jax.train.trainer; from tapernorm_jax.runtime import allocator; "
           "print(json.dumps(allocator.in_effect()))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       cwd=ROOT)
   assert json.loads(out.stdout.strip().splitlines()[-1]) == {
       "keeps_freed_memory": False, "why_not": "never set (no entry point, and keep_freed_memory() not called)"}
 
 
 def test_a_library_user_gets_the_malloc_settings_and_paths_an_entry_point_gets(tmp_path):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = ROOT
   tiny = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 2,
           "train.batch_size": 8, "train.eval_batches": 1, "data.data_dir": str(tmp_path / "data"),
           "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}

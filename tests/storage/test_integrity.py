@@ -5,7 +5,7 @@ import zlib
 
 from etils import epath
 
-from tapernorm_jax import integrity
+from tapernorm_jax.storage import integrity
 
 RECORD = {"step": 7, "loss": 3.141592653589793, "gate": 0.5, "c/final": "nan", "eval/val": 2.5e-05}
 

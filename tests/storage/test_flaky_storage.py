@@ -20,7 +20,8 @@ from fsspec.registry import _registry as fsspec_registry  # monkeypatched: resto
 
 import test_cloud_workdir as cloud
 from etils.epath import backend as epath_backend
-from tapernorm_jax import cli, files, integrity, retries
+from tapernorm_jax import cli
+from tapernorm_jax.storage import run_files, integrity, retries
 from tapernorm_jax.studies import grid, manifest, report, runner
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
@@ -128,10 +129,10 @@ def test_bad_settings_are_named(monkeypatch):
 
 def test_an_upload_cut_off_mid_object_is_sent_again_whole(flaky, caplog, tmp_path):
   data = np.random.default_rng(0).bytes(3 << 20)
-  files.workdir_path("gs://bucket/runs/tiny").mkdir(parents=True)
+  run_files.workdir_path("gs://bucket/runs/tiny").mkdir(parents=True)
   flaky.partial = True
   flaky.uploads = lambda name, n: ConnectionResetError("connection reset by peer") if n <= 2 else None
-  with files.atomic_path("gs://bucket/runs/tiny/model.safetensors") as tmp, open(tmp, "wb") as f:
+  with run_files.atomic_path("gs://bucket/runs/tiny/model.safetensors") as tmp, open(tmp, "wb") as f:
     f.write(data)
   assert [len(p) for p in flaky.partials] == [len(data) // 2] * 2  # the fake showed the cut-off object
   assert (flaky.root / "bucket/runs/tiny/model.safetensors").read_bytes() == data
@@ -149,14 +150,14 @@ def test_trees_and_mirrors_are_retried_both_ways(flaky, caplog, tmp_path):
   (local / "figures").mkdir(parents=True)
   (local / "report.md").write_text("# report\n")
   (local / "figures" / "a.txt").write_text("a\n")
-  files.upload_tree(local, files.workdir_path("gs://bucket/studies/s"))
-  back = files.download_tree(files.workdir_path("gs://bucket/studies/s"), tmp_path / "back")
+  run_files.upload_tree(local, run_files.workdir_path("gs://bucket/studies/s"))
+  back = run_files.download_tree(run_files.workdir_path("gs://bucket/studies/s"), tmp_path / "back")
   assert (back / "report.md").read_text() == "# report\n" and (back / "figures" / "a.txt").read_text() == "a\n"
-  mirror = files.Mirror(files.workdir_path("gs://bucket/studies/s/cell"))
+  mirror = run_files.Mirror(run_files.workdir_path("gs://bucket/studies/s/cell"))
   mirror.download("log.txt")  # none yet
   (mirror.local / "log.txt").write_text("line 1\n")
   mirror.upload()
-  again = files.Mirror(files.workdir_path("gs://bucket/studies/s/cell"))
+  again = run_files.Mirror(run_files.workdir_path("gs://bucket/studies/s/cell"))
   again.download("log.txt")
   assert (again.local / "log.txt").read_text() == "line 1\n"
   assert sorted(line.split(" failed")[0] for line in retry_lines(caplog)) == [
@@ -171,7 +172,7 @@ def test_study_records_go_through_the_retries(flaky, caplog, tmp_path):
   study = "gs://bucket/studies/tiny"
   manifest.write_manifest(study, {"name": "tiny"}, cells)
   run_dir = f"{study}/{cells[0].name}"
-  files.workdir_path(run_dir).mkdir(parents=True, exist_ok=True)
+  run_files.workdir_path(run_dir).mkdir(parents=True, exist_ok=True)
   manifest.write_record(run_dir, {"status": "running"})
   with runner.cell_log(run_dir) as log:
     log.write("started\n")
@@ -181,7 +182,7 @@ def test_study_records_go_through_the_retries(flaky, caplog, tmp_path):
   assert open(os.path.join(root, cells[0].name, "log.txt")).read() == "started\n"
   assert len(retry_lines(caplog)) == 3 and all("HttpError: HTTP error, 503" in line for line in retry_lines(caplog))
   flaky.downloads = lambda name, n: TimeoutError("timed out") if n == 1 and name.endswith("sweep.json") else None
-  report.copy_records(files.workdir_path(study), tmp_path / "records")  # what a report of the study reads first
+  report.copy_records(run_files.workdir_path(study), tmp_path / "records")  # what a report of the study reads first
   assert json.loads((tmp_path / "records" / "sweep.json").read_text()) == json.loads((root / "sweep.json").read_text())
   assert retry_lines(caplog)[-1].startswith("gs://bucket/studies/tiny/sweep.json: download failed (attempt 1 of 5)")
 
@@ -189,7 +190,7 @@ def test_study_records_go_through_the_retries(flaky, caplog, tmp_path):
 def test_a_permanent_error_is_not_retried(flaky, caplog):
   flaky.uploads = lambda name, n: PermissionError(f"gs://{name}: 403 Forbidden, the caller lacks objects.create")
   with pytest.raises(PermissionError, match=r"^gs://bucket/runs/tiny/config.json: 403 Forbidden, the caller lacks"):
-    files.write_json_atomically("gs://bucket/runs/tiny/config.json", {"a": 1})
+    run_files.write_json_atomically("gs://bucket/runs/tiny/config.json", {"a": 1})
   assert flaky.tries["up", "bucket/runs/tiny/config.json"] == 1 and not retry_lines(caplog)
 
 
@@ -197,7 +198,7 @@ def test_an_error_that_lasts_stops_the_command_in_one_line(flaky, caplog, capsys
   flaky.uploads = lambda name, n: ConnectionRefusedError("connection refused")
 
   def main(argv):
-    files.write_json_atomically("gs://bucket/runs/tiny/results.json", {"complete": True})
+    run_files.write_json_atomically("gs://bucket/runs/tiny/results.json", {"complete": True})
 
   with pytest.raises(SystemExit) as exited:
     cli.guard(main)(["train"])
@@ -211,7 +212,7 @@ def test_an_error_that_lasts_stops_the_command_in_one_line(flaky, caplog, capsys
 
 
 def test_metrics_that_cannot_be_uploaded_are_not_swallowed(flaky):
-  files.workdir_path("gs://bucket/runs/m").mkdir(parents=True, exist_ok=True)
+  run_files.workdir_path("gs://bucket/runs/m").mkdir(parents=True, exist_ok=True)
   flaky.uploads = lambda name, n: TimeoutError("timed out") if name.endswith("metrics.jsonl") else None
   writer = MetricsWriter("gs://bucket/runs/m", tensorboard=False)
   writer.write(0, {"loss": 1.0})

@@ -1,6 +1,6 @@
 """What a measurement records of its host: the exact CPU (vendor, family, model, stepping, ISA), cores, versions."""
 
-from tapernorm_jax import hardware
+from tapernorm_jax.runtime import hardware
 
 # The first processor of an Intel Sapphire Rapids guest's /proc/cpuinfo (abridged), then a second processor
 SAPPHIRE_RAPIDS = """processor\t: 0
