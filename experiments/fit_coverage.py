@@ -9,7 +9,7 @@ from absl import app, flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.storage import run_files
-from tapernorm_jax.studies import coverage
+from tapernorm_jax.studies.analysis import coverage
 
 _STUDIES = flags.DEFINE_integer("studies", 1000, "Studies drawn per check (the rates' standard error is about "
                                 "√(0.09/N): 1 point at 1,000).")

@@ -11,7 +11,8 @@ from absl import app, flags, logging
 
 from tapernorm_jax import cli
 from tapernorm_jax.storage import run_files
-from tapernorm_jax.studies import report, throughput
+from tapernorm_jax.benchmarks import study_throughput
+from tapernorm_jax.studies.analysis import report
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (the sweep's --workdir, or any directory of runs).")
 _OUT = flags.DEFINE_string("out", None, "Where to write report.md, results.csv and figures/ (default: --workdir).")
@@ -29,7 +30,7 @@ def main(argv: list[str]) -> None:
     if run_files.is_url(_WORKDIR.value):
       raise ValueError(f"--throughput needs the study's checkpoints here: --workdir={_WORKDIR.value} is a URL; copy "
                        f"the study to a local directory or drop --throughput")
-    throughput.measure(_WORKDIR.value, throughput.Settings())
+    study_throughput.measure(_WORKDIR.value, study_throughput.Settings())
   written = report.write_report(_WORKDIR.value, _OUT.value)  # bad input raises ValueError: one line via cli.run
   unlearned = f" ({written['no_context']} learned no context)" if written["no_context"] else ""
   print(f"{written['complete']} of {written['runs']} runs complete{unlearned}; wrote {written['report']}, "

@@ -17,7 +17,9 @@ from ml_collections import config_flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.storage import directory_lock, run_files
-from tapernorm_jax.studies import commands, grid, manifest, predict, ray_launch, runner
+from tapernorm_jax.studies import manifest, spec
+from tapernorm_jax.studies.launch import commands, grid, ray_launch, runner
+from tapernorm_jax.studies.analysis import predict
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
@@ -52,7 +54,7 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)
   workdir = str(run_files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
   if _HOLD_OUT.value and _LAUNCH.value == "print":
-    raise grid.SweepError("--hold_out_largest with --launch=print: the prediction is made between running the smaller "
+    raise spec.SweepError("--hold_out_largest with --launch=print: the prediction is made between running the smaller "
                           "sizes and the largest, and printed commands run elsewhere; use --launch=local or "
                           "--launch=ray, or drop --hold_out_largest")
   cells = grid.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
@@ -62,7 +64,7 @@ def main(argv: list[str]) -> None:
     sweep(cells, workdir)
 
 
-def sweep(cells: list[grid.Cell], workdir: str) -> None:
+def sweep(cells: list[spec.Cell], workdir: str) -> None:
   """Runs (or prints the commands of) the study's pending cells; exits 1 when any failed."""
   manifest.write_manifest(workdir, _SWEEP.value, cells, source=config_flags.get_config_filename(flags.FLAGS["sweep"]))
   if _LAUNCH.value == "print":
@@ -78,7 +80,8 @@ def sweep(cells: list[grid.Cell], workdir: str) -> None:
   statuses = {}
   for i, stage in enumerate(stages):
     if i:  # the smaller sizes are done: predict the largest before it trains
-      print("\n".join(predict.predict_once(workdir, stage)), flush=True)
+      planned = {c.name: grid.planned_compute(c) for c in stage}
+      print("\n".join(predict.predict_once(workdir, stage, planned)), flush=True)
     statuses.update(run_stage(stage, workdir, resources))
   failed = [name for name, s in statuses.items() if s.state == "failed"]
   print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
@@ -88,7 +91,7 @@ def sweep(cells: list[grid.Cell], workdir: str) -> None:
     sys.exit(1)
 
 
-def run_stage(cells: list[grid.Cell], workdir: str, resources: dict | None) -> dict:
+def run_stage(cells: list[spec.Cell], workdir: str, resources: dict | None) -> dict:
   """Runs `cells` as --launch says (here or on Ray); their statuses by name."""
   if _LAUNCH.value == "ray":
     try:

@@ -52,7 +52,8 @@ def test_bad_variant_arguments_are_named(arg, problem):
 def test_the_library_builds_configs_without_the_configs_package(tmp_path):
   # As from an installed wheel used outside a checkout: `configs` cannot be imported (sys.modules[...] = None makes
   # every import of it fail), and the modules that need the paper's sizes and variants still import and work.
-  script = ("import tapernorm_jax.studies.report, tapernorm_jax.studies.runner, tapernorm_jax.studies.cell, "
+  script = ("import tapernorm_jax.studies.analysis.report, tapernorm_jax.studies.launch.runner, "
+            "tapernorm_jax.studies.launch.cell, "
             "tapernorm_jax.benchmarks.decode, tapernorm_jax.benchmarks.train\n"
             "from tapernorm_jax.train import run_config\n"
             "print(run_config.get_config('all_taper', 'size=9m').model.D)")

@@ -57,7 +57,7 @@ def test_the_project_s_own_deprecations_fail_tests():
 def test_a_fakeln_run_written_before_the_scale_loss_rename_reads_with_its_own_lambda(tmp_path):
   # Before the rename results.json recorded taper.aux_weight for every run, so a FakeLN run with its scale loss on
   # read as aux=0; its config.json holds the λ its method used, which is what the study rows now read.
-  from tapernorm_jax.studies import run_rows  # noqa: PLC0415
+  from tapernorm_jax.studies.analysis import run_rows  # noqa: PLC0415
   run_dir = tmp_path / "fakeln-s-aux1-seed0"
   run_dir.mkdir()
   (run_dir / "config.json").write_text(json.dumps(

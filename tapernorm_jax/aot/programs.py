@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh, NamedSharding
 
-from tapernorm_jax.runtime import hardware
+from tapernorm_jax.runtime import costs
 from tapernorm_jax.inference import decode
 from tapernorm_jax.model import ModelConfig, abstract_variables, param_count, sharding
 from tapernorm_jax.taper import fold as fold_lib
@@ -68,7 +68,7 @@ def training(trainer: Trainer) -> list[Program]:
   state = trainer.abstract_state()
   B, T = cfg.train.batch_size, model_cfg.T
   batch = abstract((B, T + 1), jnp.int32, trainer.batch_sharding)
-  train_flops = hardware.train_flops_per_token(matmul_params(state["params"], model_cfg), model_cfg.L, model_cfg.D,
+  train_flops = costs.train_flops_per_token(matmul_params(state["params"], model_cfg), model_cfg.L, model_cfg.D,
                                               T) * B * T / devices
   programs = [Program("train_step", lambda: trainer.train_step.lower(state, batch), train_flops, B * T)]
   if trainer.has_fixed_step:
@@ -96,7 +96,7 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
   cache = jax.tree.map(lambda x: abstract(x.shape, x.dtype, rows),  # B·H cache rows, each device its own B
                        jax.eval_shape(lambda: decode.init_cache(model_cfg, B, S)))
   N, head = matmul_params(variables["params"], model_cfg), model_cfg.V * model_cfg.D
-  forward = lambda params, context: hardware.forward_flops_per_token(params, model_cfg.L, model_cfg.D, context)
+  forward = lambda params, context: costs.forward_flops_per_token(params, model_cfg.L, model_cfg.D, context)
   prefill_flops = B * P_len * forward(N - head, P_len) + B * 2 * head  # logits of each row's last token only
   prefill = jax.jit(functools.partial(decode.prefill, cfg=model_cfg, mesh=mesh))
   step = jax.jit(functools.partial(decode.decode_step, cfg=model_cfg, mesh=mesh))

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 import safetensors.numpy
 
-from tapernorm_jax.runtime import hardware
+from tapernorm_jax.runtime import costs, hardware
 from tapernorm_jax.benchmarks import peer_parity as parity
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.benchmarks import workers
@@ -216,14 +216,14 @@ def bench_cell(cell: str, allocator: str, spawn: Spawn, s: Any, peak: dict | Non
       for worker in started.values():
         worker.close()
   ours = described["baseline"]
-  flops = hardware.train_flops_per_token(ours["params"], ours["L"], ours["D"], T)
+  flops = costs.train_flops_per_token(ours["params"], ours["L"], ours["D"], T)
   contenders: dict[str, Any] = {}
   for name in (*PEERS, *OURS):
     if name in na:
       contenders[name] = {"na": na[name]}
     elif name in samples:
       contenders[name] = summary(samples[name], B * T)
-      contenders[name]["mfu"] = hardware.mfu(contenders[name]["median"], flops, peak and peak["flops"])
+      contenders[name]["mfu"] = costs.mfu(contenders[name]["median"], flops, peak and peak["flops"])
   ratios = {f"{a}/{b}": paired_ratio(samples[a], samples[b])
             for a in OURS for b in (*PEERS, "baseline") if a != b and a in samples and b in samples}
   row = {"cell": cell, "size": size, "B": B, "T": T, "allocator": allocator, "allocator_in_effect": in_effect,

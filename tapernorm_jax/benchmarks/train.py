@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tapernorm_jax import cpu_kernels, data
-from tapernorm_jax.runtime import hardware
+from tapernorm_jax.runtime import costs, hardware
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, seconds_per_batch
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig, param_count, sharding
@@ -92,7 +92,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
                            trainer.batch_sharding)
     step_fn = getattr(trainer, which)
     _, state, _ = run_steps(step_fn, state, batch, 1)  # compile and warm up
-    flops = hardware.train_flops_per_token(param_count(state["params"]), cfg.model.L, cfg.model.D, s.seq)
+    flops = costs.train_flops_per_token(param_count(state["params"]), cfg.model.L, cfg.model.D, s.seq)
     cases.append({"label": label, "fn": step_fn, "state": state, "batch": batch, "times": [], "rounds": [],
                   "flops": flops, "paths": trainer.paths_choice.record()})
   for _ in range(s.repeats):  # interleaved, so machine noise hits every case alike
@@ -109,7 +109,7 @@ def bench_size(size: str, s: Settings, mesh) -> list[dict]:
                  "spread_s": float(np.subtract(*np.percentile(case["times"], [75, 25]))),
                  "tokens_per_s": tokens_per_s, "compilations": case["fn"]._cache_size(),
                  "flops_per_token": case["flops"], "vs_baseline": paired_ratio(case["rounds"], cases[0]["rounds"]),
-                 "mfu": hardware.mfu(tokens_per_s, case["flops"], peak and peak["flops"])})
+                 "mfu": costs.mfu(tokens_per_s, case["flops"], peak and peak["flops"])})
     print(f"{size:>4} {case['label']:<28} gate={rows[-1]['gate']:.3f} {med * 1e3:9.1f} ms/step "
           f"{tokens_per_s:10.0f} tok/s ({rows[-1]['vs_baseline']['median']:.3f}× baseline)", flush=True)
   return rows

@@ -91,38 +91,91 @@ def config_flag_names() -> list[str]:
           if config_flag_types.is_config_flag(flags.FLAGS[name]) and name == flags.FLAGS[name].name]
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfigArgument:
+  """One argument of a config flag: the config file it names (`field` None) or an override of `field`."""
+  index: int  # its place in argv
+  name: str  # the config flag: config, sweep, ...
+  field: str | None  # the dotted field an override sets (train.steps); None for the config file argument
+  value: str | None  # the text after `=`; for the config file argument without one, the next argument (if any)
+  negated: bool = False  # the boolean form --noconfig.train.flag
+  dashes: str = "--"  # -config works as --config does
+
+  @property
+  def text(self) -> str:
+    """An override as typed (`--config.train.steps=5`, `--noconfig.train.flag`)."""
+    value = "" if self.value is None else f"={self.value}"
+    return f"{self.dashes}{'no' if self.negated else ''}{self.name}.{self.field}{value}"
+
+
+def config_argument(argv: list[str], index: int, name: str) -> ConfigArgument | None:
+  """argv[index] split as an argument of config flag `name` (`--name=FILE`, `--name FILE`, `--name.x.y=V`,
+  `--noname.x.y`, one dash or two), or None when it is not one (`--name_other=1`, a value, another flag)."""
+  arg = argv[index]
+  if not arg.startswith("-"):
+    return None
+  dashes = "--" if arg.startswith("--") else "-"
+  head, equals, value = arg[len(dashes):].partition("=")
+  if head == name:
+    following = argv[index + 1] if index + 1 < len(argv) else None
+    return ConfigArgument(index, name, None, value if equals else following, dashes=dashes)
+  for negated in (True, False):
+    prefix = f"{'no' if negated else ''}{name}."
+    if head.startswith(prefix):
+      return ConfigArgument(index, name, head[len(prefix):], value if equals else None, negated, dashes)
+  return None
+
+
+def config_arguments(argv: list[str], name: str) -> list[ConfigArgument]:
+  """Every argument of config flag `name` in argv, in order, split into ConfigArguments."""
+  return [argument for index in range(len(argv)) if (argument := config_argument(argv, index, name))]
+
+
 def check_config_arguments(argv: list[str]) -> None:
   """Before absl parses them: the config file each config flag names exists and loads, and every override
   (`--config.train.steps=...`) names a field it has; FlagMistake names the argument, the problem and the fix."""
   for name in config_flag_names():
     flag = flags.FLAGS[name]
-    rename_overrides(argv, name)
-    given = [(i, arg) for i, arg in enumerate(argv) if re.match(rf"^--?{re.escape(name)}(=|$)", arg)]
-    overrides = [arg for arg in argv if re.match(rf"^--?(no)?{re.escape(name)}\.", arg)]
-    if given:
-      i, arg = given[-1]
-      value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
-      config = load_config(flag, name, value)
+    arguments = rename_overrides(argv, name)
+    files = [argument for argument in arguments if argument.field is None]
+    overrides = [argument for argument in arguments if argument.field is not None]
+    if files:
+      config = load_config(flag, name, files[-1].value or "")
     elif overrides:
       config = flag.value
       if not isinstance(config, ml_collections.ConfigDict):
         raise FlagMistake(missing_default(name, flag))
     else:
       continue
-    for arg in overrides:
-      dotted = re.sub(rf"^--?(no)?{re.escape(name)}\.", "", arg).split("=", 1)[0]
-      if problem := config_fields.problem(config, dotted, name):
-        hint = config_fields.nearest(config, dotted)
-        raise FlagMistake(f"{arg}: {problem}" + (f"; did you mean --{name}.{hint}?" if hint else
-                                                 f"; {name} has the fields: {', '.join(config.keys())}"))
+    for override in overrides:
+      check_override(config, override)
 
 
-def rename_overrides(argv: list[str], name: str) -> None:
+def check_override(config: ml_collections.ConfigDict, override: ConfigArgument) -> None:
+  """FlagMistake if `override` names no field of `config`, with the nearest field (or the fields there are)."""
+  if problem := config_fields.problem(config, override.field, override.name):
+    hint, fields = config_fields.nearest(config, override.field), ", ".join(config.keys())
+    fix = f"did you mean --{override.name}.{hint}?" if hint else f"{override.name} has the fields: {fields}"
+    raise FlagMistake(f"{override.text}: {problem}; {fix}")
+
+
+def rename_overrides(argv: list[str], name: str) -> list[ConfigArgument]:
   """Rewrites, in place, overrides of renamed fields (`--config.taper.fast_path=`) to today's names, with a
-  deprecation message."""
-  for i, arg in enumerate(argv):
-    if match := re.match(rf"^(--?(?:no)?{re.escape(name)}\.)([\w.]+)(.*)$", arg):
-      argv[i] = match[1] + config_fields.current_name(match[2]) + match[3]
+  deprecation message; returns the arguments of config flag `name`, renamed."""
+  arguments = [renamed(argument) for argument in config_arguments(argv, name)]
+  for argument in arguments:
+    if argument.field is not None:
+      argv[argument.index] = argument.text
+  # a config file given as the next argument reads that argument as renamed (as absl will)
+  return [config_argument(argv, argument.index, name) if argument.field is None else argument for argument in arguments]
+
+
+def renamed(argument: ConfigArgument) -> ConfigArgument:
+  """An override with the old name its field starts with (word characters and dots) changed to today's."""
+  if argument.field is None:
+    return argument
+  old = re.match(r"[\w.]*", argument.field).group()  # `taper.fast_path:x` is still found to be an old name
+  return dataclasses.replace(argument, field=config_fields.current_name(old) + argument.field[len(old):])
 
 
 def load_config(flag: Any, name: str, value: str) -> ml_collections.ConfigDict:

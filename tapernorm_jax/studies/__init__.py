@@ -1,15 +1,14 @@
-"""Studies: grids of sizes × variants × seeds, their runners, and the report (table, figures) over their runs.
+"""Studies: grids of sizes × variants × seeds, launched (`launch/`) and read (`analysis/`).
 
-    grid       the sweep file → cells (variants × sizes × seeds × overrides), `Cell`, their names and configs
-    manifest   DIR/sweep.json, the per-cell DIR/<cell>/cell.json records, where each cell stands
-    runner     the in-process runner: cells packed onto devices, output routing, progress, failures, resume
-    ray_launch `--launch=ray`: each cell a Ray task on a cluster, retried from its checkpoint when its node is lost
-    commands   one command line per cell for a cluster scheduler, each running `cell`
-    cell       `python -m tapernorm_jax.studies.cell --study=DIR --cell=NAME`: one cell, from an installed package
-    run_rows   run directories → one row per run
-    aggregate  Table 2 over seeds, the paper's numbers
-    curves     per-step metrics of the complete runs, grouped for the figures
-    figures    Figures 2-4 and the training loss with the gate
-    report     report.md, results.csv and `write_report`, which `experiments.report` calls
-    tuning     a tuning study's report (tagged grids): each method's setting chosen on the tune split
+    spec       a study's cells as data: `Cell`, its name and JSON form, `SweepError` (no jax)
+    manifest   DIR/sweep.json, the per-cell DIR/<cell>/cell.json records, where each cell stands (no jax)
+    launch/    the sweep file → cells and their configs (`grid`), the in-process runner, Ray, one command line per
+               cell for a scheduler, and `python -m tapernorm_jax.studies.launch.cell` (one cell, from an installed
+               package)
+    analysis/  reading a study's runs, with no jax: run rows, Table 2 over seeds, curves, figures, fits and their
+               coverage, scaling laws, predict-then-check, a tuning study's choice, the throughput table, and the
+               report (`report.write_report`, which `experiments.report` calls)
+
+The decode throughput beside a report's losses is timed by `benchmarks/study_throughput.py` (jax); the report only
+reads what it wrote.
 """

@@ -11,7 +11,7 @@ from typing import Any
 
 from tapernorm_jax.storage import integrity
 from tapernorm_jax.storage.run_files import workdir_path, write_json_atomically
-from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.studies.spec import Cell, SweepError
 
 MANIFEST = "sweep.json"  # DIR/sweep.json: the expanded grid, so a report knows which cells are missing
 CELL_RECORD = "cell.json"  # DIR/<cell>/cell.json: what the runner last did with the cell (status, error, devices)

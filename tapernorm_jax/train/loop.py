@@ -27,7 +27,7 @@ from etils import epath
 from tqdm import tqdm
 
 from tapernorm_jax import data
-from tapernorm_jax.runtime import allocator, compilation_cache, hardware
+from tapernorm_jax.runtime import allocator, compilation_cache, costs, hardware
 from tapernorm_jax.storage import directory_lock, run_files, integrity, orbax_log
 from tapernorm_jax.storage.run_files import write_json_atomically, write_text_atomically
 from tapernorm_jax.data import unigram
@@ -285,10 +285,10 @@ def throughput(cfg: ml_collections.ConfigDict, params: int, rates: list[float]) 
   FLOP/s (`hardware.peak`: a data sheet's, or on CPUs a measured GEMM rate) and the model FLOPs utilisation."""
   steady = rates[1:] or rates  # the first step read includes compiling
   tokens_per_s = float(np.median(steady)) if steady else None
-  flops = hardware.train_flops_per_token(params, cfg.model.L, cfg.model.D, cfg.model.T)
+  flops = costs.train_flops_per_token(params, cfg.model.L, cfg.model.D, cfg.model.T)
   peak = hardware.peak()
   return {"tokens_per_s": tokens_per_s, "flops_per_token": flops, "peak_flops": peak and peak["flops"],
-          "peak_source": peak and peak["source"], "mfu": hardware.mfu(tokens_per_s, flops, peak and peak["flops"])}
+          "peak_source": peak and peak["source"], "mfu": costs.mfu(tokens_per_s, flops, peak and peak["flops"])}
 
 
 def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_sets: dict[str, list[jax.Array]],

@@ -6,7 +6,7 @@ temporaries per device fall as the same batch is split over more devices."""
 import jax
 import pytest
 
-from tapernorm_jax.runtime import hardware
+from tapernorm_jax.runtime import costs
 from tapernorm_jax.aot import analysis, programs
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer
@@ -32,7 +32,7 @@ def train_step(devices: int, fsdp: int) -> tuple[Trainer, analysis.Figures]:
 def test_each_device_computes_its_share_of_the_analytic_flops(fsdp):
   trainer, figures = train_step(8, fsdp)
   params = programs.matmul_params(trainer.abstract_state()["params"], trainer.model_cfg)
-  analytic = hardware.train_flops_per_token(params, 2, 64, T) * B * T / 8
+  analytic = costs.train_flops_per_token(params, 2, 64, T) * B * T / 8
   assert figures.flops == pytest.approx(analytic, rel=0.1)
 
 

@@ -7,7 +7,7 @@ import re
 import jax
 import pytest
 
-from tapernorm_jax.runtime import hardware
+from tapernorm_jax.runtime import costs
 from tapernorm_jax.aot import analysis, check, chips, hlo, programs, topology
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer
@@ -50,7 +50,7 @@ def test_the_train_step_for_a_tpu_mesh_is_the_tpu_program(T, splash):
   assert any("splash" in kernel for kernel in step.kernels) == splash  # its Mosaic call, not interpret mode
   assert not any(kernel.startswith("tapernorm_") for kernel in step.kernels)  # no CPU custom call
   params = programs.matmul_params(trainer.abstract_state()["params"], trainer.model_cfg)
-  analytic = hardware.train_flops_per_token(params, 2, 256, T) * 8 * T / 4
+  analytic = costs.train_flops_per_token(params, 2, 256, T) * 8 * T / 4
   assert step.flops == pytest.approx(analytic, rel=0.1)
   # each chip holds a quarter of the parameters and Adam moments; TPU tiles pad small arrays (gains, scalars)
   assert 1.0 <= step.memory["argument"] / state_bytes_per_device(cfg, 4, 4) < 1.15

@@ -16,7 +16,8 @@ from PIL import Image
 from configs import base
 from tapernorm_jax import cli
 from tapernorm_jax.storage import run_files, integrity
-from tapernorm_jax.studies import manifest, report
+from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies.analysis import report
 from tapernorm_jax.train import checkpoint, loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import of_the_run, read_jsonl

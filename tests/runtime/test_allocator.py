@@ -84,7 +84,7 @@ print(json.dumps(calls))
 """
 
 
-@pytest.mark.parametrize("module", ["experiments.tinystories", "tapernorm_jax.studies.cell"])
+@pytest.mark.parametrize("module", ["experiments.tinystories", "tapernorm_jax.studies.launch.cell"])
 def test_entry_points_set_malloc_before_jax_is_imported(module):
   out = subprocess.run([sys.executable, "-c", ORDER.format(module=module)], capture_output=True, text=True,
                        timeout=300, check=True, cwd=ROOT)

@@ -30,7 +30,9 @@ from configs import base
 from tapernorm_jax import data
 from tapernorm_jax.storage.run_files import LocalPathError, MissingFilesystemError, workdir_path
 from tapernorm_jax.inference import export, forms, loading
-from tapernorm_jax.studies import grid, manifest, report, run_rows, runner
+from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies.launch import grid, runner
+from tapernorm_jax.studies.analysis import report, run_rows
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import read_jsonl

@@ -22,7 +22,9 @@ import test_cloud_workdir as cloud
 from etils.epath import backend as epath_backend
 from tapernorm_jax import cli
 from tapernorm_jax.storage import run_files, integrity, retries
-from tapernorm_jax.studies import grid, manifest, report, runner
+from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies.launch import grid, runner
+from tapernorm_jax.studies.analysis import report
 from tapernorm_jax.train import loop
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter, read_jsonl

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tapernorm_jax.studies import coverage, fits
+from tapernorm_jax.studies.analysis import coverage, fits
 
 PARAMS = np.array([1e5, 2.5e5, 6e5, 1.5e6])  # a ladder spanning 15×
 

@@ -14,7 +14,8 @@ import warnings
 
 import pytest
 
-from tapernorm_jax.studies import grid, manifest, ray_launch
+from tapernorm_jax.studies import manifest, spec
+from tapernorm_jax.studies.launch import grid, ray_launch
 from locations import ROOT
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
@@ -59,7 +60,7 @@ def test_a_cell_asks_for_one_accelerator_of_the_clusters_kind_else_one_nodes_cpu
   assert ray_launch.cell_request([node(96, TPU=4, **{"TPU-v4-8-head": 1}), node(96, TPU=4)]) == {"TPU": 4}
   assert ray_launch.cell_request([node(), node(4), node(2), node(1, alive=False)]) == {"CPU": 2}
   assert ray_launch.cell_request([node(4), node(1, acc=1)], {"acc": 1}) == {"acc": 1}
-  with pytest.raises(grid.SweepError, match=r'--cell_resources=\{"GPU": 1\}: no node of the Ray cluster offers that '
+  with pytest.raises(spec.SweepError, match=r'--cell_resources=\{"GPU": 1\}: no node of the Ray cluster offers that '
                      r'\(its nodes: \{"CPU": 4\}\)'):
     ray_launch.cell_request([node(4)], {"GPU": 1})
   assert ray_launch.task_options({"CPU": 2, "acc": 1}, 3) == dict(
@@ -72,7 +73,7 @@ def test_a_cell_asks_for_one_accelerator_of_the_clusters_kind_else_one_nodes_cpu
     ('["GPU"]', "give a JSON object"),
     ("{}", "give a JSON object")])
 def test_bad_cell_resources_are_one_line(text, message):
-  with pytest.raises(grid.SweepError) as e:
+  with pytest.raises(spec.SweepError) as e:
     ray_launch.parse_resources(text)
   assert message in str(e.value) and "\n" not in str(e.value)
   assert ray_launch.parse_resources('{"GPU": 1}') == {"GPU": 1.0} and ray_launch.parse_resources("") == {}
@@ -99,7 +100,7 @@ def test_a_workdir_some_node_cannot_read_is_refused_in_one_line(tmp_path):
   nodes = [dict(node(2), NodeID="a" * 56, NodeManagerAddress="10.0.0.1"),
            dict(node(2), NodeID="b" * 56, NodeManagerAddress="10.0.0.7")]
   ray_launch.check_shared(_BlindRay(set()), str(tmp_path), nodes)  # every node reads it
-  with pytest.raises(grid.SweepError) as e:
+  with pytest.raises(spec.SweepError) as e:
     ray_launch.check_shared(_BlindRay({"b" * 56}), str(tmp_path), nodes)
   assert str(e.value).startswith(f"--workdir={tmp_path}: the Ray node(s) at 10.0.0.7 (FileNotFoundError: ")
   assert "cannot read it; give a directory every node mounts at the same path" in str(e.value)
@@ -162,7 +163,7 @@ def test_a_study_runs_as_ray_tasks_and_a_second_launch_skips_it(cluster, tmp_pat
   again = []
   ray_launch.run(cells, workdir, address=head.address, resources={"acc": 1}, echo=again.append)
   assert "1 already done or skipped, 0 to run" in again[0]
-  with pytest.raises(grid.SweepError, match=r'--cell_resources=\{"GPU": 1\}: no node .*\{"CPU": 1, "acc": 1\}'):
+  with pytest.raises(spec.SweepError, match=r'--cell_resources=\{"GPU": 1\}: no node .*\{"CPU": 1, "acc": 1\}'):
     ray_launch.run(cells, workdir, resources={"GPU": 1}, echo=quiet)
 
 

@@ -5,12 +5,16 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from tapernorm_jax.storage import integrity
-from tapernorm_jax.studies import aggregate, curves, figures, grid, manifest, report, run_rows
+from tapernorm_jax.studies import manifest, spec
+from tapernorm_jax.studies.analysis import aggregate, curves, figures, report, run_rows
+from locations import ROOT
 
 STEPS = 40
 # (size, variant, aux) → final val loss per seed; None: the seed failed. Seed 2 of all_taper-1m is in the grid only.
@@ -26,7 +30,7 @@ PARAMS = {"1m": 1_035_000, "3m": 2_854_000}
 
 def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: float | None) -> str:
   """A run directory as the loop leaves it (config.json, metrics.jsonl, results.json) or as a failed cell."""
-  cell = grid.Cell(variant, size, aux, seed)
+  cell = spec.Cell(variant, size, aux, seed)
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir)
   config = {"variant": variant, "size": size, "seed": seed, "model": {"L": 8, "D": 64, "T": 512, "V": 10_000},
@@ -62,10 +66,21 @@ def study(tmp_path):
   for (size, variant, aux), losses in LOSSES.items():
     for seed, loss in enumerate(losses):
       write_run(workdir, size, variant, aux, seed, loss)
-      cells.append(grid.Cell(variant, size, aux, seed))
-  cells.append(grid.Cell("all_taper", "1m", 0, 2))  # in the grid, never run
+      cells.append(spec.Cell(variant, size, aux, seed))
+  cells.append(spec.Cell("all_taper", "1m", 0, 2))  # in the grid, never run
   manifest.write_manifest(workdir, {"name": "test"}, cells)
   return workdir
+
+
+def test_a_study_is_read_and_reported_where_jax_cannot_be_imported(study, tmp_path):
+  """Reading a study (rows, fits, figures, the report) needs no jax: jax, flax and optax are made unimportable."""
+  script = ("import sys\nfor name in ('jax', 'jaxlib', 'flax', 'optax'):\n  sys.modules[name] = None\n"
+            "from tapernorm_jax.studies.analysis import report\n"
+            "print(sorted(report.write_report(sys.argv[1], sys.argv[2])))")
+  done = subprocess.run([sys.executable, "-c", script, study, str(tmp_path / "out")], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert os.path.isfile(tmp_path / "out" / "report.md") and os.path.isfile(tmp_path / "out" / "results.csv")
 
 
 def test_aggregates_are_exact_and_count_missing_and_failed_seeds(study):
@@ -227,7 +242,7 @@ def test_an_empty_directory_is_a_short_error(tmp_path):
 
 
 def test_a_damaged_history_is_refused_by_name(study):
-  path = os.path.join(study, grid.Cell("baseline", "3m", 0, 1).name, "metrics.jsonl")
+  path = os.path.join(study, spec.Cell("baseline", "3m", 0, 1).name, "metrics.jsonl")
   with open(path) as f:
     lines = f.readlines()
   lines[7] = lines[7].replace('"loss": 4.3', '"loss": 4.4')  # still parses; the checksum no longer matches
@@ -252,7 +267,7 @@ def test_long_metrics_files_are_thinned_keeping_diagnostics_and_the_last_step(tm
 def test_a_run_that_learned_no_context_is_named_and_kept_out_of_every_mean(study, tmp_path):
   # baseline-3m: seed 0 (1.5) ends 0.05 nats under its unigram reference, seed 1 (1.7) 2 nats under it
   for seed, unigram in ((0, 1.55), (1, 3.7)):
-    path = os.path.join(study, grid.Cell("baseline", "3m", 0, seed).name, "results.json")
+    path = os.path.join(study, spec.Cell("baseline", "3m", 0, seed).name, "results.json")
     with open(path) as f:
       results = {**json.load(f), "unigram_val_loss": unigram}
     with open(path, "w") as f:

@@ -6,9 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from tapernorm_jax.runtime import hardware
-from tapernorm_jax.studies import aggregate, coverage, figures, fits, grid, predict, run_rows, scaling
-from tapernorm_jax.studies.run_rows import Run
+from tapernorm_jax.studies import spec
+from tapernorm_jax.runtime import costs
+from tapernorm_jax.studies.analysis import aggregate, coverage, figures, fits, predict, run_rows, scaling
+from tapernorm_jax.studies.launch import grid
+from tapernorm_jax.studies.analysis.run_rows import Run
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
 
 SIZES = {"cpu_xs": (32, 100_000), "cpu": (64, 250_000), "cpu_m": (96, 600_000), "cpu_l": (128, 1_500_000)}
@@ -19,7 +21,7 @@ LAW = (1.0, 2.0, 0.3)  # the baseline's E, A, α in compute
 def compute_of(size: str) -> float:
   """Training FLOPs of a run of `size` (2 layers, T = 128)."""
   D, N = SIZES[size]
-  return hardware.train_flops_per_token(N, 2, D, 128) * TOKENS
+  return costs.train_flops_per_token(N, 2, D, 128) * TOKENS
 
 
 def runs(gap_a: float, gap_b: float, noise: float = 0.0, seeds: int = 3, control: float | None = None) -> list[Run]:
@@ -80,7 +82,7 @@ def test_the_matched_control_is_fitted_too():
 
 
 def test_each_token_budget_is_fitted_along_its_own_ladder():
-  at = lambda rs, budget: [dataclasses.replace(r, size=grid.point(r.size, budget), cell=f"{r.cell}-{budget}")
+  at = lambda rs, budget: [dataclasses.replace(r, size=spec.point(r.size, budget), cell=f"{r.cell}-{budget}")
                            for r in rs]
   rs = at(runs(0.02, 0.4), "tpp1") + at(runs(0.05, 0.2), "tpp4")
   fitted = scaling.fits_by_budget(rs, aggregate.aggregate(rs), resamples=20)
@@ -127,7 +129,7 @@ def test_holding_out_needs_three_smaller_sizes(data_dir):
   cells = grid.expand(ladder_sweep(data_dir))
   smaller, largest = predict.split_largest(cells)
   assert {c.size for c in largest} == {"cpu_l"} and len(smaller) == 6
-  with pytest.raises(grid.SweepError, match="the grid has 3 size"):
+  with pytest.raises(spec.SweepError, match="the grid has 3 size"):
     predict.split_largest([c for c in cells if c.size != "cpu"])
 
 

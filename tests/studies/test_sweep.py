@@ -13,7 +13,9 @@ import jax
 import pytest
 
 from configs.sweeps import budgets, cpu_mini, ladder, methods, table2
-from tapernorm_jax.studies import commands, grid, manifest, predict, report, run_rows, runner
+from tapernorm_jax.studies import manifest, spec
+from tapernorm_jax.studies.launch import commands, grid, runner
+from tapernorm_jax.studies.analysis import predict, report, run_rows
 from tapernorm_jax.train import loop
 from locations import run_without_checkout
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
@@ -30,10 +32,10 @@ def test_the_shipped_sweeps_expand_to_their_grids():
   assert {(c.variant, c.aux) for c in mini} == {("baseline", 0), ("baseline", 1), ("internal_taper", 1),
                                                  ("all_taper", 1), ("all_taper", 0), ("final_taper", 0)}
   assert len({c.seed for c in mini}) >= 3 and {c.size for c in mini} == {"cpu"}
-  cfg = mini[0].config()
+  cfg = grid.cell_config(mini[0])
   assert cfg.train.diag_every == dict(mini[0].overrides)["train.diag_every"] and cfg.data.source == "synthetic"
   study = grid.expand(methods.get_config())
-  by_variant = {c.variant: c.config() for c in study}
+  by_variant = {c.variant: grid.cell_config(c) for c in study}
   assert {v: cfg.method for v, cfg in by_variant.items()} == {
       "baseline": "taper", "internal_taper": "taper", "all_taper": "taper", "fakeln": "fakeln", "prepbn": "prepbn",
       "dyt": "taper", "derf": "taper"}
@@ -70,7 +72,7 @@ def test_the_shipped_sweeps_expand_to_their_grids():
 ])
 def test_bad_sweeps_name_the_field_and_value(change, message):
   bad = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu"])], **change}
-  with pytest.raises(grid.SweepError) as e:
+  with pytest.raises(spec.SweepError) as e:
     grid.expand(bad)
   assert message in str(e.value)
 
@@ -81,14 +83,15 @@ def test_token_budgets_are_part_of_each_cell_and_order_after_their_size():
   cells = grid.expand(sweep)
   assert [c.name for c in cells[:3]] == ["baseline-cpu_xs-aux0-seed0", "baseline-cpu_xs@steps600-aux0-seed0",
                                          "baseline-cpu_xs@tpp2.5-aux0-seed0"]
-  assert [c.config().train.steps for c in cells[:2]] == [300, 600]
+  assert [grid.cell_config(c).train.steps for c in cells[:2]] == [300, 600]
   tapered = grid.expand({**sweep, "grids": [{**sweep["grids"][0], "variants": ["all_taper:aux=1"]}]})
-  assert [c.config().train.steps for c in tapered] == [c.config().train.steps for c in cells]  # matched budgets
-  assert all(grid.Cell.from_json(c.to_json()) == c for c in cells)  # the manifest keeps the budget
+  steps = lambda group: [grid.cell_config(c).train.steps for c in group]
+  assert steps(tapered) == steps(cells)  # matched budgets
+  assert all(spec.Cell.from_json(c.to_json()) == c for c in cells)  # the manifest keeps the budget
   labels = ["cpu@tpp20", "cpu_xs", "cpu@steps600", "cpu", "cpu@tpp2.5", "cpu_xs@tpp1"]
   assert sorted(labels, key=run_rows.size_order) == ["cpu_xs", "cpu_xs@tpp1", "cpu", "cpu@steps600", "cpu@tpp2.5",
                                                      "cpu@tpp20"]
-  with pytest.raises(grid.SweepError, match="the grid has 3 token budgets"):  # each budget is its own ladder
+  with pytest.raises(spec.SweepError, match="the grid has 3 token budgets"):  # each budget is its own ladder
     predict.split_largest(grid.expand({**sweep, "grids": [{**sweep["grids"][0],
                                                           "sizes": ["cpu_xs", "cpu", "cpu_m", "cpu_l"]}]}))
 
@@ -120,11 +123,11 @@ def test_device_groups_pack_cells_onto_devices():
   assert runner.device_groups(devices, 8) == [[d] for d in devices]
   assert runner.device_groups(devices, 3) == [devices[0:2], devices[2:4], devices[4:6]]
   assert runner.device_groups(devices[:1], 2, oversubscribe=True) == [devices[:1], devices[:1]]  # sharing, asked for
-  with pytest.raises(grid.SweepError) as e:
+  with pytest.raises(spec.SweepError) as e:
     runner.device_groups(devices[:2], 3)  # not asked for: named, with what it costs and the fix
   assert str(e.value).startswith("--parallel=3: this host has 2 CPU device(s), so cells would share them") and (
       "use --parallel=2 or less, or add --oversubscribe" in str(e.value))
-  with pytest.raises(grid.SweepError, match="--parallel=-1"):
+  with pytest.raises(spec.SweepError, match="--parallel=-1"):
     runner.device_groups(devices, -1)
 
 
@@ -247,7 +250,7 @@ def test_printed_commands_run_as_written(tmp_path, data_dir):
   with open(path) as f:
     lines = f.read().splitlines()
   assert count == 1 and len(lines) == 1
-  assert lines[0].endswith(f" -m tapernorm_jax.studies.cell --study={workdir} --cell=all_taper-cpu-aux0-seed0")
+  assert lines[0].endswith(f" -m tapernorm_jax.studies.launch.cell --study={workdir} --cell=all_taper-cpu-aux0-seed0")
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   subprocess.run(["bash", "-c", lines[0]], cwd="/", env=env, check=True, capture_output=True, timeout=600)
   assert manifest.cell_status(os.path.join(workdir, cells[0].name)).state == "complete"
@@ -262,7 +265,7 @@ def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp
   path, _ = commands.write_commands(cells, workdir)
   with open(path) as f:
     python, flag, module, *args = shlex.split(f.read().splitlines()[0])
-  assert (flag, module) == ("-m", "tapernorm_jax.studies.cell")
+  assert (flag, module) == ("-m", "tapernorm_jax.studies.launch.cell")
   script = (f"import runpy; sys.argv = {[module, *args]!r}\n"
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
   elsewhere = tmp_path / "elsewhere"  # an empty directory: no configs/ or experiments/ beside it either
@@ -281,9 +284,9 @@ def test_printed_commands_name_the_study_and_the_cell(tmp_path):
   cells = grid.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
                        "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 100}}})
   line = commands.command_line(cells[0], str(tmp_path / "my study"), python="python3")
-  assert line == (f"python3 -m tapernorm_jax.studies.cell '--study={tmp_path}/my study' "
+  assert line == (f"python3 -m tapernorm_jax.studies.launch.cell '--study={tmp_path}/my study' "
                   "--cell=final_taper-30m-aux0-seed3")
-  with pytest.raises(grid.SweepError, match="write the manifest first"):  # the command would find no cell to run
+  with pytest.raises(spec.SweepError, match="write the manifest first"):  # the command would find no cell to run
     commands.write_commands(cells, str(tmp_path))
   manifest.write_manifest(str(tmp_path), {}, cells)
   assert manifest.manifest_cells(str(tmp_path)) == {cells[0].name: cells[0]}  # the overrides travel in sweep.json
@@ -299,7 +302,7 @@ def test_cell_command_mistakes_are_one_line(tmp_path):
       ([f"--study={study}", "--cell=all_tapr-cpu-aux1-seed0"],
        f"error: --cell=all_tapr-cpu-aux1-seed0: {study}/sweep.json has no such cell; did you mean "
        "--cell=all_taper-cpu-aux1-seed0?")):
-    proc = run_cli("tapernorm_jax.studies.cell", *flags, check=False)
+    proc = run_cli("tapernorm_jax.studies.launch.cell", *flags, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(message)
 

@@ -7,7 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from tapernorm_jax.studies import figures, grid, report, runner, throughput
+from tapernorm_jax.benchmarks import study_throughput
+from tapernorm_jax.studies.analysis import figures, report, throughput
+from tapernorm_jax.studies.launch import grid, runner
 from sweep_helpers import quiet, run_cli, tiny_sweep
 
 
@@ -51,8 +53,8 @@ def test_a_study_is_timed_in_its_inference_forms_and_reported(tmp_path, data_dir
   workdir = str(tmp_path / "study")
   cells = grid.expand(sweep)
   runner.run(cells, workdir, devices=jax.devices()[:1], echo=quiet)
-  settings = throughput.Settings(prompt=4, new_tokens=5, repeats=3, warmup=0, min_sample_s=0.0)
-  result = throughput.measure(workdir, settings)
+  settings = study_throughput.Settings(prompt=4, new_tokens=5, repeats=3, warmup=0, min_sample_s=0.0)
+  result = study_throughput.measure(workdir, settings)
   rows = {r["variant"]: r for r in result["rows"]}
   assert {v: (r["seed"], r["form"]) for v, r in rows.items()} == {
       "baseline": (0, "plain norms"), "all_taper": (0, "folded"), "dyt": (0, "dyt norms")}  # the lowest seed
@@ -72,11 +74,11 @@ def test_a_study_is_timed_in_its_inference_forms_and_reported(tmp_path, data_dir
 
 def test_bad_settings_and_an_empty_study_are_named(tmp_path):
   with pytest.raises(ValueError, match="new_tokens=1: must be >= 2"):
-    throughput.Settings(new_tokens=1)
+    study_throughput.Settings(new_tokens=1)
   with pytest.raises(ValueError, match="no complete runs to time"):
-    throughput.measure(str(tmp_path), throughput.Settings())
+    study_throughput.measure(str(tmp_path), study_throughput.Settings())
   with pytest.raises(ValueError, match="no such directory"):
-    throughput.measure(str(tmp_path / "missing"), throughput.Settings())
+    study_throughput.measure(str(tmp_path / "missing"), study_throughput.Settings())
 
 
 def test_throughput_needs_the_checkpoints_here():

@@ -8,7 +8,9 @@ import pytest
 from PIL import Image
 
 from configs.sweeps import tuning as tuning_sweep
-from tapernorm_jax.studies import grid, manifest, report, tuning
+from tapernorm_jax.studies import manifest, spec
+from tapernorm_jax.studies.launch import grid
+from tapernorm_jax.studies.analysis import report, tuning
 from tapernorm_jax.taper import phases
 from tapernorm_jax.train import loop
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
@@ -21,9 +23,10 @@ def test_the_tuning_sweep_gives_every_method_the_same_nine_settings_on_the_tune_
     per_method.setdefault((c.variant, c.aux, c.size), set()).add(c.tag)
     assert dict(c.overrides)["data.tune_frac"] == 0.1 and c.seed == 0
   assert len(per_method) == 8 * 3 and {len(tags) for tags in per_method.values()} == {9}
-  dyt = next(c for c in cells if c.variant == "dyt" and c.tag == "lr0.01_alpha25x" and c.size == "cpu").config()
+  dyt = grid.cell_config(next(c for c in cells
+                              if c.variant == "dyt" and c.tag == "lr0.01_alpha25x" and c.size == "cpu"))
   assert tuple(dyt.model.norm_alpha) == pytest.approx((20.0, 5.0, 5.0)) and dyt.opt.lr == 0.01
-  cal = next(c for c in cells if c.variant == "all_taper" and c.tag.endswith("cal150")).config()
+  cal = grid.cell_config(next(c for c in cells if c.variant == "all_taper" and c.tag.endswith("cal150")))
   # the calibration step each setting names is the one the trainer uses
   assert phases.calibration_step(cal.taper.gate_warmup_frac, cal.taper.min_calibration_step, 300, 299) == 150
 
@@ -33,17 +36,17 @@ def test_a_grid_tag_names_its_cells_and_a_bad_or_missing_one_is_named():
   cells = grid.expand({"seeds": [0], "grids": [dict(base, tag="lr1e-3", overrides={"opt": {"lr": 1e-3}}),
                                                 dict(base, tag="lr1e-2", overrides={"opt": {"lr": 1e-2}})]})
   assert [c.name for c in cells] == ["baseline-cpu-aux0-seed0-lr1e-3", "baseline-cpu-aux0-seed0-lr1e-2"]
-  assert grid.Cell.from_json(cells[1].to_json()) == cells[1]  # the manifest keeps the tag
-  with pytest.raises(grid.SweepError, match="appears twice with different overrides; give each grid its own tag"):
+  assert spec.Cell.from_json(cells[1].to_json()) == cells[1]  # the manifest keeps the tag
+  with pytest.raises(spec.SweepError, match="appears twice with different overrides; give each grid its own tag"):
     grid.expand({"seeds": [0], "grids": [dict(base, overrides={"opt": {"lr": 1e-3}}), base]})
-  with pytest.raises(grid.SweepError, match=r"grids\[0\].tag='lr 3': a tag is letters"):
+  with pytest.raises(spec.SweepError, match=r"grids\[0\].tag='lr 3': a tag is letters"):
     grid.expand({"seeds": [0], "grids": [dict(base, tag="lr 3")]})
 
 
 def fabricated_study(workdir: str, trials: dict[str, list]) -> None:
   """A tuning study of `baseline` at `cpu`, tag → per seed a tune loss (None: that seed failed, "flat": at the
   unigram reference), written as the sweep and the loop leave it."""
-  cells = [grid.Cell("baseline", "cpu", 0, seed, (("data.tune_frac", 0.1), ("opt.lr", float(tag.split("_")[0][2:]))),
+  cells = [spec.Cell("baseline", "cpu", 0, seed, (("data.tune_frac", 0.1), ("opt.lr", float(tag.split("_")[0][2:]))),
                      tag=tag)
            for tag, losses in trials.items() for seed in range(len(losses))]
   manifest.write_manifest(workdir, {"name": "t"}, cells)

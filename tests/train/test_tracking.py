@@ -14,7 +14,8 @@ import jax
 import pytest
 
 from locations import ROOT
-from tapernorm_jax.studies import grid, runner
+from tapernorm_jax.studies import spec
+from tapernorm_jax.studies.launch import runner
 from tapernorm_jax.train import loop, run_config, tracking
 
 pytest.importorskip("wandb")
@@ -119,7 +120,7 @@ def test_a_resumed_tracker_skips_the_steps_its_run_holds(tmp_path):
 
 def test_a_studys_cells_are_runs_in_a_group_named_after_the_study(tmp_path):
   cfg_changes = tiny(str(tmp_path / "data"), 4, wandb_project="tapernorm-test", wandb_mode="offline")
-  cell = grid.Cell("baseline", "cpu", 0, 0, grid.frozen_overrides(cfg_changes))
+  cell = spec.Cell("baseline", "cpu", 0, 0, spec.frozen_overrides(cfg_changes))
   study = str(tmp_path / "ladder-study")
   status = runner.run_cell(cell, study, jax.devices()[:4], runner.trainer_run_fn(), reraise=True)
   assert status.state == "complete"

@@ -15,11 +15,12 @@ from etils import epath
 from tapernorm_jax.storage import run_files, retries
 from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import manifest, predict, scaling, throughput as throughput_lib, tuning
-from tapernorm_jax.studies.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
-from tapernorm_jax.studies.curves import Curves, series, taper_start
-from tapernorm_jax.studies.figures import figure_title, make_figures, save_png
-from tapernorm_jax.studies.run_rows import (FINISHED, csv_text, NO_CONTEXT_MARGIN, Run, label, params_text,
+from tapernorm_jax.studies import manifest
+from tapernorm_jax.studies.analysis import predict, scaling, throughput as throughput_lib, tuning
+from tapernorm_jax.studies.analysis.aggregate import PAPER_TABLE2, Gap, Group, aggregate, control_of, gap, paper_setting
+from tapernorm_jax.studies.analysis.curves import Curves, series, taper_start
+from tapernorm_jax.studies.analysis.figures import figure_title, make_figures, save_png
+from tapernorm_jax.studies.analysis.run_rows import (FINISHED, csv_text, NO_CONTEXT_MARGIN, Run, label, params_text,
                                             read_runs, size_order, unanchored, variant_order)
 
 

@@ -21,9 +21,9 @@ from typing import Any
 from tapernorm_jax.runtime import allocator
 from tapernorm_jax.errors import UserError
 from tapernorm_jax.storage.run_files import is_url, workdir_path
-from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.studies.spec import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, find_cell, read_record, write_record
-from tapernorm_jax.studies.runner import CELL_LOG, Progress, Routed, run_cell, say, trainer_run_fn
+from tapernorm_jax.studies.launch.runner import CELL_LOG, Progress, Routed, run_cell, say, trainer_run_fn
 
 Node = Mapping[str, Any]  # one entry of `ray.nodes()`: NodeID, NodeManagerAddress, Alive, Resources
 NOT_ASKED = ("memory", "object_store_memory")  # what every node has and a cell does not ask for
@@ -92,7 +92,7 @@ def task_options(request: Mapping[str, float], max_retries: int) -> dict[str, An
 
 def train_cell(study: str, name: str) -> CellStatus:
   """A Ray task: trains (or resumes) the cell `name` of the study in `study` on this worker's devices, its output
-  in the cell's log.txt, as `python -m tapernorm_jax.studies.cell` would (malloc set as `cli.run` sets it, which
+  in the cell's log.txt, as `python -m tapernorm_jax.studies.launch.cell` would (malloc set as `cli.run` sets it, which
   takes hold where this worker has not started jax yet)."""
   allocator.keep_freed_memory()
   import jax

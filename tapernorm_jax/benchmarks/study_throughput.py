@@ -1,7 +1,7 @@
 """Decode throughput of each method's inference form in a study, beside its losses: one trained run per size and
 variant (its lowest complete seed), its norms folded where they fold (`forms.inference_form`: TaperNorm, FakeLN and
 PRepBN fold; the baseline keeps its norms; DyT and Derf run their tanh or erf), KV-cache generation timed in rounds
-alternated over the variants of a size. Written to DIR/throughput.json; the report reads it."""
+alternated over the variants of a size. Written to DIR/throughput.json, which the study's report reads."""
 
 import dataclasses
 import os
@@ -9,18 +9,15 @@ from typing import Any
 
 import jax
 
-from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks.decode import decode_calls
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.cpu_kernels import few_rows
-from tapernorm_jax.storage.run_files import read_json, write_json_atomically
 from tapernorm_jax.inference import forms, loading
-from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, label, params_text, read_runs, size_order, variant_order
-
-FILE = "throughput.json"
-REFERENCE: Key = ("baseline", 0)
+from tapernorm_jax.runtime import hardware
+from tapernorm_jax.storage.run_files import write_json_atomically
+from tapernorm_jax.studies.analysis.run_rows import FINISHED, Run, label, read_runs, size_order, variant_order
+from tapernorm_jax.studies.analysis.throughput import FILE, REFERENCE
 
 
 @dataclasses.dataclass
@@ -92,41 +89,3 @@ def measure(workdir: str, s: Settings) -> dict[str, Any]:
   result = {"hardware": hardware.describe(), "settings": dataclasses.asdict(s), "rows": rows}
   write_json_atomically(os.path.join(workdir, FILE), result)
   return result
-
-
-def read(workdir: str) -> dict[str, Any] | None:
-  """DIR/throughput.json, or None where the study has none."""
-  return read_json(os.path.join(workdir, FILE))
-
-
-def markdown(result: dict[str, Any]) -> str:
-  """One row per method, a column per size: decode tokens/s of its inference form and its ratio to the baseline."""
-  rows = result["rows"]
-  sizes = sorted({r["size"] for r in rows}, key=size_order)
-  keys = sorted({(r["variant"], r["aux"]) for r in rows}, key=variant_order)
-  at = {(r["size"], r["variant"], r["aux"]): r for r in rows}
-  params = {}  # a size's parameter count: its baseline's (the methods differ by a few vectors)
-  for r in sorted(rows, key=lambda r: (r["variant"], r["aux"]) != REFERENCE):
-    params.setdefault(r["size"], r["params"])
-
-  def cell(row: dict[str, Any] | None) -> str:
-    if row is None:
-      return "—"
-    ratio = row["vs_baseline"]
-    spread = f" ({ratio['min']:.2f}–{ratio['max']:.2f})" if ratio else ""
-    return f"{row['tokens_s']['median']:,.0f}" + (f" · {ratio['median']:.2f}×{spread}" if ratio else "")
-
-  forms_of = {key: next(r["form"] for r in rows if (r["variant"], r["aux"]) == key) for key in keys}
-  body = [[label(*key), forms_of[key], *(cell(at.get((size, *key))) for size in sizes)] for key in keys]
-  head = ["method", "inference form", *(f"{size} ({params_text(params[size])})" for size in sizes)]
-  return markdown_table(head, body)
-
-
-def settings_text(result: dict[str, Any]) -> str:
-  """How the throughput was measured, in one sentence."""
-  s, hw = result["settings"], result["hardware"]
-  return (f"KV-cache decoding of {s['new_tokens']} tokens after a {s['prompt']}-token prompt, batch {s['batch']}, "
-          f"tokens/s (median of {s['repeats']} rounds alternated over the methods of each size) · the per-round "
-          f"ratio to the baseline (median, min–max); each method's lowest complete seed, on {hw['cpu']} "
-          f"({hw['cpu_count']} cores, {hw['backend']}, jax {hw['jax']}). Re-measure with "
-          f"`python -m experiments.report --workdir=DIR --throughput`.")

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import coverage, fits
-from tapernorm_jax.studies.aggregate import Group, control_of
-from tapernorm_jax.studies.run_rows import (Key, Run, budgets, flops_per_token, label, size_order, split_size,
+from tapernorm_jax.studies.analysis import coverage, fits
+from tapernorm_jax.studies.analysis.aggregate import Group, control_of
+from tapernorm_jax.studies.analysis.run_rows import (Key, Run, budgets, flops_per_token, label, size_order, split_size,
                                             variant_order)
 
 BASELINE: Key = ("baseline", 0)

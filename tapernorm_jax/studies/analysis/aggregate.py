@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tapernorm_jax.studies import fits
-from tapernorm_jax.studies.run_rows import FINISHED, Run, size_order, variant_order
+from tapernorm_jax.studies.analysis import fits
+from tapernorm_jax.studies.analysis.run_rows import FINISHED, Run, size_order, variant_order
 from tapernorm_jax.taper.variants import SIZES
 
 # Kanavalau, Amo Alonso and Lall, "Gated Normalization Removal and Scale Anchoring in Pre-Norm Transformers"

@@ -17,8 +17,9 @@ import numpy as np
 from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest
-from tapernorm_jax.studies.figures import new_figure, save_png
-from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, csv_text, label, read_run, size_order, variant_order
+from tapernorm_jax.studies.analysis.figures import new_figure, save_png
+from tapernorm_jax.studies.analysis.run_rows import (FINISHED, Key, Run, csv_text, label, read_run, size_order,
+                                                     variant_order)
 
 FIGURE = "tuning_grid.png"
 Group = tuple[str, int, str]  # (variant, aux, size)

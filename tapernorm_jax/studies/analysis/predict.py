@@ -3,20 +3,18 @@ loss-compute law fitted on the smaller sizes (studies/fits.py), with an interval
 DIR/predictions.json; the report then says whether each measured loss fell inside its interval."""
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from tapernorm_jax.runtime import hardware
 from tapernorm_jax.storage.run_files import read_json, write_json_atomically
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.studies import coverage, fits
-from tapernorm_jax.studies.aggregate import Group, aggregate
-from tapernorm_jax.studies.grid import Cell, SweepError, model_params
-from tapernorm_jax.studies.run_rows import label, read_runs, size_order, variant_order
-from tapernorm_jax.studies.scaling import MIN_LAW_SIZES as MIN_FITTED, RESAMPLES, training_compute
+from tapernorm_jax.studies.analysis import coverage, fits
+from tapernorm_jax.studies.analysis.aggregate import Group, aggregate
+from tapernorm_jax.studies.spec import Cell, SweepError
+from tapernorm_jax.studies.analysis.run_rows import label, read_runs, size_order, variant_order
+from tapernorm_jax.studies.analysis.scaling import MIN_LAW_SIZES as MIN_FITTED, RESAMPLES, training_compute
 
 FILE = "predictions.json"
 
@@ -34,35 +32,29 @@ def split_largest(cells: Sequence[Cell]) -> tuple[list[Cell], list[Cell]]:
   return [c for c in cells if c.size != sizes[-1]], [c for c in cells if c.size == sizes[-1]]
 
 
-def planned_compute(cell: Cell) -> float:
-  """Training FLOPs `cell` will spend (6·N + 12·L·D·T per token × its tokens), from its config alone."""
-  cfg = cell.config()
-  model_cfg = ModelConfig.from_config(cfg.model)
-  params = model_params(model_cfg)
-  tokens = cfg.train.steps * cfg.train.batch_size * model_cfg.T
-  return hardware.train_flops_per_token(params, model_cfg.L, model_cfg.D, model_cfg.T) * tokens
-
-
-def predict_once(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) -> list[str]:
+def predict_once(workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float],
+                 resamples: int = RESAMPLES) -> list[str]:
   """Predicts the held-out size (`predict`) unless a prediction was written before; lines saying what holds. A
   size that has started without one gets none: it would not be a prediction."""
   if (earlier := read(workdir)) is not None:
     return [f"keeping the prediction written before {earlier['size']} started ({workdir}/{FILE})"]
   if started := [c.name for c in held_out if os.path.exists(os.path.join(workdir, c.name))]:
     return [f"no prediction: {held_out[0].point} had started before one was written ({', '.join(started)})"]
-  return [*describe(predict(workdir, held_out, resamples)),
+  return [*describe(predict(workdir, held_out, planned, resamples)),
           f"(written to {workdir}/{FILE} before {held_out[0].point} starts)"]
 
 
-def predict(workdir: str, held_out: Sequence[Cell], resamples: int = RESAMPLES) -> dict[str, Any]:
-  """Each held-out method's predicted loss at its size, from the study's complete smaller runs; writes FILE."""
+def predict(workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float],
+            resamples: int = RESAMPLES) -> dict[str, Any]:
+  """Each held-out method's predicted loss at its size, from the study's complete smaller runs, at the training
+  FLOPs `planned` gives each held-out cell by name (`grid.planned_compute`); writes FILE."""
   runs = read_runs(workdir)
   groups = aggregate([r for r in runs if r.size != held_out[0].point])
   compute = training_compute(runs)
   size = held_out[0].point
   rows = []
   for key in sorted({(c.variant, c.aux) for c in held_out}, key=variant_order):
-    target = planned_compute(next(c for c in held_out if (c.variant, c.aux) == key))
+    target = planned[next(c.name for c in held_out if (c.variant, c.aux) == key)]
     mine = sorted((g for g in groups if (g.variant, g.aux) == key and g.n and g.size in compute),
                   key=lambda g: size_order(g.size))
     seeds = sum(1 for c in held_out if (c.variant, c.aux) == key)

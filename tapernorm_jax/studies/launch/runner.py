@@ -21,8 +21,9 @@ import jax
 import ml_collections
 
 from tapernorm_jax.storage import run_files
-from tapernorm_jax.runtime import hardware
-from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.runtime import costs
+from tapernorm_jax.studies.launch import grid
+from tapernorm_jax.studies.spec import Cell, SweepError
 from tapernorm_jax.studies.manifest import CellStatus, cell_status, last_step, write_record
 
 CELL_LOG = "log.txt"  # DIR/<cell>/log.txt: the cell's own output (its progress bar, warnings)
@@ -104,7 +105,7 @@ def cell_cost(cfg: ml_collections.ConfigDict) -> float:
   """Approximate training FLOPs of a cell (6·N + 12·L·D·T per token), to weigh cells in the ETA."""
   m = cfg.model
   params = m.V * m.D + 12 * m.L * m.D * m.D  # embeddings and the blocks' matrices, without building the model
-  return cfg.train.steps * cfg.train.batch_size * m.T * hardware.train_flops_per_token(params, m.L, m.D, m.T)
+  return cfg.train.steps * cfg.train.batch_size * m.T * costs.train_flops_per_token(params, m.L, m.D, m.T)
 
 
 def say(line: str) -> None:
@@ -128,7 +129,7 @@ class Progress:
   def __init__(self, cells: Sequence[Cell], workdir: str) -> None:
     self.workdir = workdir
     self.cells = {c.name: c for c in cells}
-    configs = {c.name: c.config() for c in cells}
+    configs = {c.name: grid.cell_config(c) for c in cells}
     self.steps = {name: cfg.train.steps for name, cfg in configs.items()}
     self.cost = {name: cell_cost(cfg) for name, cfg in configs.items()}
     self.state = {c.name: cell_status(os.path.join(workdir, c.name)).state for c in cells}
@@ -198,7 +199,7 @@ def cell_log(run_dir: str) -> Iterator[TextIO]:
 
 def study_config(cell: Cell, workdir: str) -> ml_collections.ConfigDict:
   """The cell's config as the study trains it: its tracker runs grouped under the study directory's name."""
-  cfg = cell.config()
+  cfg = grid.cell_config(cell)
   if not cfg.tracking.wandb_group:
     cfg.tracking.wandb_group = os.path.basename(os.path.normpath(str(workdir)))
   return cfg
@@ -242,7 +243,7 @@ def prepare_data(cells: Sequence[Cell]) -> None:
   from tapernorm_jax import data  # heavy import, only for real runs
   seen: set[str] = set()
   for cell in cells:
-    data_cfg = cell.config().data
+    data_cfg = grid.cell_config(cell).data
     key = data_cfg.to_json_best_effort(sort_keys=True)
     if key not in seen:
       seen.add(key)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tapernorm_jax.studies.run_rows import FINISHED, Key, Run, read_metrics, size_order, variant_order
+from tapernorm_jax.studies.analysis.run_rows import FINISHED, Key, Run, read_metrics, size_order, variant_order
 from tapernorm_jax.taper import phases
 
 

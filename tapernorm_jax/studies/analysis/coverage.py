@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tapernorm_jax.markdown import markdown_table
-from tapernorm_jax.studies import fits
+from tapernorm_jax.studies.analysis import fits
 
 COVERAGE_FILE = os.path.join(os.path.dirname(__file__), "coverage.json")  # the committed measurement
 GAP_LAW = (0.05, 0.4)  # a, b: the method's loss is the reference's × (1 + a·(N/N₀)^(−b))

@@ -1,5 +1,6 @@
-"""One command line per cell, for a cluster scheduler: `python -m tapernorm_jax.studies.cell --study=DIR --cell=NAME`,
-which runs from an installed package in any directory (the cell itself is read from DIR/sweep.json)."""
+"""One command line per cell, for a cluster scheduler:
+`python -m tapernorm_jax.studies.launch.cell --study=DIR --cell=NAME`, which runs from an installed package in any
+directory (the cell itself is read from DIR/sweep.json)."""
 
 import os
 import shlex
@@ -7,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from tapernorm_jax.storage.run_files import workdir_path, write_text_atomically
-from tapernorm_jax.studies.grid import Cell, SweepError
+from tapernorm_jax.studies.spec import Cell, SweepError
 from tapernorm_jax.studies.manifest import MANIFEST, cell_status, manifest_cells
 
-CELL_MODULE = "tapernorm_jax.studies.cell"  # the runnable module each command line starts
+CELL_MODULE = "tapernorm_jax.studies.launch.cell"  # the runnable module each command line starts
 COMMANDS = "commands.txt"  # DIR/commands.txt: one command line per pending cell
 
 

@@ -14,12 +14,12 @@ import numpy as np
 from PIL import Image
 
 from tapernorm_jax.storage import run_files
-from tapernorm_jax.studies import fits
-from tapernorm_jax.studies.aggregate import Group
-from tapernorm_jax.studies.curves import Curves, mean_curve, series, taper_start
-from tapernorm_jax.studies.run_rows import (Key, Run, budgets, label, params_text, size_order, split_size,
+from tapernorm_jax.studies.analysis import fits
+from tapernorm_jax.studies.analysis.aggregate import Group
+from tapernorm_jax.studies.analysis.curves import Curves, mean_curve, series, taper_start
+from tapernorm_jax.studies.analysis.run_rows import (Key, Run, budgets, label, params_text, size_order, split_size,
                                             unanchored, variant_order)
-from tapernorm_jax.studies.scaling import StudyFits
+from tapernorm_jax.studies.analysis.scaling import StudyFits
 
 WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
 COLORS = {("baseline", 0): "#222222", ("internal_taper", 1): "#1f77b4", ("all_taper", 1): "#2ca02c",

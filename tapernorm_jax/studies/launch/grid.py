@@ -5,12 +5,13 @@ import dataclasses
 import functools
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Any
 
 import ml_collections
 
-from tapernorm_jax.errors import UserError
+from tapernorm_jax.runtime import costs
 from tapernorm_jax.model import ModelConfig, abstract_variables, param_count
+from tapernorm_jax.studies.spec import Cell, SweepError, budget_number, frozen_overrides
 from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
@@ -19,65 +20,6 @@ SWEEP_FIELDS = ("grids", "name", "overrides", "seeds")
 GRID_FIELDS = ("variants", "sizes", "budgets", "seeds", "overrides", "tag")
 TAG = re.compile(r"[A-Za-z0-9_.+-]+")  # a grid's tag: part of its cells' names and directories
 BUDGET_KINDS = {"steps": "steps", "tokens_per_param": "tpp"}  # a budget's spelling in the sweep file → in its label
-
-
-class SweepError(UserError, ValueError):
-  """A bad sweep file, flag or grid; the message names the field and its value."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-  """One run of the grid: a variant with its aux setting, a size, a seed, the config overrides and a token budget."""
-
-  variant: str
-  size: str
-  aux: int
-  seed: int
-  overrides: tuple[tuple[str, Any], ...] = ()  # (dotted config key, value), sorted by key
-  budget: str = ""  # "": the size's own steps; "steps600": 600 steps; "tpp20": 20 training tokens per parameter
-  tag: str = ""  # a grid's name for its settings (a tuning study's `lr1e-2`): cells that differ only in overrides
-
-  @property
-  def point(self) -> str:
-    """The size and budget as studies group them: `cpu`, or `cpu@tpp20` with a budget."""
-    return point(self.size, self.budget)
-
-  @property
-  def name(self) -> str:
-    """`<variant>-<point>-aux<0|1>-seed<N>[-<tag>]`; without a budget or tag, the name `experiments.tinystories`
-    gives its default workdir."""
-    return f"{self.variant}-{self.point}-aux{self.aux}-seed{self.seed}" + (f"-{self.tag}" if self.tag else "")
-
-  @property
-  def config_arg(self) -> str:
-    """The argument after `:` in `--config=configs/<variant>.py:<arg>` (and of `run_config.get_config`)."""
-    return f"size={self.size},aux={self.aux},seed={self.seed}"
-
-  def config(self) -> ml_collections.ConfigDict:
-    """The full run config: the variant's config with the overrides applied."""
-    cfg = run_config.get_config(self.variant, self.config_arg)
-    for key, value in self.overrides:
-      set_field(cfg, key, value)
-    if self.budget:
-      cfg.train.steps = budget_steps(self.budget, cfg)
-    return cfg
-
-  def to_json(self) -> dict[str, Any]:
-    """A JSON-friendly description (the manifest and cell records hold it)."""
-    return {"name": self.name, "variant": self.variant, "size": self.size, "aux": self.aux, "seed": self.seed,
-            "overrides": dict(self.overrides), **({"budget": self.budget} if self.budget else {}),
-            **({"tag": self.tag} if self.tag else {})}
-
-  @classmethod
-  def from_json(cls, entry: Mapping[str, Any]) -> Self:
-    """The cell `to_json` described (JSON lists back to tuples)."""
-    return cls(entry["variant"], entry["size"], int(entry["aux"]), int(entry["seed"]),
-               frozen_overrides(entry.get("overrides") or {}), entry.get("budget", ""), entry.get("tag", ""))
-
-
-def point(size: str, budget: str) -> str:
-  """`cpu` without a budget, `cpu@tpp20` with one."""
-  return f"{size}@{budget}" if budget else size
 
 
 def parse_budget(spec: Any, where: str) -> str:
@@ -101,10 +43,22 @@ def model_params(model_cfg: ModelConfig) -> int:
   return param_count(abstract_variables(model_cfg)["params"])
 
 
-def budget_number(budget: str) -> tuple[str, float]:
-  """"steps600" → ("steps", 600.0), "tpp20" → ("tpp", 20.0): a budget label's kind and number."""
-  kind = "steps" if budget.startswith("steps") else "tpp"
-  return kind, float(budget.removeprefix(kind))
+def cell_config(cell: Cell) -> ml_collections.ConfigDict:
+  """The full run config of `cell`: its variant's config with the overrides applied, its budget's steps."""
+  cfg = run_config.get_config(cell.variant, cell.config_arg)
+  for key, value in cell.overrides:
+    set_field(cfg, key, value)
+  if cell.budget:
+    cfg.train.steps = budget_steps(cell.budget, cfg)
+  return cfg
+
+
+def planned_compute(cell: Cell) -> float:
+  """Training FLOPs `cell` will spend (6·N + 12·L·D·T per token × its tokens), from its config alone."""
+  cfg = cell_config(cell)
+  model_cfg = ModelConfig.from_config(cfg.model)
+  tokens = cfg.train.steps * cfg.train.batch_size * model_cfg.T
+  return costs.train_flops_per_token(model_params(model_cfg), model_cfg.L, model_cfg.D, model_cfg.T) * tokens
 
 
 def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
@@ -121,11 +75,6 @@ def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
   params = model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
                                              final_norm=final))
   return max(1, round(number * params / (cfg.train.batch_size * cfg.model.T)))
-
-
-def frozen_overrides(flat: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-  """{"train.steps": 5, "x.y": [1, 2]} → (("train.steps", 5), ("x.y", (1, 2))): hashable, sorted by key."""
-  return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in flat.items()))
 
 
 def parse_variant(spec: Any, where: str) -> tuple[str, int]:
@@ -235,7 +184,7 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
       if name == "train.steps" and any(c.budget for c in cells):
         raise SweepError(f"overrides.train.steps={value!r}: the grid has budgets, which set each cell's steps; "
                          "give the steps as a budget ('steps=N') instead")
-    cfg = cell.config()
+    cfg = cell_config(cell)
     if int(methods.scale_loss_weight(cfg) > 0) != cell.aux:
       field = next(f"overrides.{n}={v!r}" for n, v in cell.overrides
                    if n.endswith(("scale_loss_weight", "aux_weight")))

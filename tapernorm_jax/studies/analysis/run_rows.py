@@ -15,8 +15,8 @@ from etils import epath
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.storage import run_files, integrity
-from tapernorm_jax.runtime import hardware
-from tapernorm_jax.studies import grid, manifest
+from tapernorm_jax.runtime import costs
+from tapernorm_jax.studies import manifest, spec
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
 CSV_COLUMNS = ("cell", "variant", "aux", "scale_loss_weight", "size", "seed", "params", "steps", "tokens",
@@ -59,7 +59,7 @@ def size_order(size: str) -> tuple[int, int, float]:
   """SIZES order (the cpu ladder, then 1m, 3m, 9m, 30m, 1b; unknown sizes last); a size's token budgets
   (`cpu@steps600`, `cpu@tpp20`) after it, steps then tokens per parameter, each ascending."""
   preset, budget = split_size(size)
-  kind, number = grid.budget_number(budget) if budget else ("", 0.0)
+  kind, number = spec.budget_number(budget) if budget else ("", 0.0)
   return list(SIZES).index(preset) if preset in SIZES else len(SIZES), ("", "steps", "tpp").index(kind), number
 
 
@@ -160,7 +160,7 @@ def flops_per_token(config: Mapping[str, Any], params: int) -> float | None:
   model = config.get("model", {})
   if not all(k in model for k in ("L", "D", "T")):
     return None
-  return hardware.train_flops_per_token(params, model["L"], model["D"], model["T"])
+  return costs.train_flops_per_token(params, model["L"], model["D"], model["T"])
 
 
 def steady_tokens_per_s(records: Sequence[Mapping[str, Any]]) -> float | None:
@@ -192,7 +192,7 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     raise ValueError(f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
                      "move it out of the study directory")
   run = Run(cell=name, variant=ident["variant"], aux=int(ident["aux"]), seed=int(ident["seed"]),
-            size=grid.point(ident["size"], ident.get("budget", "")),
+            size=spec.point(ident["size"], ident.get("budget", "")),
             status=status.state, path=run_dir, error=status.error, config=config, scale_loss_weight=weight)
   if status.state == "incomplete":
     where = f"at step {status.step} of {config.get('train', {}).get('steps', '?')}"
@@ -216,8 +216,8 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     run.device = f"{kind} × {count}" if kind else f"{results.get('backend', '?')} × {count}"
     fpt = flops_per_token(config, run.params) if run.params else None
     # the run's own peak (hardware.peak: CPUs included), else the data sheet's for its device kind
-    peak = results.get("peak_flops") or count * (hardware.peak_flops(kind) or 0)
-    run.mfu = hardware.mfu(run.tokens_per_s, fpt, peak) if fpt else None
+    peak = results.get("peak_flops") or count * (costs.peak_flops(kind) or 0)
+    run.mfu = costs.mfu(run.tokens_per_s, fpt, peak) if fpt else None
   return run
 
 
@@ -251,7 +251,7 @@ def read_runs(workdir: str) -> list[Run]:
   runs = [read_run(os.path.join(workdir, name), expected.get(name)) for name in sorted(os.listdir(workdir))
           if is_run_dir(os.path.join(workdir, name))]
   present = {r.cell for r in runs}
-  runs += [Run(cell=name, variant=c["variant"], aux=int(c["aux"]), size=grid.point(c["size"], c.get("budget", "")),
+  runs += [Run(cell=name, variant=c["variant"], aux=int(c["aux"]), size=spec.point(c["size"], c.get("budget", "")),
                seed=int(c["seed"]),
                status="missing") for name, c in expected.items() if name not in present]
   return sorted(runs, key=lambda r: (size_order(r.size), r.size, variant_order(r.key), r.variant, r.aux, r.seed))

@@ -1,4 +1,4 @@
-"""Train one cell of a study: `python -m tapernorm_jax.studies.cell --study=DIR --cell=NAME`.
+"""Train one cell of a study: `python -m tapernorm_jax.studies.launch.cell --study=DIR --cell=NAME`.
 
 The command line `experiments.sweep --launch=print` writes to DIR/commands.txt for each pending cell. It reads the
 cell from DIR/sweep.json and trains (or resumes) it in DIR/NAME/ on this host's devices, as the in-process runner
@@ -19,7 +19,7 @@ from absl import app, flags, logging  # noqa: E402
 from tapernorm_jax import cli  # noqa: E402
 from tapernorm_jax.storage import run_files  # noqa: E402
 from tapernorm_jax.train import peers  # noqa: E402
-from tapernorm_jax.studies import runner  # noqa: E402
+from tapernorm_jax.studies.launch import grid, runner  # noqa: E402
 from tapernorm_jax.studies.manifest import find_cell  # noqa: E402
 
 _STUDY = flags.DEFINE_string("study", None, "Study directory: the sweep's --workdir, which holds sweep.json.")
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
   study = str(run_files.workdir_path(_STUDY.value))  # a local path or a URL (gs://...)
   cell = find_cell(study, _CELL.value)
-  peers.initialize(cell.config().mesh)  # with mesh.distributed: one process per host (or per GPU)
+  peers.initialize(grid.cell_config(cell).mesh)  # with mesh.distributed: one process per host (or per GPU)
   status = runner.run_cell(cell, study, jax.devices(), runner.trainer_run_fn(), reraise=True)
   if jax.process_index() == 0:
     print(f"{cell.name}: {status.state}; run directory: {os.path.join(study, cell.name)}")
