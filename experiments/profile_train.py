@@ -15,7 +15,7 @@ from tapernorm_jax.storage.run_files import write_report
 _CELLS = flags.DEFINE_list("cells", list(peer_train.CELLS), "Cells SIZE:BATCHxT to profile.")
 _VARIANT = flags.DEFINE_string("variant", "baseline", "Variant (TaperNorm variants are profiled mid-taper).")
 _CPU_PATHS = flags.DEFINE_string("cpu_paths", "auto", "The products and attention, as train.cpu_paths: auto (what "
-                                 "a run picks here), xla (the model's own), kernels, ... (train/paths.py).")
+                                 "a run picks here), xla (the model's own), kernels, ... (train/kernel_choice.py).")
 _STEPS = flags.DEFINE_integer("steps", 3, "Traced steps per cell (after one untraced warm-up step).")
 _OUT = flags.DEFINE_string("out", "runs/profile_train", "Output directory.")
 

@@ -143,7 +143,7 @@ def markdown(profiles: dict[str, dict[str, Any]]) -> str:
 def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0,
                  cpu_paths: str = "auto") -> dict[str, Any]:
   """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm,
-  through the products and attention `cpu_paths` names (auto: what a run picks here; train/paths.py)."""
+  through the products and attention `cpu_paths` names (auto: what a run picks here; train/kernel_choice.py)."""
   size, B, T = peer_train.parse_cell(cell)
   trainer = train_bench.make_trainer(variant, size, B, T, cpu_paths=cpu_paths)
   state = train_bench.mid_taper(trainer, trainer.init_state(seed))

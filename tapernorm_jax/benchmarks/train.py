@@ -47,7 +47,7 @@ class Settings:
 def make_trainer(variant: str, size: str, B: int, T: int, opt: dict[str, float] | None = None,
                  cpu_paths: str = "auto", mesh: Any = None, dtype: str | None = None) -> Trainer:
   """A Trainer of `variant` at `size` on B × T batches, with optimiser hyperparameters `opt` overridden, its products
-  and attention `cpu_paths` (auto: timed here, as a run does; train/paths.py), computing in `dtype` (None: the
+  and attention `cpu_paths` (auto: timed here, as a run does; train/kernel_choice.py), computing in `dtype` (None: the
   config's)."""
   cfg = run_config.get_config(variant, f"size={size}")
   cfg.model.T, cfg.train.batch_size = T, B

@@ -30,7 +30,9 @@ from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
 from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
-from tapernorm_jax.train import paths, run_config
+from tapernorm_jax.train import run_config
+from tapernorm_jax.train import kernel_choice
+from tapernorm_jax.train.kernel_choice import Paths
 
 PyTree = Any
 State = dict[str, Any]  # {"params", "opt_state", "calib", "step"}
@@ -59,7 +61,7 @@ class Trainer:
 
   cfg: ml_collections.ConfigDict
   mesh: Mesh
-  cpu_paths: str | None = None  # overrides train.cpu_paths: auto, xla, kernels, ... (paths.py)
+  cpu_paths: str | None = None  # overrides train.cpu_paths: auto, xla, kernels, ... (kernel_choice.py)
 
   def __post_init__(self):
     cfg = self.cfg
@@ -81,22 +83,23 @@ class Trainer:
     self._jit_steps()
 
   def choose_paths(self) -> autotune.Choice:
-    """Times the CPU paths at this run's shape where `train.cpu_paths=auto` has no cached choice (paths.py), and
+    """Times the CPU paths at this run's shape where `train.cpu_paths=auto` has no cached choice (kernel_choice.py), and
     trains through the chosen from now on; what a run does once it holds its directory. Returns the choice."""
     self.paths_choice, (self.projection, self.attend) = self._paths(timed=True)
     self._jit_steps()  # the steps trace the paths they are built with
     return self.paths_choice
 
-  def _paths(self, timed: bool) -> tuple[autotune.Choice, paths.Paths]:
-    """`paths.choose` for this trainer: its requested paths, its shape, its compiled step as the timed candidate."""
+  def _paths(self, timed: bool) -> tuple[autotune.Choice, Paths]:
+    """`kernel_choice.choose` for this trainer: its requested paths, its shape, its compiled step as the timed
+    candidate."""
     cfg, B = self.model_cfg, self.cfg.train.batch_size
     shape = {"model": repr(cfg), "method": self.method.__class__.__name__, "B": B,
              "microbatches": self.cfg.train.microbatches, "mesh": dict(self.mesh.shape)}
     label = f"{self.cfg.get('size', '?')} {self.cfg.get('variant', '?')} {B}×{cfg.T}"
     forced = self.cpu_paths if self.cpu_paths is not None else self.cfg.train.get("cpu_paths", "auto")
-    return paths.choose(cfg, self.mesh, forced, shape, label, self._timed_step if timed else None)
+    return kernel_choice.choose(cfg, self.mesh, forced, shape, label, self._timed_step if timed else None)
 
-  def _timed_step(self, candidate: paths.Paths) -> autotune.Run:
+  def _timed_step(self, candidate: Paths) -> autotune.Run:
     """One train step through `candidate` (forward, backward, optimiser) on a fresh state mid-taper and a random
     batch, compiled; the state is not updated, so every call does the same work."""
     state, batch_BxT1 = self._timing_inputs
@@ -154,9 +157,9 @@ class Trainer:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
                         self.state_shardings)
 
-  def model(self, model_cfg: ModelConfig, candidate: paths.Paths | None = None) -> Transformer:
+  def model(self, model_cfg: ModelConfig, candidate: Paths | None = None) -> Transformer:
     """The model the steps apply: `model_cfg` with the chosen projection and attention (or a `candidate` pair being
-    timed, `paths.py`), its activations split over the mesh."""
+    timed, `kernel_choice.py`), its activations split over the mesh."""
     projection, attend = candidate or (self.projection, self.attend)
     return Transformer(model_cfg, projection=projection, attend=attend, mesh=self.mesh)
 
@@ -165,7 +168,7 @@ class Trainer:
     return self.has_fixed_step and step >= self.method.off_step
 
   def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gates: Gates | jax.Array, step: jax.Array,
-            model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[jax.Array, tuple]:
+            model_cfg: ModelConfig, record: bool, candidate: Paths | None = None) -> tuple[jax.Array, tuple]:
     """CE + λ·(scale loss) on a batch of windows; returns (loss, (ce, scale loss, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg, candidate).apply(
@@ -176,7 +179,7 @@ class Trainer:
     return ce + weight * scale_loss, (ce, scale_loss, mutated.get(CALIB_STATS, {}))
 
   def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gates: Gates | jax.Array, step: jax.Array,
-             model_cfg: ModelConfig, record: bool, candidate: paths.Paths | None = None) -> tuple[tuple, PyTree]:
+             model_cfg: ModelConfig, record: bool, candidate: Paths | None = None) -> tuple[tuple, PyTree]:
     """((loss, (ce, scale loss, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every
     group of k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
     loss_fn = lambda p, batch: self._loss(p, calib, batch, gates, step, model_cfg, record, candidate)
@@ -201,9 +204,9 @@ class Trainer:
     return jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
 
   def _train_step(self, state: State, batch_BxT1: jax.Array, fixed: bool,
-                  candidate: paths.Paths | None = None) -> tuple[State, dict]:
+                  candidate: Paths | None = None) -> tuple[State, dict]:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run
-    (through a `candidate` pair of paths while they are timed, `paths.py`)."""
+    (through a `candidate` pair of paths while they are timed, `kernel_choice.py`)."""
     step, params, calib = state["step"], state["params"], state["calib"]
     gates = Gates.uniform(0.0, self.model_cfg.L) if fixed else self.method.gates(step)
     if not fixed:

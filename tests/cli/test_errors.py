@@ -20,7 +20,7 @@ from tapernorm_jax.data import stories, text_files
 from tapernorm_jax.inference import decode, export, prompts
 from tapernorm_jax.model import ModelConfig, Transformer, init, sharding
 from tapernorm_jax.tokenizers import sentencepiece
-from tapernorm_jax.train import loop
+from tapernorm_jax.train.run_dir import RunDir
 from tapernorm_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
 from tapernorm_jax.train.trainer import Trainer
 from locations import ROOT
@@ -144,7 +144,7 @@ def saved_run(tmp_path_factory) -> tuple[str, str]:
   abstract = Trainer(cfg, sharding.make_mesh()).abstract_state()
   rng = np.random.default_rng(0)
   state = jax.tree.map(lambda s: jax.device_put(rng.normal(size=s.shape).astype(s.dtype), s.sharding), abstract)
-  rundir = loop.RunDir(workdir)
+  rundir = RunDir(workdir)
   os.makedirs(rundir.path)
   rundir.write_config(cfg)
   ckpt = Checkpointer(rundir.file("checkpoints"))

@@ -16,7 +16,7 @@ from configs import base
 from tapernorm_jax import cpu_kernels
 from tapernorm_jax.cpu_kernels import autotune, few_rows
 from tapernorm_jax.model import ModelConfig, Transformer, sharding
-from tapernorm_jax.train import loop
+from tapernorm_jax.train import loop, run_dir
 from tapernorm_jax.train.trainer import Trainer
 
 TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
@@ -154,7 +154,7 @@ def test_a_config_field_forces_the_paths_and_a_bad_one_is_named(tmp_path):
 def test_a_run_records_its_paths_and_a_resume_keeps_them(tmp_path, monkeypatch):
   workdir = tmp_path / "run"
   first = loop.run(config(tmp_path), workdir, stop_after=6)
-  started = json.loads((workdir / loop.PATHS_FILE).read_text())
+  started = json.loads((workdir / run_dir.PATHS_FILE).read_text())
   assert first["cpu_paths"] == started and started["how"] == "measured"
   monkeypatch.setenv("TAPERNORM_CACHE", str(tmp_path / "another cache"))  # a resume must not time afresh
   resumed = loop.run(config(tmp_path), workdir)

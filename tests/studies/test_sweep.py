@@ -16,7 +16,7 @@ from configs.sweeps import budgets, cpu_mini, ladder, methods, table2
 from tapernorm_jax.studies import manifest, spec
 from tapernorm_jax.studies.launch import commands, grid, runner
 from tapernorm_jax.studies.analysis import predict, report, run_rows
-from tapernorm_jax.train import loop
+from tapernorm_jax.train.run_dir import RunDir
 from locations import run_without_checkout
 from sweep_helpers import quiet, run_cli, tiny_sweep, write_sweep_file
 
@@ -153,7 +153,7 @@ def test_cell_status_reads_known_results_schemas_only(tmp_path):
 
 def test_a_results_file_changed_after_it_was_written_is_named_and_its_cell_runs_again(tmp_path):
   results = {"variant": "x", "size": "cpu", "seed": 0, "steps": 6, "complete": True, "final_val_loss": 1.25}
-  loop.RunDir(tmp_path).write_results(results)
+  RunDir(tmp_path).write_results(results)
   saved = json.loads((tmp_path / "results.json").read_text())
   content = json.dumps(results, sort_keys=True, separators=(",", ":")).encode()
   assert saved == {**results, "sha256": hashlib.sha256(content).hexdigest()}  # the hash of what it says

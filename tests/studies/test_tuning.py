@@ -12,7 +12,7 @@ from tapernorm_jax.studies import manifest, spec
 from tapernorm_jax.studies.launch import grid
 from tapernorm_jax.studies.analysis import report, tuning
 from tapernorm_jax.taper import phases
-from tapernorm_jax.train import loop
+from tapernorm_jax.train.run_dir import RunDir
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
 
 
@@ -58,7 +58,7 @@ def fabricated_study(workdir: str, trials: dict[str, list]) -> None:
       manifest.write_record(run_dir, {**cell.to_json(), "status": "failed", "error": "FloatingPointError: nan"})
       continue
     val = 5.5 if loss == "flat" else loss + 0.5  # the validation split scores otherwise: it must not choose
-    loop.RunDir(run_dir).write_results({
+    RunDir(run_dir).write_results({
         "variant": "baseline", "size": "cpu", "seed": cell.seed, "scale_loss_weight": 0.0, "steps": 6, "complete": True,
         "final_val_loss": val, "unigram_val_loss": 5.52, "eval_losses": {"val": val, "tune": 5.5 if loss == "flat"
                                                                          else loss}})

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from configs import base
 from tapernorm_jax import data
 from tapernorm_jax.model import sharding
-from tapernorm_jax.train import loop
+from tapernorm_jax.train import loop, run_dir
 from tapernorm_jax.storage.unreadable import DamagedCheckpointError
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import of_the_run, read_jsonl
@@ -74,7 +74,7 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted, data_dir):
   assert {k: v for k, v in saved.items() if k != "sha256"} == json.loads(json.dumps(results))  # and its seal
   assert np.isfinite(saved["final_val_loss"]) and saved["complete"] and saved["steps"] == 24
   assert saved["corpus"].startswith("synthetic-stories") and saved["variant"] == "all_taper"
-  assert saved["tokens"] == 24 * 8 * 32 and saved["schema"] == loop.RESULTS_SCHEMA
+  assert saved["tokens"] == 24 * 8 * 32 and saved["schema"] == run_dir.RESULTS_SCHEMA
   # validations during the taper are taken at the gate the model trains at (the half-cosine from step 6 to 18), at
   # g = 0 once it is 0 for good
   gates = {r["step"] + 1: r["val_gate"] for r in records if "val_loss" in r}
