@@ -20,8 +20,8 @@ LlamaForCausalLM + torch.optim.AdamW (eager with fused AdamW, and the whole step
 contender in a worker process of its own (experiments/peer_train_worker.py), sampled in turn round by round, each
 cell once with every process at malloc's defaults and once with the project's allocator settings; the peer starts
 from the baseline's initial weights in the same dtypes, and must match its first loss and its parameters after one
-step before anything is timed. What is timed and how: tapernorm_jax/benchmarks/peer.py and peer_train.py. Writes
-results.json and table.md under --out.
+step before anything is timed. What is timed and how: tapernorm_jax/benchmarks/pytorch/forward.py and training.py.
+Writes results.json and table.md under --out.
 """
 
 import dataclasses
@@ -46,9 +46,9 @@ import numpy as np  # noqa: E402
 
 from tapernorm_jax.hf import llama  # noqa: E402
 from tapernorm_jax.benchmarks import decode as decode_bench  # noqa: E402
-from tapernorm_jax.benchmarks import peer as bench  # noqa: E402
-from tapernorm_jax.benchmarks import peer_train  # noqa: E402
-from tapernorm_jax.benchmarks.workers import reason  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch import forward as bench  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch import training  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch.workers import reason  # noqa: E402
 from tapernorm_jax.storage.run_files import write_report  # noqa: E402
 from experiments.peer_train_hf import TORCH_DTYPES, load_llama, synchronize  # noqa: E402
 
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> None:
           f"{checked['tolerance']:g}); timing in {s.dtype} on torch {device} ({torch.get_num_threads()} thread(s)) "
           f"and jax {jax.default_backend()}", flush=True)
     peer.to(s.dtype)
-  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=ROOT)
+  spawn = training.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=ROOT)
   results = bench.run(s, describe(device), peer, forms, checked, spawn)
   table = bench.markdown(results)
   path = write_report(_OUT.value, results, table)

@@ -1,5 +1,5 @@
 """The peer's train step: Hugging Face LlamaForCausalLM + torch AdamW, as this project's Trainer steps, for one worker
-of the peer benchmark's train mode (experiments/peer_train_worker.py; tapernorm_jax/benchmarks/peer_train.py).
+of the peer benchmark's train mode (experiments/peer_train_worker.py; tapernorm_jax/benchmarks/pytorch/training.py).
 
 The model loads the baseline's initial weights (its Llama checkpoint) with SDPA attention and the baseline's weight
 dtype; compute runs in the baseline's compute dtype (float32 on a CPU; on accelerators bf16 under `torch.autocast`
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch._inductor import cpu_vec_isa  # noqa: E402
 
-from tapernorm_jax.benchmarks.workers import reason  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch.workers import reason  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Step = Callable[[], torch.Tensor]

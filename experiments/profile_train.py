@@ -9,10 +9,11 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.runtime import hardware
-from tapernorm_jax.benchmarks import peer_train, step_profile
+from tapernorm_jax.benchmarks import step_profile
+from tapernorm_jax.benchmarks.pytorch import training
 from tapernorm_jax.storage.run_files import write_report
 
-_CELLS = flags.DEFINE_list("cells", list(peer_train.CELLS), "Cells SIZE:BATCHxT to profile.")
+_CELLS = flags.DEFINE_list("cells", list(training.CELLS), "Cells SIZE:BATCHxT to profile.")
 _VARIANT = flags.DEFINE_string("variant", "baseline", "Variant (TaperNorm variants are profiled mid-taper).")
 _CPU_PATHS = flags.DEFINE_string("cpu_paths", "auto", "The products and attention, as train.cpu_paths: auto (what "
                                  "a run picks here), xla (the model's own), kernels, ... (train/kernel_choice.py).")
@@ -23,7 +24,7 @@ _OUT = flags.DEFINE_string("out", "runs/profile_train", "Output directory.")
 def main(argv: list[str]) -> None:
   """Profiles every cell, prints and saves the table."""
   for cell in _CELLS.value:
-    peer_train.parse_cell(cell)
+    training.parse_cell(cell)
   if _STEPS.value < 1:
     raise ValueError(f"--steps={_STEPS.value}: must be >= 1")
   profiles = {cell: step_profile.profile_cell(cell, _VARIANT.value, _STEPS.value, cpu_paths=_CPU_PATHS.value)

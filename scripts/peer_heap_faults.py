@@ -22,7 +22,7 @@ allocator.keep_freed_memory()  # as the entry points set malloc, before jax star
 import torch  # noqa: E402
 
 from experiments.peer_train_hf import HuggingFaceStep  # noqa: E402
-from tapernorm_jax.benchmarks import peer_train  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch import training  # noqa: E402
 from tapernorm_jax.benchmarks.step_profile import minor_faults  # noqa: E402
 
 ROUNDS, OUR_STEPS = 4, 3
@@ -52,7 +52,7 @@ def main(cell: str) -> None:
   torch.set_num_threads(2)
   directory = tempfile.mkdtemp(prefix="tapernorm-peer-heap-")
   spec = {"cell": cell, "seed": 0, "dtype": "float32", "directory": directory, "threads": 2, "device": "cpu"}
-  step = peer_train.OurStep({**spec, "contender": "baseline"})  # writes the weights and batch the peer loads
+  step = training.OurStep({**spec, "contender": "baseline"})  # writes the weights and batch the peer loads
   described = step.describe()
   peer = HuggingFaceStep({**spec, "contender": "hf_eager", "optimizer": described["optimizer"],
                           "dtypes": described["dtypes"]})

@@ -22,7 +22,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from tapernorm_jax.benchmarks import peer_train, train  # noqa: E402
+from tapernorm_jax.benchmarks import train  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch import training  # noqa: E402
 from tapernorm_jax.cpu_kernels import projection  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def bf16_dot(a, b, a_axis: int, b_axis: int):
 
 def compiled_step(cell: str, dot):
   """The baseline trainer's compiled step at `cell` with `dot` as every CPU product, its initial state and a batch."""
-  size, B, T = peer_train.parse_cell(cell)
+  size, B, T = training.parse_cell(cell)
   float32_dot, projection._dot = projection._dot, dot
   try:
     trainer = train.make_trainer("baseline", size, B, T)

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tapernorm_jax.benchmarks import peer_train
+from tapernorm_jax.benchmarks.pytorch import training
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.markdown import markdown_table
 
@@ -144,7 +144,7 @@ def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int
                  cpu_paths: str = "auto") -> dict[str, Any]:
   """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm,
   through the products and attention `cpu_paths` names (auto: what a run picks here; train/kernel_choice.py)."""
-  size, B, T = peer_train.parse_cell(cell)
+  size, B, T = training.parse_cell(cell)
   trainer = train_bench.make_trainer(variant, size, B, T, cpu_paths=cpu_paths)
   state = train_bench.mid_taper(trainer, trainer.init_state(seed))
   batch_BxT1 = np.random.default_rng(seed).integers(0, trainer.model_cfg.V, (B, T + 1), dtype=np.int32)

@@ -33,9 +33,9 @@ import optax
 import safetensors.numpy
 
 from tapernorm_jax.runtime import costs, hardware
-from tapernorm_jax.benchmarks import peer_parity as parity
+from tapernorm_jax.benchmarks.pytorch import parity as parity
 from tapernorm_jax.benchmarks import train as train_bench
-from tapernorm_jax.benchmarks import workers
+from tapernorm_jax.benchmarks.pytorch import workers
 from tapernorm_jax.benchmarks.timing import paired_ratio, summary
 from tapernorm_jax.hf import llama
 from tapernorm_jax.hf.hub import WEIGHTS_FILE
@@ -49,7 +49,7 @@ CELLS = ("1m:16x512", "9m:4x512", "30m:1x512")  # the issue's grid: a step of ab
 OURS = {"baseline": "baseline", "library": "baseline", "taper": "all_taper"}  # contender → variant
 # How each of ours is started: through an entry point (experiments/, as `python -m experiments.NAME` runs), or as a
 # user's script or notebook builds a Trainer (malloc's documented call first, no entry point: library_worker.py).
-LIBRARY_WORKER = [sys.executable, "-m", "tapernorm_jax.benchmarks.library_worker"]
+LIBRARY_WORKER = [sys.executable, "-m", "tapernorm_jax.benchmarks.pytorch.library_worker"]
 PEERS = ("hf_eager", "hf_compiled")  # experiments/peer_train_hf.py
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
           "library": "ours baseline, library-built", "taper": "ours all_taper, 0 < g < 1"}
@@ -277,7 +277,7 @@ def markdown(rows: list[dict], repeats: int, min_sample_s: float) -> str:
            "glibc malloc's defaults (allocator: default), and every process with this project's "
            "(allocator.keep_freed_memory: one arena, no mmap, no trimming). Ours baseline runs in a process an entry "
            "point started (python -m experiments...); library-built is the same step in a process started as a "
-           "user's script is (import tapernorm_jax, then a Trainer; tapernorm_jax/benchmarks/library_worker.py).", "",
+           "user's script is (import tapernorm_jax, then a Trainer; benchmarks/pytorch/library_worker.py).", "",
            markdown_table(["size", "B × T", "allocator", *LABELS.values(), "baseline / HF eager",
                            "baseline / HF compiled", "all_taper / baseline", "library-built / baseline",
                            "MFU (baseline)"], table), ""]

@@ -1,6 +1,6 @@
-"""The train mode of the peer benchmark without PyTorch (tapernorm_jax/benchmarks/peer_train.py, workers.py): cells,
-the first-loss, parameter, dtype and allocator checks, a whole cell against stand-in peers, this project's worker
-processes, and the table's rows and round-by-round ratios. tests/benchmarks/test_peer_train_hf.py runs the real peer."""
+"""The train mode of the peer benchmark without PyTorch (benchmarks/pytorch/training.py, workers.py): cells, the
+first-loss, parameter, dtype and allocator checks, a whole cell against stand-in peers, this project's worker
+processes, and the table's rows and round-by-round ratios. test_training_hf.py runs the real peer."""
 
 import os
 import sys
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from tapernorm_jax.benchmarks import peer, peer_parity, peer_train, workers
+from tapernorm_jax.benchmarks.pytorch import forward, parity, training, workers
 from tapernorm_jax.train import run_config
 from locations import ROOT
 
@@ -20,14 +20,14 @@ CELL = "cpu:8x16"  # B a multiple of the tests' 8 fake devices
 @pytest.mark.parametrize("cell", ["9m", "9m:4", "10m:4x512", "9m:0x512", "9m:4x1"])
 def test_a_cell_that_does_not_parse_is_refused_by_name(cell):
   with pytest.raises(ValueError, match=f"train_cells: '{cell}' is not SIZE:BATCHxT"):
-    peer.Settings(size="cpu", dtype="float32", train_cells=(cell,))
-  assert peer_train.parse_cell("30m:1x512") == ("30m", 1, 512)
+    forward.Settings(size="cpu", dtype="float32", train_cells=(cell,))
+  assert training.parse_cell("30m:1x512") == ("30m", 1, 512)
 
 
 def test_the_first_losses_must_agree():
-  assert peer_parity.check_loss(9.2103, 9.2104)["relative_difference"] == pytest.approx(1e-4 / 9.2103, rel=1e-3)
-  with pytest.raises(peer_parity.LossMismatchError, match=r"9\.300000 differs from this project's 9\.210300"):
-    peer_parity.check_loss(9.2103, 9.3)
+  assert parity.check_loss(9.2103, 9.2104)["relative_difference"] == pytest.approx(1e-4 / 9.2103, rel=1e-3)
+  with pytest.raises(parity.LossMismatchError, match=r"9\.300000 differs from this project's 9\.210300"):
+    parity.check_loss(9.2103, 9.3)
 
 
 def one_step(lr: float = 1e-4, decay: float = 0.1, seed: int = 0) -> dict[str, np.ndarray]:
@@ -41,34 +41,34 @@ def test_parameters_after_one_step_must_agree_and_so_must_the_update():
   initial = {"w": np.random.default_rng(0).normal(0, 0.02, (64, 32)), "g": np.ones(64)}
   ours = one_step()
   theirs = {**{k: v + 1e-9 for k, v in ours.items()}, "lm_head.weight": np.zeros(3)}  # the peer may hold more
-  agreed = peer_parity.compare_params(ours, theirs, initial)
+  agreed = parity.compare_params(ours, theirs, initial)
   assert agreed["relative"] < 1e-6 and agreed["update_relative_l2"] < 1e-3
-  with pytest.raises(peer_parity.ParamMismatchError, match="has no parameters"):
-    peer_parity.compare_params(ours, {"w": theirs["w"]})
-  with pytest.raises(peer_parity.ParamMismatchError, match=r"peer's w has shape \(32, 64\)"):
-    peer_parity.compare_params(ours, {**theirs, "w": theirs["w"].T})
-  with pytest.raises(peer_parity.ParamMismatchError, match="differs from this project's by .* of its largest entry"):
-    peer_parity.compare_params(ours, {**theirs, "w": theirs["w"] + 1e-3})
+  with pytest.raises(parity.ParamMismatchError, match="has no parameters"):
+    parity.compare_params(ours, {"w": theirs["w"]})
+  with pytest.raises(parity.ParamMismatchError, match=r"peer's w has shape \(32, 64\)"):
+    parity.compare_params(ours, {**theirs, "w": theirs["w"].T})
+  with pytest.raises(parity.ParamMismatchError, match="differs from this project's by .* of its largest entry"):
+    parity.compare_params(ours, {**theirs, "w": theirs["w"] + 1e-3})
   tenth_more = one_step(lr=1.1e-4)  # a learning rate 10% off: within the float32 bound on the weights, not the update
-  assert peer_parity.compare_params(ours, tenth_more)["relative"] < peer_parity.PARAM_TOLERANCE["float32"]
-  with pytest.raises(peer_parity.ParamMismatchError, match="first update of [wg] differs"):
-    peer_parity.compare_params(ours, tenth_more, initial)
-  assert peer_parity.compare_params(ours, tenth_more, initial, update_tolerance=None)["update_relative_l2"] > 0.05
+  assert parity.compare_params(ours, tenth_more)["relative"] < parity.PARAM_TOLERANCE["float32"]
+  with pytest.raises(parity.ParamMismatchError, match="first update of [wg] differs"):
+    parity.compare_params(ours, tenth_more, initial)
+  assert parity.compare_params(ours, tenth_more, initial, update_tolerance=None)["update_relative_l2"] > 0.05
 
 
 def test_the_dtypes_must_agree():
   f32 = {"param": "float32", "compute": "float32"}
-  assert peer_parity.check_dtypes(f32, dict(f32))["peer"] == f32
-  with pytest.raises(peer_parity.DtypeMismatchError, match="float32 weights and float32 compute, this project with "
+  assert parity.check_dtypes(f32, dict(f32))["peer"] == f32
+  with pytest.raises(parity.DtypeMismatchError, match="float32 weights and float32 compute, this project with "
                      "float32 and bfloat16"):
-    peer_parity.check_dtypes({"param": "float32", "compute": "bfloat16"}, f32)
+    parity.check_dtypes({"param": "float32", "compute": "bfloat16"}, f32)
 
 
 def test_every_worker_of_a_row_runs_with_the_same_allocator():
   described = lambda *settings: {f"w{i}": {"allocator": {"setting": s}} for i, s in enumerate(settings)}
-  assert peer_parity.check_allocators("default", described("default", "default")) == {"setting": "default"}
-  with pytest.raises(peer_parity.AllocatorMismatchError, match="w0: default, w1: project settings"):
-    peer_parity.check_allocators("default", described("default", "project settings"))
+  assert parity.check_allocators("default", described("default", "default")) == {"setting": "default"}
+  with pytest.raises(parity.AllocatorMismatchError, match="w0: default, w1: project settings"):
+    parity.check_allocators("default", described("default", "project settings"))
 
 
 class StandInPeer:
@@ -78,7 +78,7 @@ class StandInPeer:
   def __init__(self, spec, loss_offset: float = 0.0, update_scale: float = 1.0):
     self.directory = os.path.join(spec["directory"], spec["contender"])
     os.makedirs(self.directory)
-    self.ours = peer_train.OurStep({**spec, "contender": "baseline", "directory": self.directory})
+    self.ours = training.OurStep({**spec, "contender": "baseline", "directory": self.directory})
     self.spec, self.loss_offset, self.update_scale, self.steps = spec, loss_offset, update_scale, 0
 
   def describe(self):
@@ -105,12 +105,12 @@ class CannotCompile(StandInPeer):
     return {"na": "InductorError: no C++ compiler"}
 
 
-def in_process(peers: dict, made: list) -> peer_train.Spawn:
+def in_process(peers: dict, made: list) -> training.Spawn:
   """A spawn that builds every contender in this process (this project's real ones, the stand-in peers)."""
 
   def spawn(name, spec, allocator):
     spec = {**spec, "contender": name}
-    contender = peers[name](spec) if name in peers else peer_train.OurStep(spec)
+    contender = peers[name](spec) if name in peers else training.OurStep(spec)
     made.append(contender)
     header = {"contender": name, "allocator": {"setting": allocator, "keep_freed_memory": "in this process"}}
     return workers.InProcessWorker(name, contender, header)
@@ -119,13 +119,13 @@ def in_process(peers: dict, made: list) -> peer_train.Spawn:
 
 
 def settings(**changes):
-  return peer.Settings(size="cpu", dtype="float32", repeats=2, warmup=0, min_sample_s=0.0, **changes)
+  return forward.Settings(size="cpu", dtype="float32", repeats=2, warmup=0, min_sample_s=0.0, **changes)
 
 
 def test_a_cell_checks_the_peers_then_times_every_contender_in_turn():
   made = []
   spawn = in_process({"hf_eager": StandInPeer, "hf_compiled": CannotCompile}, made)
-  row = peer_train.bench_cell(CELL, "project settings", spawn, settings(), {"flops": 1e11, "source": "a test peak"})
+  row = training.bench_cell(CELL, "project settings", spawn, settings(), {"flops": 1e11, "source": "a test peak"})
   c = row["contenders"]
   assert row["loss"]["hf_eager"]["relative_difference"] < 1e-6 and "hf_compiled" not in row["loss"]
   assert row["param_agreement"]["hf_eager"]["relative"] < 1e-6
@@ -140,24 +140,24 @@ def test_a_cell_checks_the_peers_then_times_every_contender_in_turn():
   model = run_config.get_config("baseline", "size=cpu").model
   assert row["flops_per_token"] == 6 * row["params"] + 12 * model.L * model.D * 16
   assert c["baseline"]["mfu"] == pytest.approx(c["baseline"]["median"] * row["flops_per_token"] / 1e11)
-  table = peer_train.markdown([row], repeats=2, min_sample_s=0.0)
+  table = training.markdown([row], repeats=2, min_sample_s=0.0)
   assert "| cpu | 8 × 16 | project settings |" in table and "n/a" in table
   assert "* HF torch.compile: n/a (InductorError: no C++ compiler)" in table and "* HF eager: a stand-in" in table
   assert "Both sides in float32 weights and float32 compute" in table
 
 
 @pytest.mark.parametrize("peer_kind, error", [
-    (lambda spec: StandInPeer(spec, loss_offset=0.01), peer_parity.LossMismatchError),
-    (lambda spec: StandInPeer(spec, update_scale=1.2), peer_parity.ParamMismatchError)])
+    (lambda spec: StandInPeer(spec, loss_offset=0.01), parity.LossMismatchError),
+    (lambda spec: StandInPeer(spec, update_scale=1.2), parity.ParamMismatchError)])
 def test_a_peer_that_computes_otherwise_is_never_timed(peer_kind, error):
   made = []
   with pytest.raises(error, match="no timing is reported"):
-    peer_train.bench_cell(CELL, "default", in_process({"hf_eager": peer_kind}, made), settings(compile=False))
+    training.bench_cell(CELL, "default", in_process({"hf_eager": peer_kind}, made), settings(compile=False))
   assert all(getattr(m, "steps", 0) == 0 for m in made)
 
 
 def test_this_project_s_worker_runs_in_its_own_process_with_the_row_s_allocator(tmp_path):
-  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
+  spawn = training.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
   spec = {"cell": CELL, "seed": 0, "dtype": "float32", "directory": str(tmp_path)}
   worker = spawn("baseline", spec, "default")
   try:
@@ -176,7 +176,7 @@ def test_this_project_s_worker_runs_in_its_own_process_with_the_row_s_allocator(
 
 
 def test_the_library_built_baseline_starts_as_a_script_does_with_the_entry_point_s_settings(tmp_path):
-  spawn = peer_train.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
+  spawn = training.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=str(ROOT))
   spec = {"cell": CELL, "seed": 0, "dtype": "float32", "directory": str(tmp_path)}
   started = {}
   try:
@@ -205,7 +205,8 @@ def test_the_table_has_a_row_per_allocator_and_takes_ratios_round_by_round():
   rate = lambda median: {"median": median, "seconds": [1 / (median * f) for f in drift], "mfu": 0.25}
   contenders = {"hf_eager": rate(1000.0), "hf_compiled": rate(1500.0), "baseline": rate(1800.0),
                 "library": rate(1782.0), "taper": rate(1764.0)}
-  ratios = {key: peer.paired_ratio(contenders[key.split("/")[0]]["seconds"], contenders[key.split("/")[1]]["seconds"])
+  seconds = lambda name: contenders[name]["seconds"]
+  ratios = {key: forward.paired_ratio(seconds(key.split("/")[0]), seconds(key.split("/")[1]))
             for key in ("baseline/hf_eager", "baseline/hf_compiled", "taper/baseline", "library/baseline")}
   f32 = {"param": "float32", "compute": "float32"}
   row = lambda allocator, effect: {
@@ -218,7 +219,7 @@ def test_the_table_has_a_row_per_allocator_and_takes_ratios_round_by_round():
                                      "graph_breaks": ["Unsupported Tensor.backward() call"]}}}
   rows = [row("default", {"setting": "default"}),
           row("project settings", {"setting": "default", "keep_freed_memory": "malloc is not glibc's on darwin"})]
-  table = peer_train.markdown(rows, repeats=3, min_sample_s=3.0)
+  table = training.markdown(rows, repeats=3, min_sample_s=3.0)
   assert ("| 9m | 4 × 512 | default | 1,000 | 1,500 | 1,800 | 1,782 | 1,764 | 1.80× (1.80–1.80) | 1.20× (1.20–1.20) | "
           "0.98× (0.98–0.98) | 0.99× (0.99–0.99) | 25.0% |") in table
   assert "| 9m | 4 × 512 | project settings (not in effect: malloc is not glibc's on darwin) | 1,000 |" in table
@@ -227,6 +228,6 @@ def test_the_table_has_a_row_per_allocator_and_takes_ratios_round_by_round():
 
 
 def test_the_cpu_peak_is_a_measured_gemm_rate():
-  p = peer_train.hardware.peak()
+  p = training.hardware.peak()
   assert jax.default_backend() == "cpu" and "measured float32 GEMM rate" in p["source"]
   assert 1e9 < p["flops"] / jax.process_count() < 1e14 and np.isfinite(p["flops"])

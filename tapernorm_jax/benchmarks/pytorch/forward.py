@@ -28,7 +28,7 @@ import numpy as np
 
 from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
-from tapernorm_jax.benchmarks import peer_train
+from tapernorm_jax.benchmarks.pytorch import training
 from tapernorm_jax.benchmarks.decode import model_config
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
@@ -39,7 +39,7 @@ from tapernorm_jax.model import ModelConfig, init, param_count
 
 PyTree = Any
 Calls = dict[str, Callable[[], Any] | str]  # a call, or the reason it cannot run ("n/a" in the table)
-MODES = (*decode_bench.MODES, "train")  # train: benchmarks/peer_train.py
+MODES = (*decode_bench.MODES, "train")  # train: benchmarks/pytorch/training.py
 FORMS = ("baseline", "folded")  # this project's contenders; `baseline` is what the peer loads
 PEERS = ("hf_eager", "hf_compiled")
 LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
@@ -71,13 +71,13 @@ class Settings(decode_bench.Settings):
 
   compile: bool = True
   threads: int = 0  # PyTorch's intra-op threads; 0 = every core (os.cpu_count())
-  train_cells: tuple[str, ...] = peer_train.CELLS
+  train_cells: tuple[str, ...] = training.CELLS
 
   def __post_init__(self):
     super().__post_init__()
     check_at_least(self, 0, "threads")
     for cell in self.train_cells:
-      peer_train.parse_cell(cell)
+      training.parse_cell(cell)
     if self.dtype == "float64":
       raise ValueError("dtype='float64': choose float32, bfloat16 or float16 (or leave it empty)")
 
@@ -201,9 +201,9 @@ def log_row(title: str, row: dict) -> None:
 
 def run(s: Settings, description: dict[str, Any], peer: Peer | None = None,
         forms: dict[str, tuple[PyTree, ModelConfig]] | None = None, checked: dict[str, float] | None = None,
-        spawn_train: peer_train.Spawn | None = None) -> dict:
+        spawn_train: training.Spawn | None = None) -> dict:
   """Times the selected modes: forward and decode on `forms` already checked against `peer` (`checked`: `parity`'s
-  numbers), train with each contender in a worker process that `spawn_train` starts (`peer_train.bench`)."""
+  numbers), train with each contender in a worker process that `spawn_train` starts (`training.bench`)."""
   results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
                              "peer": description, "settings": dataclasses.asdict(s),
                              "load_average": os.getloadavg()[0]}
@@ -222,7 +222,7 @@ def run(s: Settings, description: dict[str, Any], peer: Peer | None = None,
     if "decode" in s.modes:
       results["decode"] = bench_decode(peer, forms, s)
   if "train" in s.modes:
-    results["train"] = peer_train.bench(s, spawn_train)
+    results["train"] = training.bench(s, spawn_train)
   results["wall_s"] = time.time() - t0
   return results
 
@@ -289,5 +289,5 @@ def markdown(results: dict) -> str:
                               "greedy = ours"], rows), ""]
     lines += [f"* {line}" for line in reasons(results["decode"])] + [""] * bool(reasons(results["decode"]))
   if results.get("train"):
-    lines += [peer_train.markdown(results["train"], s["repeats"], s["min_sample_s"]), ""]
+    lines += [training.markdown(results["train"], s["repeats"], s["min_sample_s"]), ""]
   return "\n".join(lines)
