@@ -4,7 +4,8 @@
 # constraints.txt on Python 3.11 (jax 0.10), constraints-py313.txt on Python >= 3.12 (the newest jax line).
 #   ./dev.sh train [FLAGS...]   train all_taper at the CPU preset on the offline corpus (flags go to the trainer)
 #   ./dev.sh test  [ARGS...]    run the test suite (what CI runs)
-#   ./dev.sh lint               ruff's checks ([tool.ruff] in pyproject.toml; CI runs them first)
+#   ./dev.sh lint               ruff's checks and its format check ([tool.ruff] in pyproject.toml; CI runs them first)
+#   ./dev.sh format             ruff's formatter, applied
 #   ./dev.sh python ARGS...     run the venv's python
 # PYTHON=/path/to/python picks the interpreter; TAPERNORM_VENV=DIR the venv (default .venv).
 set -euo pipefail
@@ -43,7 +44,8 @@ task=${1:-train}; shift || true
 case "$task" in
   train) exec "$venv/bin/python" -m experiments.tinystories --config=configs/all_taper.py:size=cpu "$@" ;;
   test) exec "$venv/bin/python" -m pytest -q "$@" ;;
-  lint) exec "$venv/bin/ruff" check . "$@" ;;
+  lint) "$venv/bin/ruff" check . "$@" && exec "$venv/bin/ruff" format --check . ;;
+  format) exec "$venv/bin/ruff" format . "$@" ;;
   python) exec "$venv/bin/python" "$@" ;;
-  *) echo "usage: ./dev.sh {train|test|lint|python} [args...]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh {train|test|lint|format|python} [args...]" >&2; exit 2 ;;
 esac

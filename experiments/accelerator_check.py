@@ -19,13 +19,19 @@ from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import accelerator
 from tapernorm_jax.storage.run_files import write_report
 
-_SETTINGS = cli.define_flags(accelerator.Settings, {
-    "smoke": "Tiny CPU preset (what CI runs).", "tests": "Run the accelerator test subset.",
-    "train": "Run the train-step benchmark.", "inference": "Run the forward and decode benchmarks.",
+_SETTINGS = cli.define_flags(
+  accelerator.Settings,
+  {
+    "smoke": "Tiny CPU preset (what CI runs).",
+    "tests": "Run the accelerator test subset.",
+    "train": "Run the train-step benchmark.",
+    "inference": "Run the forward and decode benchmarks.",
     "peer": "Run the forward grid beside Hugging Face (needs torch and transformers; skipped without).",
     "test_timeout_s": "Seconds before the test subprocess is stopped.",
     "peer_timeout_s": "Seconds before the Hugging Face subprocess is stopped.",
-    "checkout": "A clone of the repository whose tests and peer script to run (default: the one installed from)."})
+    "checkout": "A clone of the repository whose tests and peer script to run (default: the one installed from).",
+  },
+)
 _OUT = flags.DEFINE_string("out", "runs/accelerator_check", "Output directory for results.json and report.md.")
 
 
@@ -39,8 +45,10 @@ def main(argv: list[str]) -> None:
   print("\n" + report)
   print(f"wrote {path} and report.md")
   if results.get("placement_problems"):
-    sys.exit("error: the accelerator check's tests did not run on the benchmarks' platform ("
-             f"{'; '.join(results['placement_problems'])}); see {os.path.join(_OUT.value, 'report.md')}")
+    sys.exit(
+      "error: the accelerator check's tests did not run on the benchmarks' platform ("
+      f"{'; '.join(results['placement_problems'])}); see {os.path.join(_OUT.value, 'report.md')}"
+    )
   if not accelerator.ok(results):
     sys.exit(f"error: the accelerator check found failures; see {os.path.join(_OUT.value, 'report.md')}")
 

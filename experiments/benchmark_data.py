@@ -15,11 +15,17 @@ from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import data as bench
 from tapernorm_jax.storage.run_files import write_json_atomically
 
-_SETTINGS = cli.define_flags(bench.Settings, {
+_SETTINGS = cli.define_flags(
+  bench.Settings,
+  {
     "stories": "Training stories (~500 bytes each; 40,000 is ~20 MB).",
-    "vocab_size": "Tokenizer vocabulary (the paper's 10,000).", "batch_size": "Loader batch size (the paper's 16).",
+    "vocab_size": "Tokenizer vocabulary (the paper's 10,000).",
+    "batch_size": "Loader batch size (the paper's 16).",
     "seq_len": "Window length T; windows hold T + 1 tokens (the paper's 512).",
-    "batches": "Batches timed per loader setting.", "data_dir": "Cache root (default: a fresh temporary directory)."})
+    "batches": "Batches timed per loader setting.",
+    "data_dir": "Cache root (default: a fresh temporary directory).",
+  },
+)
 _OUT = flags.DEFINE_string("out", "runs/benchmark_data.json", "Where to write the JSON result.")
 
 
@@ -30,9 +36,11 @@ def main(argv: list[str]) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   write_json_atomically(_OUT.value, result)
   loader = result["loader"]["train_threads=0_prefetch=0"]
-  print(f"prepared {result['train_text_mb']:.1f} MB of {result['corpus']} in {result['prepare_s']:.1f} s "
-        f"(tokenizer {result['build_timings_s']['tokenizer_train_s']:.1f} s); loader "
-        f"{loader['tokens_per_s'] / 1e6:.1f} M tokens/s; written to {_OUT.value}")
+  print(
+    f"prepared {result['train_text_mb']:.1f} MB of {result['corpus']} in {result['prepare_s']:.1f} s "
+    f"(tokenizer {result['build_timings_s']['tokenizer_train_s']:.1f} s); loader "
+    f"{loader['tokens_per_s'] / 1e6:.1f} M tokens/s; written to {_OUT.value}"
+  )
 
 
 if __name__ == "__main__":

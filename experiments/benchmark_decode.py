@@ -17,6 +17,7 @@ from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import decode as bench
+from tapernorm_jax.benchmarks import decode_tables
 from tapernorm_jax.storage.run_files import write_report
 
 _SETTINGS = cli.define_flags(bench.Settings, bench.FLAG_HELP)
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> None:
   if _QUICK.value:
     settings = dataclasses.replace(settings, **bench.QUICK)
   results = bench.run(settings)
-  table = bench.markdown(results)
+  table = decode_tables.markdown(results)
   path = write_report(_OUT.value, results, table)
   print("\n" + table)
   print(f"wrote {path} and table.md ({results['wall_s']:.0f} s)")

@@ -17,8 +17,9 @@ from tapernorm_jax import cli  # noqa: E402
 from tapernorm_jax.benchmarks import first_step as bench  # noqa: E402
 from tapernorm_jax.storage.run_files import write_report  # noqa: E402
 
-_SETTINGS = cli.define_flags(bench.Settings, {"cases": f"Which of {', '.join(bench.CASES)}.",
-                                              "rounds": "Cold/warm rounds per case."})
+_SETTINGS = cli.define_flags(
+  bench.Settings, {"cases": f"Which of {', '.join(bench.CASES)}.", "rounds": "Cold/warm rounds per case."}
+)
 _OUT = flags.DEFINE_string("out", "runs/benchmark_first_step", "Output directory.")
 _CHILD = flags.DEFINE_string("child", "", "(internal) run one case in this process and print its time.")
 _CACHE = flags.DEFINE_string("cache", "off", "(internal, with --child) the compilation cache directory.")

@@ -38,8 +38,10 @@ try:
   import torch
   import transformers
 except ImportError as e:
-  cli.fail(f"experiments/benchmark_peer.py needs PyTorch and transformers ({e.name} is not installed); install the "
-           "peer extra: pip install -e '.[peer]' -c constraints.txt")
+  cli.fail(
+    f"experiments/benchmark_peer.py needs PyTorch and transformers ({e.name} is not installed); install the "
+    "peer extra: pip install -e '.[peer]' -c constraints.txt"
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -52,15 +54,21 @@ from tapernorm_jax.benchmarks.pytorch.workers import reason  # noqa: E402
 from tapernorm_jax.storage.run_files import write_report  # noqa: E402
 from experiments.peer_train_hf import TORCH_DTYPES, load_llama, synchronize  # noqa: E402
 
-_SETTINGS = cli.define_flags(bench.Settings, {
-    **decode_bench.FLAG_HELP, "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
+_SETTINGS = cli.define_flags(
+  bench.Settings,
+  {
+    **decode_bench.FLAG_HELP,
+    "compile": "Also time Hugging Face under torch.compile (--nocompile skips it).",
     "threads": "PyTorch's intra-op threads (0: every core).",
     "modes": "forward, decode and/or train.",
     "train_cells": "Cells of the train mode, SIZE:BATCHxT (default: 1m:16x512,9m:4x512,30m:1x512).",
     "dtype": "Compute and weight dtype of forward and decode; the train mode's compute dtype, weights float32, the "
-             "peer under autocast where they differ (default: float32 on CPU, else bfloat16)."})
-_QUICK = flags.DEFINE_bool("quick", False,
-                           "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens; train: 1m:2x64.")
+    "peer under autocast where they differ (default: float32 on CPU, else bfloat16).",
+  },
+)
+_QUICK = flags.DEFINE_bool(
+  "quick", False, "Smoke preset: 1m model, B=1, T=128, 3 repeats, 32 new tokens; train: 1m:2x64."
+)
 _OUT = flags.DEFINE_string("out", "runs/benchmark_peer", "Output directory for results.json and table.md.")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: where the train workers start
 
@@ -133,11 +141,17 @@ class HuggingFacePeer:
     cache and transformers' own torch.compile of the decoding step."""
     ids_BxP = self.ids(prompt_BxP)
     P = ids_BxP.shape[1]
-    args = dict(attention_mask=torch.ones_like(ids_BxP), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                do_sample=False, pad_token_id=0)
+    args = dict(
+      attention_mask=torch.ones_like(ids_BxP),
+      max_new_tokens=new_tokens,
+      min_new_tokens=new_tokens,
+      do_sample=False,
+      pad_token_id=0,
+    )
     generate = lambda **extra: self.model.generate(ids_BxP, **args, **extra)[:, P:].cpu()
-    compile_config = transformers.CompileConfig(fullgraph=False, mode="reduce-overhead" if self.device == "cuda"
-                                                else "default")
+    compile_config = transformers.CompileConfig(
+      fullgraph=False, mode="reduce-overhead" if self.device == "cuda" else "default"
+    )
     compile_config._compile_all_devices = self.device == "cpu"  # transformers compiles on GPUs only, unless told
     compiled = self.synced(lambda: generate(cache_implementation="static", compile_config=compile_config))
     return {"hf_eager": self.synced(generate), "hf_compiled": first_call(compiled, self.compile)}
@@ -146,8 +160,13 @@ class HuggingFacePeer:
 def describe(device: str) -> dict[str, Any]:
   """Versions, device and threads of the peer."""
   name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-  return {"torch": torch.__version__, "transformers": transformers.__version__, "device": name,
-          "threads": torch.get_num_threads(), "attention": "sdpa"}
+  return {
+    "torch": torch.__version__,
+    "transformers": transformers.__version__,
+    "device": name,
+    "threads": torch.get_num_threads(),
+    "attention": "sdpa",
+  }
 
 
 def main(argv: list[str]) -> None:
@@ -168,10 +187,13 @@ def main(argv: list[str]) -> None:
       peer = HuggingFacePeer(directory, s)
     tokens_BxT = np.random.default_rng(s.seed).integers(0, cfg.V, (2, min(128, cfg.T)), dtype=np.int32)
     checked = bench.parity(bench.last_logits(variables, cfg, tokens_BxT), peer.logits(tokens_BxT))
-    print(f"{s.size} {s.variant} baseline form as LlamaForCausalLM: last-token logits match ours to "
-          f"{checked['max_abs_diff']:.2e} (largest logit {checked['max_abs_logit']:.2f}, tolerance "
-          f"{checked['tolerance']:g}); timing in {s.dtype} on torch {device} ({torch.get_num_threads()} thread(s)) "
-          f"and jax {jax.default_backend()}", flush=True)
+    print(
+      f"{s.size} {s.variant} baseline form as LlamaForCausalLM: last-token logits match ours to "
+      f"{checked['max_abs_diff']:.2e} (largest logit {checked['max_abs_logit']:.2f}, tolerance "
+      f"{checked['tolerance']:g}); timing in {s.dtype} on torch {device} ({torch.get_num_threads()} thread(s)) "
+      f"and jax {jax.default_backend()}",
+      flush=True,
+    )
     peer.to(s.dtype)
   spawn = training.process_spawner([sys.executable, "-m", "experiments.peer_train_worker"], cwd=ROOT)
   results = bench.run(s, describe(device), peer, forms, checked, spawn)

@@ -5,17 +5,22 @@ data loader alone (the share of a step spent waiting for data). Prints a markdow
 writes results.json and table.md under --out.
 """
 
-
 from absl import flags
 
 from tapernorm_jax import cli
 from tapernorm_jax.benchmarks import train as bench
 from tapernorm_jax.storage.run_files import write_report
 
-_SETTINGS = cli.define_flags(bench.Settings, {
+_SETTINGS = cli.define_flags(
+  bench.Settings,
+  {
     "sizes": "Model sizes (tapernorm_jax/train/run_config.py SIZES).",
-    "batch": "Global batch size.", "seq": "Sequence length T.",
-    "steps": "Timed steps per repeat.", "repeats": "Repeats (median and spread reported)."})
+    "batch": "Global batch size.",
+    "seq": "Sequence length T.",
+    "steps": "Timed steps per repeat.",
+    "repeats": "Repeats (median and spread reported).",
+  },
+)
 _OUT = flags.DEFINE_string("out", "runs/benchmark_train", "Output directory.")
 
 

@@ -11,8 +11,9 @@ from tapernorm_jax import cli
 from tapernorm_jax.storage import run_files
 from tapernorm_jax.studies.analysis import coverage
 
-_STUDIES = flags.DEFINE_integer("studies", 1000, "Studies drawn per check (the rates' standard error is about "
-                                "√(0.09/N): 1 point at 1,000).")
+_STUDIES = flags.DEFINE_integer(
+  "studies", 1000, "Studies drawn per check (the rates' standard error is about √(0.09/N): 1 point at 1,000)."
+)
 _RESAMPLES = flags.DEFINE_integer("resamples", 300, "Bootstrap draws per fit (a report's: 300).")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per cell.")
 _NOISE = flags.DEFINE_float("noise", 0.003, "Each seed's loss spread, relative to its cell's mean.")
@@ -23,14 +24,16 @@ def main(argv: list[str]) -> None:
   """Entry point."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  for name, value, least in (("studies", _STUDIES.value, 1), ("resamples", _RESAMPLES.value, 20),
-                             ("seeds", _SEEDS.value, 2)):
+  for name, value, least in (
+    ("studies", _STUDIES.value, 1),
+    ("resamples", _RESAMPLES.value, 20),
+    ("seeds", _SEEDS.value, 2),
+  ):
     if value < least:
       raise app.UsageError(f"--{name}={value}: must be >= {least}")
   if not 0 < _NOISE.value < 1:
     raise app.UsageError(f"--noise={_NOISE.value}: must lie in (0, 1) (a share of the cell's mean)")
-  setting = coverage.Setting(seeds=_SEEDS.value, noise=_NOISE.value, studies=_STUDIES.value,
-                             resamples=_RESAMPLES.value)
+  setting = coverage.Setting(seeds=_SEEDS.value, noise=_NOISE.value, studies=_STUDIES.value, resamples=_RESAMPLES.value)
   result = coverage.measure(setting, echo=print)
   print(coverage.markdown(result))
   run_files.write_json_atomically(_OUT.value, result)

@@ -24,12 +24,16 @@ _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 100, "Tokens to generat
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0: all).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_DTYPE = flags.DEFINE_string("dtype", None, "Compute dtype (default: the model config's; `auto` is bfloat16 on "
-                             "accelerators, float32 on CPU).")
+_DTYPE = flags.DEFINE_string(
+  "dtype", None, "Compute dtype (default: the model config's; `auto` is bfloat16 on accelerators, float32 on CPU)."
+)
 _NO_FOLD = flags.DEFINE_bool("no_fold", False, "Run the unfolded model at g = 0 instead of folding it.")
 _EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Also write the (folded) model as an export here.")
-_TRUNCATE = flags.DEFINE_bool("truncate_prompts", False, "Cut prompts longer than the model's context to their last "
-                              "tokens (with a warning) instead of refusing them.")
+_TRUNCATE = flags.DEFINE_bool(
+  "truncate_prompts",
+  False,
+  "Cut prompts longer than the model's context to their last tokens (with a warning) instead of refusing them.",
+)
 
 
 def check_sampling_flags() -> None:
@@ -53,8 +57,10 @@ def prompts_from_flags(loaded: loading.Loaded) -> list[list[int]]:
     except ValueError as e:
       raise app.UsageError(f"--tokens={e}") from None
   if _PROMPT.value and loaded.tokenizer is None:
-    raise app.UsageError(f"--prompt={_PROMPT.value[0]!r}: {_WORKDIR.value} has no tokenizer here; give token ids "
-                         "with --tokens=1,2,3 instead")
+    raise app.UsageError(
+      f"--prompt={_PROMPT.value[0]!r}: {_WORKDIR.value} has no tokenizer here; give token ids "
+      "with --tokens=1,2,3 instead"
+    )
   return prompts + prompts_lib.encode_prompts(loaded, _PROMPT.value) if _PROMPT.value else prompts
 
 
@@ -96,8 +102,9 @@ def main(argv: list[str]) -> None:
     cfg = cfg.replace(dtype=_DTYPE.value)
   tok = loaded.tokenizer
   eos_id = tok.eos_id if tok is not None else None
-  outputs = prompts_lib.continue_prompts(variables, cfg, prompts, _MAX_NEW_TOKENS.value, _TEMPERATURE.value,
-                                       _TOP_K.value, _SEED.value, eos_id)
+  outputs = prompts_lib.continue_prompts(
+    variables, cfg, prompts, _MAX_NEW_TOKENS.value, _TEMPERATURE.value, _TOP_K.value, _SEED.value, eos_id
+  )
   for prompt, new in zip(prompts, outputs):
     if tok is None:
       print(f"{prompt} → {new}")

@@ -25,23 +25,34 @@ from tapernorm_jax.inference import loading
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.train import loop
 
-ROWS = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("fakeln", 1),
-        ("fakeln", 0))  # (variant, aux)
+ROWS = (
+  ("baseline", 0),
+  ("baseline", 1),
+  ("internal_taper", 1),
+  ("all_taper", 1),
+  ("fakeln", 1),
+  ("fakeln", 0),
+)  # (variant, aux)
 EVAL_SET = "text"  # --eval_text's name in data.eval_sets; its filtered windows are `text_filtered`
 _WORKDIR = flags.DEFINE_string("workdir", "runs/gpt2_demo", "Where the pretraining and fine-tuning runs go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Fine-tuning seeds per variant.")
 _OUT = flags.DEFINE_string("out", "docs/gpt2_demo.md", "The markdown table.")
 _EVAL_TEXT = flags.DEFINE_string("eval_text", "", "Text files (a path or glob) evaluated beside the validation split.")
-_FILTER = flags.DEFINE_bool("filter_eval_text", False, "Also evaluate --eval_text's windows whose every token the "
-                            "training stream has (text_filtered).")
+_FILTER = flags.DEFINE_bool(
+  "filter_eval_text",
+  False,
+  "Also evaluate --eval_text's windows whose every token the training stream has (text_filtered).",
+)
 
 
 def with_eval_text(cfg):
   """`cfg` evaluating --eval_text too (as `text`, and `text_filtered` with --filter_eval_text), when given."""
   if not _EVAL_TEXT.value:
     return cfg
-  return base.override(cfg, {"data.eval_sets": f"{EVAL_SET}={_EVAL_TEXT.value}",
-                             "data.filtered_eval_sets": EVAL_SET if _FILTER.value else ""})
+  return base.override(
+    cfg,
+    {"data.eval_sets": f"{EVAL_SET}={_EVAL_TEXT.value}", "data.filtered_eval_sets": EVAL_SET if _FILTER.value else ""},
+  )
 
 
 def row_name(variant: str, aux: int) -> str:
@@ -72,9 +83,11 @@ def results_of(cfg, workdir: str) -> dict:
     results = json.load(f)
   wanted = {"val", *evaluation_sets.evaluated_names(cfg.data)}
   if wanted != set(results["eval_losses"]):
-    raise app.UsageError(f"{workdir} was evaluated on {', '.join(sorted(results['eval_losses']))}, not on "
-                         f"{', '.join(sorted(wanted))}: give the --eval_text and --filter_eval_text it ran with, or a "
-                         "new --workdir")
+    raise app.UsageError(
+      f"{workdir} was evaluated on {', '.join(sorted(results['eval_losses']))}, not on "
+      f"{', '.join(sorted(wanted))}: give the --eval_text and --filter_eval_text it ran with, or a "
+      "new --workdir"
+    )
   return results
 
 
@@ -97,8 +110,7 @@ def main(argv: list[str]) -> None:
   for variant, aux in ROWS:
     runs = []
     for seed in _SEEDS.value:
-      cfg = base.override(gpt2.get_config(f"model=demo,variant={variant},aux={aux},seed={seed}"),
-                          {"init_from": hf_dir})
+      cfg = base.override(gpt2.get_config(f"model=demo,variant={variant},aux={aux},seed={seed}"), {"init_from": hf_dir})
       runs.append(results_of(with_eval_text(cfg), os.path.join(_WORKDIR.value, f"{variant}-aux{aux}-seed{seed}")))
     per_seed[row_name(variant, aux)] = [r["final_val_loss"] for r in runs]
     rows.append([row_name(variant, aux), *(cell([r["eval_losses"][n] for r in runs]) for n in sets), len(runs)])
@@ -108,13 +120,18 @@ def main(argv: list[str]) -> None:
     where = f"; `{EVAL_SET}` is {text_files_named(_EVAL_TEXT.value)}, text it never trained on"
     if _FILTER.value:
       where += f", and `{EVAL_SET}_filtered` its windows whose every token occurs in the training stream"
-  table = "\n".join([
+  table = "\n".join(
+    [
       f"Cross-entropy (nats/token, g = 0) of the demo model ({before['params']:,} parameters, {before['corpus']}), "
       f"pretrained {before['steps']} steps as baseline, then fine-tuned {cfg.train.steps} steps of "
       f"{cfg.train.batch_size} × {cfg.model.T} tokens from the same start; mean ± std over seeds "
-      f"{', '.join(_SEEDS.value)}. `val` is the corpus's validation split{where}.", "",
-      markdown_table(["variant", *sets, "seeds"], rows), "",
-      "Per seed (val): " + "; ".join(f"{m} " + ", ".join(f"{x:.4f}" for x in v) for m, v in per_seed.items()) + "."])
+      f"{', '.join(_SEEDS.value)}. `val` is the corpus's validation split{where}.",
+      "",
+      markdown_table(["variant", *sets, "seeds"], rows),
+      "",
+      "Per seed (val): " + "; ".join(f"{m} " + ", ".join(f"{x:.4f}" for x in v) for m, v in per_seed.items()) + ".",
+    ]
+  )
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   write_text_atomically(_OUT.value, table + "\n")
   print(table)

@@ -18,8 +18,9 @@ from tapernorm_jax.storage import run_files
 from tapernorm_jax.hf import gpt2
 from tapernorm_jax.inference import loading
 
-_CONFIG = cli.define_config_file("config", "configs/gpt2.py", "configs/gpt2.py with model=, variant=, seed=.",
-                                 lock_config=True)
+_CONFIG = cli.define_config_file(
+  "config", "configs/gpt2.py", "configs/gpt2.py with model=, variant=, seed=.", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/gpt2-<model>-<method>-seed<N>).")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Save and exit after this step (simulates preemption).")
 
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> None:
     loaded = loading.load(workdir)
     out = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, run_files.workdir_path(workdir) / "hf")
     print(f"Hugging Face GPT-2 directory: {out}")
+
 
 if __name__ == "__main__":
   cli.run(main)

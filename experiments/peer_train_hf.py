@@ -30,8 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 if os.environ.get("ATEN_CPU_CAPABILITY"):  # before torch is imported: inductor reads it then
-  os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
-      tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY'].lower()}"))
+  os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(
+      tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY'].lower()}"
+    ),
+  )
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -77,12 +81,18 @@ class HuggingFaceStep:
   def describe(self) -> dict[str, Any]:
     """Dtypes (what the run checks against ours), device, threads, versions and the instruction set ATen runs."""
     name = lambda dtype: str(dtype).removeprefix("torch.")
-    return {"dtypes": {"param": name(self.param_dtype), "compute": name(self.compute_dtype)},
-            "autocast": self.compute_dtype != self.param_dtype, "device": self.device,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "attention": "sdpa", "jax_imported": "jax" in sys.modules,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's kernels: AVX512, or AVX2 where held
-            "inductor_isa": str(cpu_vec_isa.pick_vec_isa())}  # what inductor's C++ is compiled for
+    return {
+      "dtypes": {"param": name(self.param_dtype), "compute": name(self.compute_dtype)},
+      "autocast": self.compute_dtype != self.param_dtype,
+      "device": self.device,
+      "threads": torch.get_num_threads(),
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "attention": "sdpa",
+      "jax_imported": "jax" in sys.modules,
+      "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's kernels: AVX512, or AVX2 where held
+      "inductor_isa": str(cpu_vec_isa.pick_vec_isa()),
+    }  # what inductor's C++ is compiled for
 
   def loss(self) -> torch.Tensor:
     """Mean next-token cross-entropy, in float32, of the batch; the model under autocast where compute ≠ weights."""
@@ -94,14 +104,22 @@ class HuggingFaceStep:
     """The initial weights back in the model, and a new AdamW over them (decay on matrices only)."""
     self.model.load_state_dict(self.initial)
     params = list(self.model.parameters())
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.opt["weight_decay"]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=self.opt["lr"], betas=(self.opt["b1"], self.opt["b2"]),
-                                  eps=self.opt["eps"], **adamw)
+    groups = [
+      {"params": [p for p in params if p.ndim >= 2], "weight_decay": self.opt["weight_decay"]},
+      {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(
+      groups, lr=self.opt["lr"], betas=(self.opt["b1"], self.opt["b2"]), eps=self.opt["eps"], **adamw
+    )
     return params, optimizer
 
-  def step_fn(self, loss: Callable[[], torch.Tensor], params: list[torch.Tensor],
-              optimizer: torch.optim.Optimizer, optimizer_step: Callable[[], Any] | None = None) -> Step:
+  def step_fn(
+    self,
+    loss: Callable[[], torch.Tensor],
+    params: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    optimizer_step: Callable[[], Any] | None = None,
+  ) -> Step:
     """One optimiser step as one function: gradients to None, loss, backward, clipping, AdamW."""
 
     def step() -> torch.Tensor:
@@ -117,6 +135,7 @@ class HuggingFaceStep:
 
   def forms(self) -> list[tuple[str, Callable[[], Step]]]:
     """(what runs, how to build it) in the order tried."""
+
     def eager(**adamw: Any) -> Step:
       return self.step_fn(self.loss, *self.fresh(**adamw))
 
@@ -125,20 +144,27 @@ class HuggingFaceStep:
 
     def parts() -> Step:
       params, optimizer = self.fresh(foreach=True)
-      return self.step_fn(torch.compile(self.loss, dynamic=False), params, optimizer,
-                          torch.compile(optimizer.step, dynamic=False))
+      return self.step_fn(
+        torch.compile(self.loss, dynamic=False), params, optimizer, torch.compile(optimizer.step, dynamic=False)
+      )
 
     def loss_only() -> Step:
       return self.step_fn(torch.compile(self.loss, dynamic=False), *self.fresh(fused=True))
 
     if self.name == "hf_eager":
-      return [("eager; AdamW fused=True", lambda: eager(fused=True)),
-              ("eager; AdamW foreach (fused=True failed)", lambda: eager(foreach=True))]
-    return [("torch.compile of the whole step (grads to None, forward, loss, backward, clipping, AdamW foreach) as "
-             "one function", whole),
-            ("torch.compile of the loss (forward and backward) and of optimizer.step (AdamW foreach); clipping "
-             "eager", parts),
-            ("torch.compile of the loss (forward and backward); clipping and AdamW fused=True eager", loss_only)]
+      return [
+        ("eager; AdamW fused=True", lambda: eager(fused=True)),
+        ("eager; AdamW foreach (fused=True failed)", lambda: eager(foreach=True)),
+      ]
+    return [
+      (
+        "torch.compile of the whole step (grads to None, forward, loss, backward, clipping, AdamW foreach) as "
+        "one function",
+        whole,
+      ),
+      ("torch.compile of the loss (forward and backward) and of optimizer.step (AdamW foreach); clipping eager", parts),
+      ("torch.compile of the loss (forward and backward); clipping and AdamW fused=True eager", loss_only),
+    ]
 
   def check(self) -> dict[str, Any]:
     """The first step of the first form that runs (compiling it): its loss, and the parameters after it written as
@@ -159,8 +185,10 @@ class HuggingFaceStep:
       out = {"loss": loss, "params": self.params_path, "ran": ran, "failed_before": failures}
       if self.name == "hf_compiled":
         counters = torch._dynamo.utils.counters
-        out.update(graphs=counters["stats"]["unique_graphs"],
-                   graph_breaks=sorted({k.strip().splitlines()[0] for k in counters["graph_break"]}))
+        out.update(
+          graphs=counters["stats"]["unique_graphs"],
+          graph_breaks=sorted({k.strip().splitlines()[0] for k in counters["graph_break"]}),
+        )
       return out
     return {"na": "; ".join(failures)}
 

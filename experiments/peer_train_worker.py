@@ -18,15 +18,18 @@ def contender(spec: dict) -> workers.Contender:
   """The contender SPEC names: the peer's (PyTorch) or this project's (jax)."""
   if spec["contender"].startswith("hf_"):
     from experiments import peer_train_hf  # noqa: PLC0415 (torch: only in the peer's processes)
+
     return peer_train_hf.HuggingFaceStep(spec)
   from tapernorm_jax.benchmarks.pytorch import training  # noqa: PLC0415 (jax: only in this project's processes)
+
   return training.OurStep(spec)
 
 
 def main(argv: list[str]) -> None:
   """Entry point."""
-  workers.main(argv, contender,
-               "python -m experiments.peer_train_worker SPEC (JSON; started by experiments.benchmark_peer)")
+  workers.main(
+    argv, contender, "python -m experiments.peer_train_worker SPEC (JSON; started by experiments.benchmark_peer)"
+  )
 
 
 if __name__ == "__main__":

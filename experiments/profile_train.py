@@ -15,8 +15,12 @@ from tapernorm_jax.storage.run_files import write_report
 
 _CELLS = flags.DEFINE_list("cells", list(training.CELLS), "Cells SIZE:BATCHxT to profile.")
 _VARIANT = flags.DEFINE_string("variant", "baseline", "Variant (TaperNorm variants are profiled mid-taper).")
-_CPU_PATHS = flags.DEFINE_string("cpu_paths", "auto", "The products and attention, as train.cpu_paths: auto (what "
-                                 "a run picks here), xla (the model's own), kernels, ... (train/kernel_choice.py).")
+_CPU_PATHS = flags.DEFINE_string(
+  "cpu_paths",
+  "auto",
+  "The products and attention, as train.cpu_paths: auto (what "
+  "a run picks here), xla (the model's own), kernels, ... (train/kernel_choice.py).",
+)
 _STEPS = flags.DEFINE_integer("steps", 3, "Traced steps per cell (after one untraced warm-up step).")
 _OUT = flags.DEFINE_string("out", "runs/profile_train", "Output directory.")
 
@@ -27,12 +31,17 @@ def main(argv: list[str]) -> None:
     training.parse_cell(cell)
   if _STEPS.value < 1:
     raise ValueError(f"--steps={_STEPS.value}: must be >= 1")
-  profiles = {cell: step_profile.profile_cell(cell, _VARIANT.value, _STEPS.value, cpu_paths=_CPU_PATHS.value)
-              for cell in _CELLS.value}
+  profiles = {
+    cell: step_profile.profile_cell(cell, _VARIANT.value, _STEPS.value, cpu_paths=_CPU_PATHS.value)
+    for cell in _CELLS.value
+  }
   table = step_profile.markdown(profiles)
   print("\n" + table)
-  write_report(_OUT.value, {"hardware": hardware.describe(), "variant": _VARIANT.value,
-                            "cpu_paths": _CPU_PATHS.value, "profiles": profiles}, table)
+  write_report(
+    _OUT.value,
+    {"hardware": hardware.describe(), "variant": _VARIANT.value, "cpu_paths": _CPU_PATHS.value, "profiles": profiles},
+    table,
+  )
 
 
 if __name__ == "__main__":

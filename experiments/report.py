@@ -16,8 +16,11 @@ from tapernorm_jax.studies.analysis import report
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (the sweep's --workdir, or any directory of runs).")
 _OUT = flags.DEFINE_string("out", None, "Where to write report.md, results.csv and figures/ (default: --workdir).")
-_THROUGHPUT = flags.DEFINE_boolean("throughput", False, "First time each method's inference form decoding here (one "
-                                   "run per size and variant), into DIR/throughput.json.")
+_THROUGHPUT = flags.DEFINE_boolean(
+  "throughput",
+  False,
+  "First time each method's inference form decoding here (one run per size and variant), into DIR/throughput.json.",
+)
 flags.mark_flag_as_required("workdir")
 
 
@@ -28,13 +31,17 @@ def main(argv: list[str]) -> None:
   if _THROUGHPUT.value:
     logging.set_verbosity(logging.WARNING)  # not Orbax's lines for every checkpoint it restores
     if run_files.is_url(_WORKDIR.value):
-      raise ValueError(f"--throughput needs the study's checkpoints here: --workdir={_WORKDIR.value} is a URL; copy "
-                       f"the study to a local directory or drop --throughput")
+      raise ValueError(
+        f"--throughput needs the study's checkpoints here: --workdir={_WORKDIR.value} is a URL; copy "
+        f"the study to a local directory or drop --throughput"
+      )
     study_throughput.measure(_WORKDIR.value, study_throughput.Settings())
   written = report.write_report(_WORKDIR.value, _OUT.value)  # bad input raises ValueError: one line via cli.run
   unlearned = f" ({written['no_context']} learned no context)" if written["no_context"] else ""
-  print(f"{written['complete']} of {written['runs']} runs complete{unlearned}; wrote {written['report']}, "
-        f"{written['csv']} and {len(written['figures'])} figures")
+  print(
+    f"{written['complete']} of {written['runs']} runs complete{unlearned}; wrote {written['report']}, "
+    f"{written['csv']} and {len(written['figures'])} figures"
+  )
 
 
 if __name__ == "__main__":

@@ -29,12 +29,17 @@ def main(argv: list[str]) -> None:
   os.makedirs(_OUT.value, exist_ok=True)
   run_files.write_json_atomically(os.path.join(_OUT.value, "soak.json"), result)
   first, last = result["windows"][0], result["windows"][-1]
-  soak.figure(result, os.path.join(_OUT.value, "soak.png"),
-              f"Soak: {cfg.variant} {cfg.size}, {result['steps']:,} steps on {hardware.one_line(result['host'])}")
-  print(f"{result['steps']:,} steps; after warm-up (steps {first['first_step']}–{last['last_step']}): resident memory "
-        f"{first['rss_mb']:.1f} → {last['rss_mb']:.1f} MB, step time {first['step_ms']:.1f} → {last['step_ms']:.1f} ms "
-        f"(× {result['step_time_ratio']:.2f}); files between saves {result['settled_files_first_half']} → "
-        f"{result['settled_files_second_half']}. {_OUT.value}/soak.json, soak.png")
+  soak.figure(
+    result,
+    os.path.join(_OUT.value, "soak.png"),
+    f"Soak: {cfg.variant} {cfg.size}, {result['steps']:,} steps on {hardware.one_line(result['host'])}",
+  )
+  print(
+    f"{result['steps']:,} steps; after warm-up (steps {first['first_step']}–{last['last_step']}): resident memory "
+    f"{first['rss_mb']:.1f} → {last['rss_mb']:.1f} MB, step time {first['step_ms']:.1f} → {last['step_ms']:.1f} ms "
+    f"(× {result['step_time_ratio']:.2f}); files between saves {result['settled_files_first_half']} → "
+    f"{result['settled_files_second_half']}. {_OUT.value}/soak.json, soak.png"
+  )
 
 
 if __name__ == "__main__":

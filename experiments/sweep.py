@@ -23,27 +23,53 @@ from tapernorm_jax.studies.analysis import predict
 
 _SWEEP = cli.define_config_file("sweep", None, "Sweep file, e.g. configs/sweeps/cpu_mini.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one run directory per cell.")
-_PARALLEL = flags.DEFINE_integer("parallel", 0, "Cells at once, each on its own share of the devices "
-                                 "(0: one per device on accelerators, one at a time on CPU).")
-_OVERSUBSCRIBE = flags.DEFINE_bool("oversubscribe", False, "On CPU, let --parallel exceed the devices: cells then "
-                                    "share devices and cores, each slower than alone.")
-_LAUNCH = flags.DEFINE_enum("launch", "run", ["run", "ray", "print"], "run: train the cells here; ray: as tasks on "
-                            "a Ray cluster (the cluster extra); print: write DIR/commands.txt with one command line "
-                            "per pending cell.")
-_RAY_ADDRESS = flags.DEFINE_string("ray_address", "", "--launch=ray: the cluster ('auto', host:port or ray://host:port);"
-                                   " empty: Ray's own discovery ($RAY_ADDRESS, a cluster started on this machine, "
-                                   "else a new local one).")
-_CELL_RESOURCES = flags.DEFINE_string("cell_resources", "", "--launch=ray: what one cell asks for, as JSON, "
-                                      "e.g. '{\"GPU\": 1}'; empty: one GPU, else one TPU host's chips, else one "
-                                      "node's CPUs.")
-_MAX_RETRIES = flags.DEFINE_integer("max_retries", 3, "--launch=ray: times a cell is retried (from its last "
-                                    "checkpoint) after Ray loses its node or worker.")
+_PARALLEL = flags.DEFINE_integer(
+  "parallel",
+  0,
+  "Cells at once, each on its own share of the devices (0: one per device on accelerators, one at a time on CPU).",
+)
+_OVERSUBSCRIBE = flags.DEFINE_bool(
+  "oversubscribe",
+  False,
+  "On CPU, let --parallel exceed the devices: cells then share devices and cores, each slower than alone.",
+)
+_LAUNCH = flags.DEFINE_enum(
+  "launch",
+  "run",
+  ["run", "ray", "print"],
+  "run: train the cells here; ray: as tasks on "
+  "a Ray cluster (the cluster extra); print: write DIR/commands.txt with one command line "
+  "per pending cell.",
+)
+_RAY_ADDRESS = flags.DEFINE_string(
+  "ray_address",
+  "",
+  "--launch=ray: the cluster ('auto', host:port or ray://host:port);"
+  " empty: Ray's own discovery ($RAY_ADDRESS, a cluster started on this machine, "
+  "else a new local one).",
+)
+_CELL_RESOURCES = flags.DEFINE_string(
+  "cell_resources",
+  "",
+  "--launch=ray: what one cell asks for, as JSON, "
+  "e.g. '{\"GPU\": 1}'; empty: one GPU, else one TPU host's chips, else one "
+  "node's CPUs.",
+)
+_MAX_RETRIES = flags.DEFINE_integer(
+  "max_retries",
+  3,
+  "--launch=ray: times a cell is retried (from its last checkpoint) after Ray loses its node or worker.",
+)
 _RETRY = flags.DEFINE_bool("retry_failed", True, "Run failed cells again (False: leave them failed).")
 _PYTHON = flags.DEFINE_string("python", sys.executable, "Interpreter named in --launch=print command lines.")
 _PROGRESS = flags.DEFINE_float("progress_every", 30.0, "Seconds between progress lines.")
-_HOLD_OUT = flags.DEFINE_bool("hold_out_largest", False, "Train every size but the largest first, predict each "
-                              "method's loss at the largest from its fitted law (DIR/predictions.json), then train "
-                              "it; the report checks the predictions.")
+_HOLD_OUT = flags.DEFINE_bool(
+  "hold_out_largest",
+  False,
+  "Train every size but the largest first, predict each "
+  "method's loss at the largest from its fitted law (DIR/predictions.json), then train "
+  "it; the report checks the predictions.",
+)
 flags.mark_flags_as_required(["sweep", "workdir"])
 
 
@@ -54,9 +80,11 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)
   workdir = str(run_files.workdir_path(_WORKDIR.value))  # a local path or a URL (gs://...)
   if _HOLD_OUT.value and _LAUNCH.value == "print":
-    raise spec.SweepError("--hold_out_largest with --launch=print: the prediction is made between running the smaller "
-                          "sizes and the largest, and printed commands run elsewhere; use --launch=local or "
-                          "--launch=ray, or drop --hold_out_largest")
+    raise spec.SweepError(
+      "--hold_out_largest with --launch=print: the prediction is made between running the smaller "
+      "sizes and the largest, and printed commands run elsewhere; use --launch=local or "
+      "--launch=ray, or drop --hold_out_largest"
+    )
   cells = grid.expand(_SWEEP.value)  # a bad grid raises SweepError: cli.run reports it in one line
   with directory_lock.hold(workdir, "--workdir") as removed:  # one driver per study; a killed one's leftovers go
     if removed:
@@ -84,9 +112,11 @@ def sweep(cells: list[spec.Cell], workdir: str) -> None:
       print("\n".join(predict.predict_once(workdir, stage, planned)), flush=True)
     statuses.update(run_stage(stage, workdir, resources))
   failed = [name for name, s in statuses.items() if s.state == "failed"]
-  print(f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
-        + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")
-        + f". Report: python -m experiments.report --workdir={workdir}")
+  print(
+    f"done: {sum(s.state == 'complete' for s in statuses.values())} of {len(cells)} cells complete"
+    + (f", {len(failed)} failed (see DIR/<cell>/cell.json and log.txt): {', '.join(failed)}" if failed else "")
+    + f". Report: python -m experiments.report --workdir={workdir}"
+  )
   if failed:
     sys.exit(1)
 
@@ -95,12 +125,25 @@ def run_stage(cells: list[spec.Cell], workdir: str, resources: dict | None) -> d
   """Runs `cells` as --launch says (here or on Ray); their statuses by name."""
   if _LAUNCH.value == "ray":
     try:
-      return ray_launch.run(cells, workdir, address=_RAY_ADDRESS.value, resources=resources,
-                            max_retries=_MAX_RETRIES.value, retry_failed=_RETRY.value, progress_every=_PROGRESS.value)
+      return ray_launch.run(
+        cells,
+        workdir,
+        address=_RAY_ADDRESS.value,
+        resources=resources,
+        max_retries=_MAX_RETRIES.value,
+        retry_failed=_RETRY.value,
+        progress_every=_PROGRESS.value,
+      )
     except KeyboardInterrupt:  # ray_launch said what stopped and how to resume
       sys.exit(130)
-  return runner.run(cells, workdir, parallel=_PARALLEL.value, oversubscribe=_OVERSUBSCRIBE.value,
-                    retry_failed=_RETRY.value, progress_every=_PROGRESS.value)
+  return runner.run(
+    cells,
+    workdir,
+    parallel=_PARALLEL.value,
+    oversubscribe=_OVERSUBSCRIBE.value,
+    retry_failed=_RETRY.value,
+    progress_every=_PROGRESS.value,
+  )
 
 
 if __name__ == "__main__":

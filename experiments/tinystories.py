@@ -26,5 +26,6 @@ def main(argv: list[str]) -> None:
   cfg = _CONFIG.value
   cli.train(argv, cfg, _WORKDIR.value or default_workdir(cfg), _STOP_AFTER.value)
 
+
 if __name__ == "__main__":
   cli.run(main)

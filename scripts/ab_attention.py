@@ -52,14 +52,18 @@ def main(shape: str, sources: list[str], rounds: int = 7) -> None:
   first = np.asarray(versions[0][0](q, k, v))
   for forward, _ in versions[1:]:
     np.testing.assert_allclose(np.asarray(forward(q, k, v)), first, atol=1e-5)
-  times = np.array([[(median_ms(f, q, k, v), median_ms(g, q, k, v, dout)) for f, g in versions]
-                    for _ in range(rounds)])  # rounds × versions × (forward, forward + backward)
-  print(f"B,T,H,K = {shape}, {rounds} interleaved rounds (median ms; ratio = median of the rounds' ratios to the "
-        "first)")
+  times = np.array(
+    [[(median_ms(f, q, k, v), median_ms(g, q, k, v, dout)) for f, g in versions] for _ in range(rounds)]
+  )  # rounds × versions × (forward, forward + backward)
+  print(
+    f"B,T,H,K = {shape}, {rounds} interleaved rounds (median ms; ratio = median of the rounds' ratios to the first)"
+  )
   for i, source in enumerate(sources):
     ratio = np.median(times[:, 0] / times[:, i], axis=0)
-    print(f"  {source}: forward {np.median(times[:, i, 0]):.2f} ms ({ratio[0]:.2f}x), "
-          f"forward + backward {np.median(times[:, i, 1]):.2f} ms ({ratio[1]:.2f}x)")
+    print(
+      f"  {source}: forward {np.median(times[:, i, 0]):.2f} ms ({ratio[0]:.2f}x), "
+      f"forward + backward {np.median(times[:, i, 1]):.2f} ms ({ratio[1]:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,21 @@ import transformers
 
 FIXTURE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny_gpt2"
 SEED = 0
-CONFIG = dict(vocab_size=128, n_positions=32, n_embd=64, n_layer=3, n_head=4, activation_function="gelu_new",
-              layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=127,
-              eos_token_id=127, tie_word_embeddings=True)
+CONFIG = dict(
+  vocab_size=128,
+  n_positions=32,
+  n_embd=64,
+  n_layer=3,
+  n_head=4,
+  activation_function="gelu_new",
+  layer_norm_epsilon=1e-5,
+  resid_pdrop=0.0,
+  embd_pdrop=0.0,
+  attn_pdrop=0.0,
+  bos_token_id=127,
+  eos_token_id=127,
+  tie_word_embeddings=True,
+)
 BATCH, LENGTH = 2, 16
 
 
@@ -79,8 +91,10 @@ def check_export(directory: pathlib.Path, fixture: pathlib.Path) -> None:
   model = transformers.GPT2LMHeadModel.from_pretrained(directory, attn_implementation="eager").eval()
   logits_BxTxV = logits_of(model, torch.from_numpy(reference["ids"]).long())
   diff = np.abs(logits_BxTxV - reference["logits"]).max()
-  print(f"{directory}: GPT2LMHeadModel.from_pretrained loads it; max |logits − reference| = {diff:.3g} "
-        f"(max |reference| = {np.abs(reference['logits']).max():.3g})")
+  print(
+    f"{directory}: GPT2LMHeadModel.from_pretrained loads it; max |logits − reference| = {diff:.3g} "
+    f"(max |reference| = {np.abs(reference['logits']).max():.3g})"
+  )
 
 
 def main() -> None:

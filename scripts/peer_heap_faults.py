@@ -54,8 +54,9 @@ def main(cell: str) -> None:
   spec = {"cell": cell, "seed": 0, "dtype": "float32", "directory": directory, "threads": 2, "device": "cpu"}
   step = training.OurStep({**spec, "contender": "baseline"})  # writes the weights and batch the peer loads
   described = step.describe()
-  peer = HuggingFaceStep({**spec, "contender": "hf_eager", "optimizer": described["optimizer"],
-                          "dtypes": described["dtypes"]})
+  peer = HuggingFaceStep(
+    {**spec, "contender": "hf_eager", "optimizer": described["optimizer"], "dtypes": described["dtypes"]}
+  )
   peer.check()  # the first step picks the form (eager, fused AdamW)
   hf = lambda: peer.wait(peer.step())
   ours = lambda: step.wait(step.step())
@@ -68,8 +69,10 @@ def main(cell: str) -> None:
     while time.perf_counter() - t0 < 3:
       hf_faults += timed(hf)[1]
       hf_steps += 1
-    print(f"round {r}: HF eager {hf_steps} steps, {hf_faults // hf_steps} faults per step, "
-          f"resident {resident_gb():.2f} GB", flush=True)
+    print(
+      f"round {r}: HF eager {hf_steps} steps, {hf_faults // hf_steps} faults per step, resident {resident_gb():.2f} GB",
+      flush=True,
+    )
     for i in range(OUR_STEPS):
       print(f"round {r}, ours step {i}: {step_line(ours)}", flush=True)
 

@@ -29,8 +29,12 @@ from tapernorm_jax.cpu_kernels import projection  # noqa: E402
 
 def bf16_dot(a, b, a_axis: int, b_axis: int):
   """projection._dot with bfloat16 operands and a float32 result."""
-  return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), (((a_axis,), (b_axis,)), ((), ())),
-                         preferred_element_type=jnp.float32)
+  return lax.dot_general(
+    a.astype(jnp.bfloat16),
+    b.astype(jnp.bfloat16),
+    (((a_axis,), (b_axis,)), ((), ())),
+    preferred_element_type=jnp.float32,
+  )
 
 
 def compiled_step(cell: str, dot):
@@ -64,8 +68,10 @@ def product_speedups(M: int, D: int, F: int, V: int, rounds: int = 5) -> dict[st
     x, w = (jnp.asarray(rng.standard_normal(shape, dtype=np.float32)) for shape in ((M, C), (C, N)))
     f32 = jax.jit(lambda x, w: projection._dot(x, w, 1, 0))
     bf16 = jax.jit(lambda x, w: bf16_dot(x, w, 1, 0))
-    ratios = [timed(lambda: f32(x, w).block_until_ready(), 0.3) / timed(lambda: bf16(x, w).block_until_ready(), 0.3)
-              for _ in range(rounds)]
+    ratios = [
+      timed(lambda: f32(x, w).block_until_ready(), 0.3) / timed(lambda: bf16(x, w).block_until_ready(), 0.3)
+      for _ in range(rounds)
+    ]
     out[name] = float(np.median(ratios))
   return out
 
@@ -86,13 +92,20 @@ def main(cells: list[str], rounds: int = 5) -> None:
 
     ratios = []
     for r in range(rounds):
-      times = {name: timed(lambda: run(name), 3.0) for name in (("float32", "bf16") if r % 2 == 0 else
-                                                                 ("bf16", "float32"))}
+      times = {
+        name: timed(lambda: run(name), 3.0) for name in (("float32", "bf16") if r % 2 == 0 else ("bf16", "float32"))
+      }
       ratios.append(times["float32"] / times["bf16"])
-      print(f"  round {r}: float32 products {1e3 * times['float32']:.0f} ms, bf16 products {1e3 * times['bf16']:.0f} "
-            f"ms, step {ratios[-1]:.2f}x as fast", flush=True)
-    print(f"  {cell}: with bf16 products the step is {np.median(ratios):.2f}x as fast "
-          f"(median of {rounds} rounds, {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+      print(
+        f"  round {r}: float32 products {1e3 * times['float32']:.0f} ms, bf16 products {1e3 * times['bf16']:.0f} "
+        f"ms, step {ratios[-1]:.2f}x as fast",
+        flush=True,
+      )
+    print(
+      f"  {cell}: with bf16 products the step is {np.median(ratios):.2f}x as fast "
+      f"(median of {rounds} rounds, {min(ratios):.2f}-{max(ratios):.2f})",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ import ml_collections
 
 from tapernorm_jax.errors import deprecated
 
-RENAMED_FIELDS = {"taper.fast_path": "train.fixed_step",  # old dotted name → new
-                  "taper.aux_weight": "taper.scale_loss_weight", "fakeln.aux_weight": "fakeln.scale_loss_weight"}
+RENAMED_FIELDS = {
+  "taper.fast_path": "train.fixed_step",  # old dotted name → new
+  "taper.aux_weight": "taper.scale_loss_weight",
+  "fakeln.aux_weight": "fakeln.scale_loss_weight",
+}
 RENAMED_VALUES = {"variant": {"vanilla": "baseline"}}  # field → {old value → new}
 
 
@@ -145,8 +148,9 @@ def check_like(cfg: ml_collections.ConfigDict, reference: ml_collections.ConfigD
       *sections, leaf = path  # a misspelling's nearest name within its own section, not one of another section's
       known = lookup(reference, sections) if sections and problem(reference, ".".join(sections)) is None else {}
       near = difflib.get_close_matches(leaf, list(known), n=1)
-      raise ValueError(f"{dotted}: {why}; no run reads it"
-                       + (f"; did you mean {'.'.join((*sections, near[0]))}?" if near else ""))
+      raise ValueError(
+        f"{dotted}: {why}; no run reads it" + (f"; did you mean {'.'.join((*sections, near[0]))}?" if near else "")
+      )
     value, default = lookup(cfg, path), lookup(reference, path)
     if not _fits(value, default):
       raise ValueError(f"{dotted}={value!r}: must be a {type(default).__name__}, as its default {default!r} is")

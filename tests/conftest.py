@@ -47,7 +47,11 @@ def pytest_sessionstart(session) -> None:
   xdist_controller = getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput")
   if out_dir and not xdist_controller:  # an xdist controller runs no tests (and must not take the accelerator)
     os.makedirs(out_dir, exist_ok=True)
-    record = {"pid": os.getpid(), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-              "devices": [str(d) for d in jax.devices()], **hardware.describe()}
+    record = {
+      "pid": os.getpid(),
+      "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+      "devices": [str(d) for d in jax.devices()],
+      **hardware.describe(),
+    }
     with open(os.path.join(out_dir, f"{record['worker']}-{record['pid']}.json"), "w") as f:
       json.dump(record, f)

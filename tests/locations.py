@@ -12,10 +12,12 @@ FIXTURES = ROOT / "tests" / "fixtures"
 WITHOUT_CHECKOUT = "import sys; sys.modules['configs'] = sys.modules['experiments'] = None\n"
 
 
-def run_without_checkout(script: str, cwd: str | Path, python: str = sys.executable, timeout: int = 300,
-                         **kwargs) -> subprocess.CompletedProcess:
+def run_without_checkout(
+  script: str, cwd: str | Path, python: str = sys.executable, timeout: int = 300, **kwargs
+) -> subprocess.CompletedProcess:
   """`python -c script` in `cwd` with configs/ and experiments/ unimportable; asserts that it exits 0."""
-  done = subprocess.run([python, "-c", WITHOUT_CHECKOUT + script], cwd=cwd, capture_output=True, text=True,
-                        timeout=timeout, **kwargs)
+  done = subprocess.run(
+    [python, "-c", WITHOUT_CHECKOUT + script], cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   return done

@@ -19,12 +19,28 @@ from locations import ROOT
 
 WORKER = os.path.join(ROOT, "tests", "train", "multihost_worker.py")
 STEPS, B, T = 4, 8, 32
-TINY = {"model.D": 32, "model.H": 4, "model.L": 1, "model.T": T, "model.V": 512, "train.steps": STEPS,
-        "train.batch_size": B, "train.log_every": 1, "train.diag_every": 100, "train.eval_batches": 1,
-        "checkpoint.every": 100, "taper.gate_warmup_frac": 0.5, "train.fixed_step": False, "opt.lr": 1e-3,
-        "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60}
-MESHES = {"dp": {"mesh.data": -1, "mesh.fsdp": 1},  # the batch over all 4 devices, parameters replicated
-          "fsdp": {"mesh.data": 1, "mesh.fsdp": 4}}  # the batch and every parameter sharded over all 4 devices
+TINY = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 1,
+  "model.T": T,
+  "model.V": 512,
+  "train.steps": STEPS,
+  "train.batch_size": B,
+  "train.log_every": 1,
+  "train.diag_every": 100,
+  "train.eval_batches": 1,
+  "checkpoint.every": 100,
+  "taper.gate_warmup_frac": 0.5,
+  "train.fixed_step": False,
+  "opt.lr": 1e-3,
+  "data.synthetic_train_stories": 400,
+  "data.synthetic_valid_stories": 60,
+}
+MESHES = {
+  "dp": {"mesh.data": -1, "mesh.fsdp": 1},  # the batch over all 4 devices, parameters replicated
+  "fsdp": {"mesh.data": 1, "mesh.fsdp": 4},
+}  # the batch and every parameter sharded over all 4 devices
 PROCESS0_ONLY = ("config.json", "metrics.jsonl", "results.json", "tensorboard")
 
 
@@ -52,21 +68,37 @@ class Run:
   record: str
 
 
-def start(num_processes: int, shared: dict, workdir: str, mesh: dict, record: str,
-          stop_after: int | None = None, changes: dict | None = None) -> Run:
+def start(
+  num_processes: int,
+  shared: dict,
+  workdir: str,
+  mesh: dict,
+  record: str,
+  stop_after: int | None = None,
+  changes: dict | None = None,
+) -> Run:
   """Starts training in `num_processes` processes with 4 // num_processes CPU devices each."""
   os.makedirs(record, exist_ok=True)
   port, procs, logs = free_port(), [], []
   # Every run is compiled alike, without LLVM's optimisations: 5x faster to compile here.
   env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
   for i in range(num_processes):
-    spec = {"process_id": i, "num_processes": num_processes, "port": port, "local_devices": 4 // num_processes,
-            "workdir": workdir, "changes": {**TINY, "data.data_dir": shared["data_dir"], **mesh, **(changes or {})},
-            "stop_after": stop_after, "record": record, "compilation_cache": shared["cache"]}
+    spec = {
+      "process_id": i,
+      "num_processes": num_processes,
+      "port": port,
+      "local_devices": 4 // num_processes,
+      "workdir": workdir,
+      "changes": {**TINY, "data.data_dir": shared["data_dir"], **mesh, **(changes or {})},
+      "stop_after": stop_after,
+      "record": record,
+      "compilation_cache": shared["cache"],
+    }
     logs.append((os.path.join(record, f"stdout{i}"), os.path.join(record, f"stderr{i}")))
     with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
-      procs.append(subprocess.Popen([sys.executable, WORKER, json.dumps(spec)], cwd=ROOT, env=env, stdout=out,
-                                    stderr=err))
+      procs.append(
+        subprocess.Popen([sys.executable, WORKER, json.dumps(spec)], cwd=ROOT, env=env, stdout=out, stderr=err)
+      )
   return Run(procs, logs, record)
 
 
@@ -86,17 +118,25 @@ def finish(*runs: Run, timeout: float = 240) -> list[list[dict]]:
       p.wait()
   for run in runs:
     if any(p.returncode != 0 for p in run.procs):
-      report = "\n".join(f"--- process {i} (exit {p.returncode}), stderr's last 4000 characters:\n"
-                         f"{read(run.logs[i][1])[-4000:]}" for i, p in enumerate(run.procs))
-      pytest.fail(f"the {len(run.procs)}-process run failed{f' (timed out after {timeout} s)' if timed_out else ''}"
-                  f":\n{report}")
+      report = "\n".join(
+        f"--- process {i} (exit {p.returncode}), stderr's last 4000 characters:\n{read(run.logs[i][1])[-4000:]}"
+        for i, p in enumerate(run.procs)
+      )
+      pytest.fail(
+        f"the {len(run.procs)}-process run failed{f' (timed out after {timeout} s)' if timed_out else ''}:\n{report}"
+      )
   results = []
   for run in runs:
     results.append([])
     for i in range(len(run.procs)):
       with open(os.path.join(run.record, f"process{i}.json")) as f:
-        results[-1].append({**json.load(f), "rows": np.load(os.path.join(run.record, f"process{i}.npz"))["rows"],
-                            "stdout": read(run.logs[i][0])})
+        results[-1].append(
+          {
+            **json.load(f),
+            "rows": np.load(os.path.join(run.record, f"process{i}.npz"))["rows"],
+            "stdout": read(run.logs[i][0]),
+          }
+        )
   return results
 
 

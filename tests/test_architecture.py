@@ -28,8 +28,9 @@ def imports() -> dict[str, set[str]]:
     source = relative[0].removesuffix(".py")
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tapernorm_jax"):
-        modules = ([node.module] if node.module != "tapernorm_jax"
-                   else [f"tapernorm_jax.{alias.name}" for alias in node.names])
+        modules = (
+          [node.module] if node.module != "tapernorm_jax" else [f"tapernorm_jax.{alias.name}" for alias in node.names]
+        )
         edges.setdefault(source, set()).update(t for m in modules if (t := package_of(m)) not in (None, source))
   return edges
 
@@ -44,8 +45,11 @@ def documented_layers() -> list[tuple[str, set[str]]]:
 def test_the_documented_table_is_the_import_graph_and_each_layer_imports_only_those_above():
   layers, edges = documented_layers(), imports()
   names = [name for name, _ in layers]
-  top = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
-         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+  top = {
+    p.stem if p.is_file() else p.name
+    for p in PACKAGE.iterdir()
+    if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+  }
   assert set(names) == top, f"in the code, not the table: {top - set(names)}; in the table only: {set(names) - top}"
   for i, (name, documented) in enumerate(layers):
     actual = edges.get(name, set())
@@ -66,8 +70,9 @@ def module_imports() -> dict[str, set[str]]:
     targets = set()
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tapernorm_jax"):
-        targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                    for a in node.names}
+        targets |= {
+          f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+        }
       elif isinstance(node, ast.Import):
         targets |= {a.name for a in node.names if a.name.startswith("tapernorm_jax")}
     # a package's __init__ re-exporting its own modules is its interface, not a circle
@@ -79,7 +84,7 @@ def test_no_module_imports_itself_round_a_circle():
   edges, done, path = module_imports(), set(), []
 
   def visit(node: str) -> None:
-    assert node not in path, f"import circle: {' → '.join(path[path.index(node):] + [node])}"
+    assert node not in path, f"import circle: {' → '.join(path[path.index(node) :] + [node])}"
     if node in done:
       return
     path.append(node)
@@ -93,19 +98,25 @@ def test_no_module_imports_itself_round_a_circle():
 
 
 def test_tokenizers_and_the_hub_client_import_without_jax():
-  script = ("import sys\nimport tapernorm_jax.tokenizers.sentencepiece, tapernorm_jax.tokenizers.gpt2_bpe, "
-            "tapernorm_jax.hf.hub\nprint(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))")
-  done = subprocess.run([sys.executable, "-c", script], cwd=pathlib.Path(ROOT), capture_output=True, text=True,
-                        timeout=120)
+  script = (
+    "import sys\nimport tapernorm_jax.tokenizers.sentencepiece, tapernorm_jax.tokenizers.gpt2_bpe, "
+    "tapernorm_jax.hf.hub\nprint(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", script], cwd=pathlib.Path(ROOT), capture_output=True, text=True, timeout=120
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == "[]"
 
 
 def test_the_model_never_asks_the_host_which_backend_it_has():
   """Device choices follow the target (`ModelConfig.platform`, from the mesh), never `jax.default_backend()`."""
-  calls = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in (PACKAGE / "model").rglob("*.py")
-           for node in ast.walk(ast.parse(path.read_text()))
-           if isinstance(node, ast.Attribute) and node.attr in ("default_backend", "backend")]
+  calls = [
+    f"{path.relative_to(ROOT)}:{node.lineno}"
+    for path in (PACKAGE / "model").rglob("*.py")
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.Attribute) and node.attr in ("default_backend", "backend")
+  ]
   assert calls == []
 
 

@@ -10,8 +10,9 @@ from tapernorm_jax.taper import variants
 from tapernorm_jax.train import run_config
 from locations import ROOT, run_without_checkout
 
-CONFIGS = sorted(p.stem for p in ROOT.joinpath("configs").glob("*.py")
-                 if p.stem not in ("__init__", "base", "gpt2"))  # gpt2.py takes model=, variant= (test_gpt2_finetune)
+CONFIGS = sorted(
+  p.stem for p in ROOT.joinpath("configs").glob("*.py") if p.stem not in ("__init__", "base", "gpt2")
+)  # gpt2.py takes model=, variant= (test_gpt2_finetune)
 
 
 def test_the_four_paper_variants_exist():
@@ -42,8 +43,9 @@ def test_the_cpu_ladder_trains_offline_and_spans_a_decade_of_parameters():
   assert run_config.get_config("baseline", "size=1m").data.source == "tinystories"
 
 
-@pytest.mark.parametrize("arg,problem", [("size=2m", "size"), ("aux=maybe", "aux"), ("seed=x", "seed"),
-                                         ("lr=3", "lr"), ("size", "key=value")])
+@pytest.mark.parametrize(
+  "arg,problem", [("size=2m", "size"), ("aux=maybe", "aux"), ("seed=x", "seed"), ("lr=3", "lr"), ("size", "key=value")]
+)
 def test_bad_variant_arguments_are_named(arg, problem):
   with pytest.raises(ValueError, match=problem):
     importlib.import_module("configs.all_taper").get_config(arg)
@@ -52,15 +54,18 @@ def test_bad_variant_arguments_are_named(arg, problem):
 def test_the_library_builds_configs_without_the_configs_package(tmp_path):
   # As from an installed wheel used outside a checkout: `configs` cannot be imported (sys.modules[...] = None makes
   # every import of it fail), and the modules that need the paper's sizes and variants still import and work.
-  script = ("import tapernorm_jax.studies.analysis.report, tapernorm_jax.studies.launch.runner, "
-            "tapernorm_jax.studies.launch.cell, "
-            "tapernorm_jax.benchmarks.decode, tapernorm_jax.benchmarks.train\n"
-            "from tapernorm_jax.train import run_config\n"
-            "print(run_config.get_config('all_taper', 'size=9m').model.D)")
+  script = (
+    "import tapernorm_jax.studies.analysis.report, tapernorm_jax.studies.launch.runner, "
+    "tapernorm_jax.studies.launch.cell, "
+    "tapernorm_jax.benchmarks.decode, tapernorm_jax.benchmarks.train\n"
+    "from tapernorm_jax.train import run_config\n"
+    "print(run_config.get_config('all_taper', 'size=9m').model.D)"
+  )
   done = run_without_checkout(script, tmp_path)
   assert done.stdout.split()[-1] == "256"  # the paper's 9M width
 
 
 def test_configs_base_is_the_library_s_defaults():
   from configs import base
+
   assert base.get_config is run_config.get_config and base.SIZES is variants.SIZES

@@ -5,8 +5,22 @@ import re
 from locations import ROOT
 
 # Public jax modules that announce deprecated attributes in a module-level `_deprecations` table.
-MODULES = ("jax", "jax.numpy", "jax.lax", "jax.nn", "jax.random", "jax.sharding", "jax.tree_util", "jax.core",
-           "jax.experimental", "jax.experimental.pallas", "jax.extend", "jax.ffi", "jax.stages", "jax.profiler")
+MODULES = (
+  "jax",
+  "jax.numpy",
+  "jax.lax",
+  "jax.nn",
+  "jax.random",
+  "jax.sharding",
+  "jax.tree_util",
+  "jax.core",
+  "jax.experimental",
+  "jax.experimental.pallas",
+  "jax.extend",
+  "jax.ffi",
+  "jax.stages",
+  "jax.profiler",
+)
 ALIASES = {"jax.numpy": "jnp"}  # how the project's code spells a module
 
 
@@ -24,8 +38,11 @@ def test_no_deprecated_jax_attribute_is_used():
   names = deprecated_names()
   assert names, "no jax module announced deprecations: check MODULES against the installed jax"
   pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in names) + r")\b")
-  used = {f"{path.relative_to(ROOT)}: {match.group(1)}"
-          for folder in ("tapernorm_jax", "experiments", "configs", "scripts", "tests")
-          for path in (ROOT / folder).rglob("*.py") if path.name != "test_deprecations.py"
-          for match in pattern.finditer(path.read_text())}
+  used = {
+    f"{path.relative_to(ROOT)}: {match.group(1)}"
+    for folder in ("tapernorm_jax", "experiments", "configs", "scripts", "tests")
+    for path in (ROOT / folder).rglob("*.py")
+    if path.name != "test_deprecations.py"
+    for match in pattern.finditer(path.read_text())
+  }
   assert not used, f"deprecated jax attributes in use (the installed jax's announcements): {sorted(used)}"

@@ -17,8 +17,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`(python -m experiments\.[a-z_]+(?: [^`]*)?|\./dev\.sh train(?: [^`]*)?)`")
 # Commands run elsewhere, not here: what installs (pip needs the network), and the suite itself.
-RUN_ELSEWHERE = {"pip": "installs from the network (tests/test_notebook.py runs the install offline)",
-                 "./dev.sh test": "is this test suite (CI runs it)"}
+RUN_ELSEWHERE = {
+  "pip": "installs from the network (tests/test_notebook.py runs the install offline)",
+  "./dev.sh test": "is this test suite (CI runs it)",
+}
 
 
 def blocks(language: str) -> list[tuple[str, str]]:
@@ -28,7 +30,7 @@ def blocks(language: str) -> list[tuple[str, str]]:
     text = page.read_text()
     for match in BLOCK.finditer(text):
       if match[1] == language:
-        found.append((f"{page.relative_to(ROOT)}:{text[:match.start()].count(chr(10)) + 1}", match[2]))
+        found.append((f"{page.relative_to(ROOT)}:{text[: match.start()].count(chr(10)) + 1}", match[2]))
   return found
 
 
@@ -58,8 +60,9 @@ def test_the_pages_have_examples():
 @pytest.mark.parametrize("where,code", PYTHON, ids=[w for w, _ in PYTHON])
 def test_python_example_runs(where, code, tmp_path):
   env = {**os.environ, "PYTHONPATH": str(ROOT)}
-  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                        timeout=600)
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+  )
   assert done.returncode == 0, f"{where}:\n{done.stderr[-3000:]}"
 
 
@@ -87,4 +90,5 @@ def dev_train_arguments() -> list[str]:
 
 def test_the_chip_table_in_the_tpu_page_is_the_package_s():
   from tapernorm_jax.aot import chips
+
   assert chips.table_markdown() in (ROOT / "docs" / "tpu.md").read_text()

@@ -24,9 +24,21 @@ STEPS = 3
 
 def golden_run() -> dict:
   """3 all_taper steps from seed 0 on fixed random batches: calibration after step 0, the gate moving after."""
-  cfg = base.override(base.get_config("all_taper"), {
-      "model.D": 32, "model.H": 4, "model.L": 2, "model.T": 16, "model.V": 64, "train.steps": 4,
-      "train.batch_size": 8, "taper.gate_warmup_frac": 0.25, "taper.taper_end": 3, "opt.lr": 1e-2})
+  cfg = base.override(
+    base.get_config("all_taper"),
+    {
+      "model.D": 32,
+      "model.H": 4,
+      "model.L": 2,
+      "model.T": 16,
+      "model.V": 64,
+      "train.steps": 4,
+      "train.batch_size": 8,
+      "taper.gate_warmup_frac": 0.25,
+      "taper.taper_end": 3,
+      "opt.lr": 1e-2,
+    },
+  )
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   state = trainer.init_state(0)
   keys = jax.random.split(jax.random.key(42), STEPS)
@@ -36,8 +48,11 @@ def golden_run() -> dict:
     state, m = trainer.train_step(state, batch)
     records.append({name: float(m[name]) for name in ("loss", "ce", "scale_loss", "gate", "lr", "grad_norm")})
   c = calibration.norm_scalars(state["calib"], trainer.method.norms, param_paths.C)
-  return {"steps": records, "c": {k: float(v) for k, v in c.items()},
-          "s_tgt": float(calibration.s_target(state["calib"]))}
+  return {
+    "steps": records,
+    "c": {k: float(v) for k, v in c.items()},
+    "s_tgt": float(calibration.s_target(state["calib"])),
+  }
 
 
 def test_three_steps_match_the_committed_golden_values():

@@ -29,8 +29,9 @@ def test_committed_without_outputs():
   for i, cell in enumerate(read().cells):
     if cell.cell_type == "code":
       assert cell.outputs == [] and cell.execution_count is None, (
-          f"cell {i} of {NOTEBOOK} holds outputs or an execution count; strip them before committing "
-          "(Jupyter: Edit → Clear outputs of all cells)")
+        f"cell {i} of {NOTEBOOK} holds outputs or an execution count; strip them before committing "
+        "(Jupyter: Edit → Clear outputs of all cells)"
+      )
 
 
 def kernel_manager() -> KernelManager:
@@ -51,8 +52,9 @@ def test_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
   monkeypatch.setenv("XLA_FLAGS", " ".join([*flags, "--xla_backend_optimization_level=0"]))
   nb = read()
-  client = NotebookClient(nb, km=kernel_manager(), timeout=600,
-                          resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
+  client = NotebookClient(
+    nb, km=kernel_manager(), timeout=600, resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}}
+  )
   client.execute()  # raises CellExecutionError, with the cell and its traceback, when a cell fails
   outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
   assert not [o for o in outputs if o.output_type == "error"]
@@ -70,8 +72,14 @@ def install_cell() -> str:
 
 def run_install_cell(python: str, **env: str) -> subprocess.CompletedProcess:
   """The install cell as a script, from notebooks/ as a kernel opened there runs it."""
-  return subprocess.run([python, "-c", install_cell()], cwd=os.path.dirname(NOTEBOOK), capture_output=True, text=True,
-                        timeout=600, env={**os.environ, **env})
+  return subprocess.run(
+    [python, "-c", install_cell()],
+    cwd=os.path.dirname(NOTEBOOK),
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, **env},
+  )
 
 
 def test_install_cell_keeps_the_runtime_jax_and_installs_the_project(tmp_path):
@@ -81,17 +89,29 @@ def test_install_cell_keeps_the_runtime_jax_and_installs_the_project(tmp_path):
   runtime = tmp_path / "runtime"
   venv.create(runtime, with_pip=False)
   python = str(runtime / "bin" / "python")
-  site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                        capture_output=True, text=True, check=True).stdout.strip()
+  site = subprocess.run(
+    [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.strip()
   pathlib.Path(site, "runtime_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
   before = subprocess.run([python, "-c", "import jax, tapernorm_jax"], cwd=tmp_path, capture_output=True, text=True)
   assert "No module named 'tapernorm_jax'" in before.stderr  # jax is there, the project is not
   done = run_install_cell(python, PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
   assert f"jax=={jax.__version__}" in done.stdout and f"jax {jax.__version__}: backend" in done.stdout
-  probe = subprocess.run([python, "-c", "import importlib.metadata as m, tapernorm_jax; "
-                          "print(m.version('jax'), m.distribution('tapernorm_jax').locate_file(''))"],
-                         cwd=tmp_path, capture_output=True, text=True)
+  probe = subprocess.run(
+    [
+      python,
+      "-c",
+      "import importlib.metadata as m, tapernorm_jax; "
+      "print(m.version('jax'), m.distribution('tapernorm_jax').locate_file(''))",
+    ],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+  )
   assert probe.returncode == 0, probe.stderr[-3000:]
   version, location = probe.stdout.split()
   assert version == jax.__version__ and pathlib.Path(location).resolve() == pathlib.Path(site).resolve()

@@ -29,8 +29,13 @@ def test_an_old_config_on_disk_reads_with_today_s_names():
 
 
 def test_an_old_override_on_the_command_line_is_rewritten():
-  argv = ["prog", "--config=configs/baseline.py", "--config.taper.fast_path=False", "--noconfig.taper.fast_path",
-          "--config.train.steps=3"]
+  argv = [
+    "prog",
+    "--config=configs/baseline.py",
+    "--config.taper.fast_path=False",
+    "--noconfig.taper.fast_path",
+    "--config.train.steps=3",
+  ]
   with pytest.warns(TaperNormDeprecationWarning):
     cli_flags.rename_overrides(argv, "config")
   assert argv[2:] == ["--config.train.fixed_step=False", "--noconfig.train.fixed_step", "--config.train.steps=3"]
@@ -58,17 +63,32 @@ def test_a_fakeln_run_written_before_the_scale_loss_rename_reads_with_its_own_la
   # Before the rename results.json recorded taper.aux_weight for every run, so a FakeLN run with its scale loss on
   # read as aux=0; its config.json holds the λ its method used, which is what the study rows now read.
   from tapernorm_jax.studies.analysis import run_rows  # noqa: PLC0415
+
   run_dir = tmp_path / "fakeln-s-aux1-seed0"
   run_dir.mkdir()
-  (run_dir / "config.json").write_text(json.dumps(
-      {"variant": "fakeln", "size": "s", "seed": 0, "method": "fakeln", "taper": {"aux_weight": 0.0},
-       "fakeln": {"aux_weight": 0.1}}))
-  (run_dir / "results.json").write_text(json.dumps(
-      {"variant": "fakeln", "size": "s", "seed": 0, "aux_weight": 0.0, "final_val_loss": 3.0, "complete": True}))
+  (run_dir / "config.json").write_text(
+    json.dumps(
+      {
+        "variant": "fakeln",
+        "size": "s",
+        "seed": 0,
+        "method": "fakeln",
+        "taper": {"aux_weight": 0.0},
+        "fakeln": {"aux_weight": 0.1},
+      }
+    )
+  )
+  (run_dir / "results.json").write_text(
+    json.dumps(
+      {"variant": "fakeln", "size": "s", "seed": 0, "aux_weight": 0.0, "final_val_loss": 3.0, "complete": True}
+    )
+  )
   with pytest.warns(TaperNormDeprecationWarning) as caught:
     run = run_rows.read_run(str(run_dir))
-  assert {str(w.message).split(" is now")[0] for w in caught} == {"config field 'taper.aux_weight'",
-                                                                   "config field 'fakeln.aux_weight'"}
+  assert {str(w.message).split(" is now")[0] for w in caught} == {
+    "config field 'taper.aux_weight'",
+    "config field 'fakeln.aux_weight'",
+  }
   assert run.aux == 1
   with pytest.warns(TaperNormDeprecationWarning, match="'taper.aux_weight' is now 'taper.scale_loss_weight'"):
     cfg = run_config.override(run_config.get_config("all_taper"), {"taper.aux_weight": 0.0})

@@ -19,7 +19,12 @@ def get_config(tokens_per_param: str = "20") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = f"budgets-tpp{tokens_per_param}"
   c.seeds = (0, 1, 2)
-  c.grids = [dict(variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1"],
-                  sizes=["cpu_xs", "cpu", "cpu_m", "cpu_xl"], budgets=[f"tokens_per_param={tokens_per_param}"])]
+  c.grids = [
+    dict(
+      variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1"],
+      sizes=["cpu_xs", "cpu", "cpu_m", "cpu_xl"],
+      budgets=[f"tokens_per_param={tokens_per_param}"],
+    )
+  ]
   c.overrides = ml_collections.ConfigDict(dict(train=dict(eval_batches=4)))
   return c

@@ -16,11 +16,25 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "cpu_mini"
   c.seeds = (0, 1, 2)
-  c.grids = [dict(variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1",
-                            "all_taper:aux=0", "final_taper:aux=0"], sizes=["cpu"])]
-  c.overrides = ml_collections.ConfigDict(dict(
+  c.grids = [
+    dict(
+      variants=[
+        "baseline",
+        "baseline:aux=1",
+        "internal_taper:aux=1",
+        "all_taper:aux=1",
+        "all_taper:aux=0",
+        "final_taper:aux=0",
+      ],
+      sizes=["cpu"],
+    )
+  ]
+  c.overrides = ml_collections.ConfigDict(
+    dict(
       # Twice the preset's peak LR: in 300 steps the unanchored runs' logit growth then stands clear of the
       # anchored runs' (about 2× by the end, against 1.2× at 3e-3 even over 600 steps).
       opt=dict(lr=6e-3),
-      train=dict(diag_every=15, eval_batches=4)))  # logit norms every 15 steps for Figure 3
+      train=dict(diag_every=15, eval_batches=4),
+    )
+  )  # logit norms every 15 steps for Figure 3
   return c

@@ -15,7 +15,20 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "methods"
   c.seeds = (0, 1, 2)
-  c.grids = [dict(variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1", "fakeln",
-                            "prepbn", "dyt", "derf"], sizes=["cpu_xs", "cpu", "cpu_l"])]
+  c.grids = [
+    dict(
+      variants=[
+        "baseline",
+        "baseline:aux=1",
+        "internal_taper:aux=1",
+        "all_taper:aux=1",
+        "fakeln",
+        "prepbn",
+        "dyt",
+        "derf",
+      ],
+      sizes=["cpu_xs", "cpu", "cpu_l"],
+    )
+  ]
   c.overrides = ml_collections.ConfigDict(dict(train=dict(eval_batches=4)))
   return c

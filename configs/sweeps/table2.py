@@ -20,9 +20,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.name = "table2"
   c.seeds = (0, 1, 2, 3, 4, 5)
   c.grids = [
-      dict(variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1"],
-           sizes=["1m", "3m", "9m", "30m"]),
-      dict(variants=["final_taper:aux=0", "all_taper:aux=0"], sizes=["30m"]),  # Figure 3: unanchored
+    dict(
+      variants=["baseline", "baseline:aux=1", "internal_taper:aux=1", "all_taper:aux=1"],
+      sizes=["1m", "3m", "9m", "30m"],
+    ),
+    dict(variants=["final_taper:aux=0", "all_taper:aux=0"], sizes=["30m"]),  # Figure 3: unanchored
   ]
   # Shared --config overrides; offline, point the TinyStories builder at the two text files with
   # --sweep.overrides.data.manual_dir=DIR.

@@ -26,16 +26,18 @@ LRS = (1e-3, 3e-3, 1e-2)  # the presets' 3e-3 and a factor of ~3 either side
 GAINS = {f"gain{g:g}": {"model.norm_gain_init": float(g)} for g in (1, 3, 10)}
 CALIBRATIONS = {f"cal{s}": {"taper.gate_warmup_frac": s / 300, "taper.min_calibration_step": 0} for s in (60, 100, 150)}
 SETTINGS = {  # variant → {knob tag: its overrides}
-    "baseline": GAINS,
-    "baseline:aux=1": GAINS,
-    "internal_taper:aux=1": CALIBRATIONS,
-    "all_taper:aux=1": CALIBRATIONS,
-    "fakeln": {f"start{s}": {"fakeln.start": s} for s in (30, 100, 200)},
-    "prepbn": {"blend36-299": {"prepbn.warm_frac": 0.36, "prepbn.blend_end": -1},
-               "blend20-210": {"prepbn.warm_frac": 0.2, "prepbn.blend_end": 210},
-               "blend10-150": {"prepbn.warm_frac": 0.1, "prepbn.blend_end": 150}},
-    "dyt": {f"alpha{m}x": {"model.norm_alpha": (0.8 * m, 0.2 * m, 0.2 * m)} for m in (1, 5, 25)},
-    "derf": {f"alpha{m}x": {"model.norm_alpha": (1.0 * m, 1.0 * m, 1.0 * m)} for m in (1, 5, 25)},
+  "baseline": GAINS,
+  "baseline:aux=1": GAINS,
+  "internal_taper:aux=1": CALIBRATIONS,
+  "all_taper:aux=1": CALIBRATIONS,
+  "fakeln": {f"start{s}": {"fakeln.start": s} for s in (30, 100, 200)},
+  "prepbn": {
+    "blend36-299": {"prepbn.warm_frac": 0.36, "prepbn.blend_end": -1},
+    "blend20-210": {"prepbn.warm_frac": 0.2, "prepbn.blend_end": 210},
+    "blend10-150": {"prepbn.warm_frac": 0.1, "prepbn.blend_end": 150},
+  },
+  "dyt": {f"alpha{m}x": {"model.norm_alpha": (0.8 * m, 0.2 * m, 0.2 * m)} for m in (1, 5, 25)},
+  "derf": {f"alpha{m}x": {"model.norm_alpha": (1.0 * m, 1.0 * m, 1.0 * m)} for m in (1, 5, 25)},
 }
 
 
@@ -53,8 +55,11 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "tuning"
   c.seeds = (0,)
-  c.grids = [dict(variants=[variant], sizes=SIZES, tag=f"lr{lr:g}_{knob}",
-                  overrides=nested({"opt.lr": lr, **overrides}))
-             for variant, knobs in SETTINGS.items() for knob, overrides in knobs.items() for lr in LRS]
+  c.grids = [
+    dict(variants=[variant], sizes=SIZES, tag=f"lr{lr:g}_{knob}", overrides=nested({"opt.lr": lr, **overrides}))
+    for variant, knobs in SETTINGS.items()
+    for knob, overrides in knobs.items()
+    for lr in LRS
+  ]
   c.overrides = ml_collections.ConfigDict(dict(data=dict(tune_frac=0.1), train=dict(eval_batches=4)))
   return c

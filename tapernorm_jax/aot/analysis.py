@@ -59,10 +59,13 @@ class Figures:
 
 def memory_figures(stats: Any) -> dict[str, float]:
   """The compiler's per-chip memory figures (bytes) and their total."""
-  figures = {name: float(getattr(stats, f"{name}_size_in_bytes")) for name in
-             ("argument", "output", "alias", "temp", "generated_code")}
-  figures["total"] = figures["argument"] + figures["output"] - figures["alias"] + figures["temp"] + \
-      figures["generated_code"]
+  figures = {
+    name: float(getattr(stats, f"{name}_size_in_bytes"))
+    for name in ("argument", "output", "alias", "temp", "generated_code")
+  }
+  figures["total"] = (
+    figures["argument"] + figures["output"] - figures["alias"] + figures["temp"] + figures["generated_code"]
+  )
   return figures
 
 
@@ -86,8 +89,9 @@ def compile_program(program: Program, chip: Chip | None, device_slices: list[int
     memory = out_of_memory(e)
     if memory is None:
       raise
-    return Figures(program.name, time.perf_counter() - t0, memory, False, error=one_line(e),
-                   analytic_flops=program.analytic_flops)
+    return Figures(
+      program.name, time.perf_counter() - t0, memory, False, error=one_line(e), analytic_flops=program.analytic_flops
+    )
   compile_s = time.perf_counter() - t0
   memory = memory_figures(compiled.memory_analysis())
   module = hlo.parse(compiled.as_text())
@@ -95,11 +99,19 @@ def compile_program(program: Program, chip: Chip | None, device_slices: list[int
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, list) else cost) or {}
   xla_flops = float(cost.get("flops", 0.0))  # each loop body once: the products of its further trips are added
-  figures = Figures(program.name, compile_s, memory, None if chip is None else memory["total"] <= chip.hbm_bytes,
-                    flops=xla_flops + hlo.product_flops(module, counts.repeats()), xla_flops=xla_flops,
-                    analytic_flops=program.analytic_flops, hbm_bytes=hlo.hbm_bytes(module, counts, counts.runs),
-                    collectives=collective_totals(hlo.collectives(module, counts, device_slices)),
-                    kernels=hlo.custom_calls(module, counts), unknown_loops=counts.unknown_loops)
+  figures = Figures(
+    program.name,
+    compile_s,
+    memory,
+    None if chip is None else memory["total"] <= chip.hbm_bytes,
+    flops=xla_flops + hlo.product_flops(module, counts.repeats()),
+    xla_flops=xla_flops,
+    analytic_flops=program.analytic_flops,
+    hbm_bytes=hlo.hbm_bytes(module, counts, counts.runs),
+    collectives=collective_totals(hlo.collectives(module, counts, device_slices)),
+    kernels=hlo.custom_calls(module, counts),
+    unknown_loops=counts.unknown_loops,
+  )
   if chip is not None:
     figures.estimate = estimate(figures, chip, program.tokens)
   return figures

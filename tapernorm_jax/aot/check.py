@@ -43,35 +43,57 @@ def slice_indices(mesh: Any) -> list[int]:
   return [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat]
 
 
-def check(cfg: ml_collections.ConfigDict, target: Target, decoding: Decoding | None,
-          progress: Callable[[str], None] = print, only: tuple[str, ...] = ()) -> dict[str, Any]:
+def check(
+  cfg: ml_collections.ConfigDict,
+  target: Target,
+  decoding: Decoding | None,
+  progress: Callable[[str], None] = print,
+  only: tuple[str, ...] = (),
+) -> dict[str, Any]:
   """Compiles every program of `cfg`'s run for `target` (the inference programs unless `decoding` is None; only
   those named in `only` when it is given) and returns the figures; stops at the first that does not fit."""
   chip = chips.chip(target.topology)
   devices = list(topology.devices(target.topology, target.slices))
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
-  progress(f"{cfg.variant} {cfg.size} on {target.slices} × {target.topology} ({len(devices)} {chip.device_kind} "
-           f"chips), mesh data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']}, batch {cfg.train.batch_size} × "
-           f"{cfg.model.T} in {cfg.train.microbatches} microbatch(es)")
+  progress(
+    f"{cfg.variant} {cfg.size} on {target.slices} × {target.topology} ({len(devices)} {chip.device_kind} "
+    f"chips), mesh data={mesh.shape['data']} × fsdp={mesh.shape['fsdp']}, batch {cfg.train.batch_size} × "
+    f"{cfg.model.T} in {cfg.train.microbatches} microbatch(es)"
+  )
   figures = []
   run = programs.run_programs(cfg, mesh, decoding)
   unknown = sorted(set(only) - {p.name for p in run})
   if unknown:
-    raise ValueError(f"--programs={','.join(only)}: this run has no {', '.join(unknown)}; its programs are "
-                     f"{', '.join(p.name for p in run)}")
+    raise ValueError(
+      f"--programs={','.join(only)}: this run has no {', '.join(unknown)}; its programs are "
+      f"{', '.join(p.name for p in run)}"
+    )
   for program in (p for p in run if not only or p.name in only):
     progress(f"compiling {program.name} ...")
     figures.append(analysis.compile_program(program, chip, slice_indices(mesh)))
     progress(f"  {program.name}: {suggest.describe(figures[-1])}, compiled in {figures[-1].compile_s:.1f} s")
     if figures[-1].fits is False:
       break
-  return {"schema": RESULTS_SCHEMA, "date": datetime.date.today().isoformat(), "topology": target.topology,
-          "slices": target.slices, "chips": len(devices), "chip": dataclasses.asdict(chip),
-          "mesh": {"data": mesh.shape["data"], "fsdp": mesh.shape["fsdp"]},
-          "run": {"variant": cfg.variant, "size": cfg.size, "method": cfg.method, "model": cfg.model.to_dict(),
-                  "batch_size": cfg.train.batch_size, "microbatches": cfg.train.microbatches},
-          "decoding": dataclasses.asdict(decoding) if decoding else None, "versions": versions(),
-          "programs": [dataclasses.asdict(f) for f in figures]}
+  return {
+    "schema": RESULTS_SCHEMA,
+    "date": datetime.date.today().isoformat(),
+    "topology": target.topology,
+    "slices": target.slices,
+    "chips": len(devices),
+    "chip": dataclasses.asdict(chip),
+    "mesh": {"data": mesh.shape["data"], "fsdp": mesh.shape["fsdp"]},
+    "run": {
+      "variant": cfg.variant,
+      "size": cfg.size,
+      "method": cfg.method,
+      "model": cfg.model.to_dict(),
+      "batch_size": cfg.train.batch_size,
+      "microbatches": cfg.train.microbatches,
+    },
+    "decoding": dataclasses.asdict(decoding) if decoding else None,
+    "versions": versions(),
+    "programs": [dataclasses.asdict(f) for f in figures],
+  }
 
 
 def default_decoding(cfg: ml_collections.ConfigDict, target: Target, batch: int = 0, prompt_len: int = 0) -> Decoding:
@@ -80,18 +102,34 @@ def default_decoding(cfg: ml_collections.ConfigDict, target: Target, batch: int 
   return Decoding(batch=batch or chips_count, prompt_len=prompt_len or max(1, cfg.model.T // 2))
 
 
-def suggestions(cfg: ml_collections.ConfigDict, target: Target, limit: int, enough: int | None = None,
-                progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def suggestions(
+  cfg: ml_collections.ConfigDict,
+  target: Target,
+  limit: int,
+  enough: int | None = None,
+  progress: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
   """The candidate splits of `cfg` over `target` (`suggest.search`), as records: the flags, whether the train step
   fits, its need and estimated step time."""
   chip, devices = chips.chip(target.topology), list(topology.devices(target.topology, target.slices))
-  current = suggest.Candidate(sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices).shape["fsdp"],
-                              cfg.train.microbatches)
+  current = suggest.Candidate(
+    sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices).shape["fsdp"], cfg.train.microbatches
+  )
   progress(f"trying other splits of the batch and the parameters (at most {limit} compiles) ...")
   found = suggest.search(cfg, devices, chip, limit, enough, skip=current if enough else None, progress=progress)
-  return [{"flags": c.flags(), "fsdp": c.fsdp, "microbatches": c.microbatches, "fits": f.fits, "need_bytes": f.need,
-           "step_s": f.estimate.step_s if f.estimate else None, "bound": f.estimate.bound if f.estimate else None,
-           "mfu": f.estimate.mfu if f.estimate else None} for c, f in found]
+  return [
+    {
+      "flags": c.flags(),
+      "fsdp": c.fsdp,
+      "microbatches": c.microbatches,
+      "fits": f.fits,
+      "need_bytes": f.need,
+      "step_s": f.estimate.step_s if f.estimate else None,
+      "bound": f.estimate.bound if f.estimate else None,
+      "mfu": f.estimate.mfu if f.estimate else None,
+    }
+    for c, f in found
+  ]
 
 
 def verdict(results: dict[str, Any]) -> str | None:
@@ -109,10 +147,14 @@ def verdict(results: dict[str, Any]) -> str | None:
   elif tried is None:
     fix = "--suggest_limit=N compiles N other splits of the batch and the parameters to find one that fits"
   else:
-    fix = (f"none of the {len(tried)} other splits tried fits: a larger topology, a smaller train.batch_size or "
-           "model.remat=True")
-  return (f"{failed['program']} does not fit: it needs {failed['memory']['total'] / GIB:.2f} GiB per chip, a "
-          f"{results['chip']['name']} chip has {capacity / GIB:.2f} GiB; {fix}")
+    fix = (
+      f"none of the {len(tried)} other splits tried fits: a larger topology, a smaller train.batch_size or "
+      "model.remat=True"
+    )
+  return (
+    f"{failed['program']} does not fit: it needs {failed['memory']['total'] / GIB:.2f} GiB per chip, a "
+    f"{results['chip']['name']} chip has {capacity / GIB:.2f} GiB; {fix}"
+  )
 
 
 def versions() -> dict[str, str]:

@@ -28,14 +28,34 @@ class Chip:
 
 
 CHIPS = {
-    "v4": Chip("v4", "TPU v4", 275e12, 32 * GIB, 1200 * GB, None, None, "megacore",
-               "https://cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("v5e", "TPU v5 lite", 197e12, 16 * GIB, 819 * GB, 400 * GB, 2 * 100e9 / 8 / 8, "default",
-                "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GIB, 2765 * GB, 1200 * GB, 50e9 / 8, "megacore",
-                "https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GB, 1638 * GB, 800 * GB, None, "default",
-                "https://cloud.google.com/tpu/docs/v6e"),
+  "v4": Chip(
+    "v4", "TPU v4", 275e12, 32 * GIB, 1200 * GB, None, None, "megacore", "https://cloud.google.com/tpu/docs/v4"
+  ),
+  "v5e": Chip(
+    "v5e",
+    "TPU v5 lite",
+    197e12,
+    16 * GIB,
+    819 * GB,
+    400 * GB,
+    2 * 100e9 / 8 / 8,
+    "default",
+    "https://cloud.google.com/tpu/docs/v5e",
+  ),
+  "v5p": Chip(
+    "v5p",
+    "TPU v5",
+    459e12,
+    95 * GIB,
+    2765 * GB,
+    1200 * GB,
+    50e9 / 8,
+    "megacore",
+    "https://cloud.google.com/tpu/docs/v5p",
+  ),
+  "v6e": Chip(
+    "v6e", "TPU v6 lite", 918e12, 32 * GB, 1638 * GB, 800 * GB, None, "default", "https://cloud.google.com/tpu/docs/v6e"
+  ),
 }
 
 
@@ -43,18 +63,24 @@ def chip(topology: str) -> Chip:
   """The chip of a topology name such as `v5e:4x4`; ValueError naming the known ones otherwise."""
   name = topology.split(":", 1)[0]
   if name not in CHIPS:
-    raise ValueError(f"--topology={topology!r}: unknown TPU generation {name!r}; give one of {sorted(CHIPS)} as "
-                     "GENERATION:SHAPE, e.g. v5e:4x4 or v5p:2x2x2")
+    raise ValueError(
+      f"--topology={topology!r}: unknown TPU generation {name!r}; give one of {sorted(CHIPS)} as "
+      "GENERATION:SHAPE, e.g. v5e:4x4 or v5p:2x2x2"
+    )
   return CHIPS[name]
 
 
 def table_markdown() -> str:
   """The chip table as markdown (docs/tpu.md prints it)."""
   fmt = lambda x, scale, unit: "—" if x is None else f"{x / scale:,.4g} {unit}"
-  rows = ["| chip | jax device kind | peak bf16 | HBM | HBM bandwidth | ICI per chip | DCN per chip | source |",
-          "|---|---|---|---|---|---|---|---|"]
+  rows = [
+    "| chip | jax device kind | peak bf16 | HBM | HBM bandwidth | ICI per chip | DCN per chip | source |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for c in CHIPS.values():
-    rows.append(f"| {c.name} | {c.device_kind} | {fmt(c.peak_bf16_flops, 1e12, 'TFLOP/s')} | "
-                f"{fmt(c.hbm_bytes, GIB, 'GiB')} | {fmt(c.hbm_bandwidth, GB, 'GB/s')} | "
-                f"{fmt(c.ici_bandwidth, GB, 'GB/s')} | {fmt(c.dcn_bandwidth, GB, 'GB/s')} | {c.source} |")
+    rows.append(
+      f"| {c.name} | {c.device_kind} | {fmt(c.peak_bf16_flops, 1e12, 'TFLOP/s')} | "
+      f"{fmt(c.hbm_bytes, GIB, 'GiB')} | {fmt(c.hbm_bandwidth, GB, 'GB/s')} | "
+      f"{fmt(c.ici_bandwidth, GB, 'GB/s')} | {fmt(c.dcn_bandwidth, GB, 'GB/s')} | {c.source} |"
+    )
   return "\n".join(rows)

@@ -27,8 +27,24 @@ from tapernorm_jax.aot.hlo_text import Instruction, Module, array_bytes, callees
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 # Operations that move no data of their own: views, tuples, parameters and constants.
-FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id", "replica-id",
-        "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "slice-done"}
+FREE = {
+  "parameter",
+  "get-tuple-element",
+  "tuple",
+  "bitcast",
+  "constant",
+  "after-all",
+  "partition-id",
+  "replica-id",
+  "copy-done",
+  "all-gather-done",
+  "all-reduce-done",
+  "collective-permute-done",
+  "async-done",
+  "slice-done",
+}
+
+
 @dataclasses.dataclass
 class Counts:
   """How many times each computation runs per call of the entry, and which of them are control flow (not fused)."""
@@ -157,9 +173,12 @@ def _product_flops(module: Module, computation: str, instruction: Instruction) -
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instruction.attributes)
     summed = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) if contracting else 1
     return 2.0 * math.prod(dims(instruction.shape)) * summed
-  return _convolution_flops(dims(module.shape_of(computation, instruction.operands[0])),
-                            dims(module.shape_of(computation, instruction.operands[1])), dims(instruction.shape),
-                            instruction.attributes)
+  return _convolution_flops(
+    dims(module.shape_of(computation, instruction.operands[0])),
+    dims(module.shape_of(computation, instruction.operands[1])),
+    dims(instruction.shape),
+    instruction.attributes,
+  )
 
 
 def _convolution_flops(lhs: list[int], rhs: list[int], out: list[int], attributes: str) -> float:
@@ -173,16 +192,16 @@ def _convolution_flops(lhs: list[int], rhs: list[int], out: list[int], attribute
   window = re.search(r"window=\{([^}]*)\}", attributes)
   fields = dict(re.findall(r"(\w+)=([\w\-]+)", window.group(1))) if window else {}
   axes = sorted((c for c in lhs_l if c.isdigit()), key=int)  # the window lists the spatial axes as 0, 1, 2, ...
-  per_axis = lambda key, default: ([int(v) for v in fields[key].split("x")] if key in fields
-                                   else [default] * len(axes))
+  per_axis = lambda key, default: [int(v) for v in fields[key].split("x")] if key in fields else [default] * len(axes)
   size, stride = per_axis("size", 1), per_axis("stride", 1)
   lhs_dilate, rhs_dilate = per_axis("lhs_dilate", 1), per_axis("rhs_dilate", 1)
-  pads = [[int(p) for p in pad.split("_")] for pad in fields["pad"].split("x")] if "pad" in fields else \
-      [[0, 0]] * len(axes)
+  pads = (
+    [[int(p) for p in pad.split("_")] for pad in fields["pad"].split("x")] if "pad" in fields else [[0, 0]] * len(axes)
+  )
   pairs = 1
   for j, axis in enumerate(axes):
     n_in, n_out = lhs[lhs_l.index(axis)], out[out_l.index(axis)]
-    position = (np.arange(n_out)[:, None] * stride[j] + np.arange(size[j])[None, :] * rhs_dilate[j] - pads[j][0])
+    position = np.arange(n_out)[:, None] * stride[j] + np.arange(size[j])[None, :] * rhs_dilate[j] - pads[j][0]
     pairs *= int(np.sum((position >= 0) & (position <= (n_in - 1) * lhs_dilate[j]) & (position % lhs_dilate[j] == 0)))
   return 2.0 * out[out_l.index("b")] * rhs[rhs_l.index("o")] * rhs[rhs_l.index("i")] * pairs
 
@@ -204,8 +223,11 @@ def _bytes_moved(module: Module, computation: str, instruction: Instruction) -> 
   operand once, and the compiler's own plumbing (views, the `-done` halves, CamelCase custom calls) moves nothing
   of its own."""
   op = instruction.opcode
-  if op in FREE or op == "while" or (op == "custom-call" and re.search(r'custom_call_target="[A-Z]',
-                                                                      instruction.attributes)):
+  if (
+    op in FREE
+    or op == "while"
+    or (op == "custom-call" and re.search(r'custom_call_target="[A-Z]', instruction.attributes))
+  ):
     return 0.0
   operands = sum(array_bytes(module.shape_of(computation, o)) for o in instruction.operands)
   if op in ("slice", "dynamic-slice"):
@@ -261,8 +283,9 @@ def collectives(module: Module, counts: Counts, device_slices: list[int]) -> lis
 def _ring_bytes(kind: str, sent_in: float, n: int) -> float:
   """Bytes each of n devices sends for a collective over `sent_in` bytes of its own, as a ring does it."""
   n = max(n, 1)
-  return {"all-gather": sent_in * (n - 1), "all-reduce": 2 * sent_in * (n - 1) / n,
-          "collective-permute": sent_in}.get(kind, sent_in * (n - 1) / n)
+  return {"all-gather": sent_in * (n - 1), "all-reduce": 2 * sent_in * (n - 1) / n, "collective-permute": sent_in}.get(
+    kind, sent_in * (n - 1) / n
+  )
 
 
 def replica_groups(attributes: str, devices: int) -> list[list[int]]:
@@ -283,8 +306,7 @@ def replica_groups(attributes: str, devices: int) -> list[list[int]]:
     axes = re.findall(r"'(\w+)'=(\d+)", mesh.group(1))
     names, sizes = [a for a, _ in axes], [int(s) for _, s in axes]
     over = [names.index(a) for a in re.findall(r"'(\w+)'", mesh.group(2))]
-    ids = np.moveaxis(np.arange(math.prod(sizes)).reshape(sizes), over, list(range(len(sizes) - len(over),
-                                                                                    len(sizes))))
+    ids = np.moveaxis(np.arange(math.prod(sizes)).reshape(sizes), over, list(range(len(sizes) - len(over), len(sizes))))
     return ids.reshape(-1, math.prod(sizes[i] for i in over)).tolist()
   return [list(range(devices))]
 

@@ -6,11 +6,30 @@ import math
 import re
 from typing import Iterator
 
-_ITEMSIZE = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-             "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ITEMSIZE = {
+  "pred": 1,
+  "s4": 0.5,
+  "u4": 0.5,
+  "s8": 1,
+  "u8": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
+}
 _ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([^\]]*)\]")
-_CALLEES = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation|branch_computations|"
-                      r"called_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_CALLEES = re.compile(
+  r"\b(calls|to_apply|body|condition|true_computation|false_computation|branch_computations|"
+  r"called_computations)=(\{[^}]*\}|%?[\w.\-]+)"
+)
 
 
 @dataclasses.dataclass
@@ -79,7 +98,7 @@ def _instruction(line: str) -> Instruction | None:
   m = re.match(r"\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*", line)
   if not m:
     return None
-  rest = line[m.end():]
+  rest = line[m.end() :]
   end = _balanced(rest, 0) if rest.startswith("(") else rest.find(" ")
   if end < 0:
     return None
@@ -88,7 +107,7 @@ def _instruction(line: str) -> Instruction | None:
   if not op:
     return None
   close = _balanced(rest, op.end() - 1)
-  operands = [p.split()[-1].lstrip("%") for p in _split_top(rest[op.end():close - 1])]
+  operands = [p.split()[-1].lstrip("%") for p in _split_top(rest[op.end() : close - 1])]
   return Instruction(m.group(2), shape, op.group(1), operands, rest[close:].lstrip(", "), bool(m.group(1)))
 
 

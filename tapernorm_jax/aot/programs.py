@@ -68,15 +68,19 @@ def training(trainer: Trainer) -> list[Program]:
   state = trainer.abstract_state()
   B, T = cfg.train.batch_size, model_cfg.T
   batch = abstract((B, T + 1), jnp.int32, trainer.batch_sharding)
-  train_flops = costs.train_flops_per_token(matmul_params(state["params"], model_cfg), model_cfg.L, model_cfg.D,
-                                              T) * B * T / devices
+  train_flops = (
+    costs.train_flops_per_token(matmul_params(state["params"], model_cfg), model_cfg.L, model_cfg.D, T)
+    * B
+    * T
+    / devices
+  )
   programs = [Program("train_step", lambda: trainer.train_step.lower(state, batch), train_flops, B * T)]
   if trainer.has_fixed_step:
     programs.append(Program("fixed_step", lambda: trainer.fixed_train_step.lower(state, batch), train_flops, B * T))
   return programs + [
-      Program("eval_step", lambda: trainer.eval_step.lower(state, batch), train_flops / 3, B * T),
-      Program("diagnostics", lambda: trainer.diagnostics.lower(state, batch), None,
-              B * T // cfg.train.microbatches)]
+    Program("eval_step", lambda: trainer.eval_step.lower(state, batch), train_flops / 3, B * T),
+    Program("diagnostics", lambda: trainer.diagnostics.lower(state, batch), None, B * T // cfg.train.microbatches),
+  ]
 
 
 def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
@@ -93,8 +97,10 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
     variables = jax.tree.map(lambda x, s: abstract(x.shape, x.dtype, s), jax.eval_shape(fold, trained), placement)
   B, P_len, S = decoding.batch, decoding.prompt_len, model_cfg.T
   rows = rows_sharding(mesh, B)
-  cache = jax.tree.map(lambda x: abstract(x.shape, x.dtype, rows),  # B·H cache rows, each device its own B
-                       jax.eval_shape(lambda: decode.init_cache(model_cfg, B, S)))
+  cache = jax.tree.map(
+    lambda x: abstract(x.shape, x.dtype, rows),  # B·H cache rows, each device its own B
+    jax.eval_shape(lambda: decode.init_cache(model_cfg, B, S)),
+  )
   N, head = matmul_params(variables["params"], model_cfg), model_cfg.V * model_cfg.D
   forward = lambda params, context: costs.forward_flops_per_token(params, model_cfg.L, model_cfg.D, context)
   prefill_flops = B * P_len * forward(N - head, P_len) + B * 2 * head  # logits of each row's last token only
@@ -103,17 +109,27 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
   prompt, lengths = abstract((B, P_len), jnp.int32, rows), abstract((B,), jnp.int32, rows)
   tokens, index = abstract((B,), jnp.int32, rows), abstract((B,), jnp.int32, rows)
   return programs + [
-      Program("prefill", lambda: prefill.lower(variables, prompt_BxP=prompt, lengths_B=lengths, cache=cache),
-              prefill_flops / mesh.size, B * P_len),
-      Program("decode_step", lambda: step.lower(variables, tokens_B=tokens, index_B=index, cache=cache),
-              B * forward(N, S) / mesh.size, B)]
+    Program(
+      "prefill",
+      lambda: prefill.lower(variables, prompt_BxP=prompt, lengths_B=lengths, cache=cache),
+      prefill_flops / mesh.size,
+      B * P_len,
+    ),
+    Program(
+      "decode_step",
+      lambda: step.lower(variables, tokens_B=tokens, index_B=index, cache=cache),
+      B * forward(N, S) / mesh.size,
+      B,
+    ),
+  ]
 
 
 def matmul_params(params: PyTree, model_cfg: ModelConfig) -> int:
   """The parameters a token's forward multiplies by: all but the lookup tables (the embedding when the head is its
   own matrix, gpt2's learned positions)."""
-  lookups = (0 if model_cfg.tie_embeddings else model_cfg.V * model_cfg.D) + \
-      (model_cfg.T * model_cfg.D if model_cfg.family == "gpt2" else 0)
+  lookups = (0 if model_cfg.tie_embeddings else model_cfg.V * model_cfg.D) + (
+    model_cfg.T * model_cfg.D if model_cfg.family == "gpt2" else 0
+  )
   return param_count(params) - lookups
 
 

@@ -44,9 +44,15 @@ def candidates(cfg: ml_collections.ConfigDict, devices: int, slices: int) -> Ite
       yield Candidate(fsdp, k)
 
 
-def search(cfg: ml_collections.ConfigDict, devices: list, chip: Chip, limit: int, enough: int | None = None,
-           skip: Candidate | None = None, progress: Callable[[str], None] = print
-           ) -> list[tuple[Candidate, analysis.Figures]]:
+def search(
+  cfg: ml_collections.ConfigDict,
+  devices: list,
+  chip: Chip,
+  limit: int,
+  enough: int | None = None,
+  skip: Candidate | None = None,
+  progress: Callable[[str], None] = print,
+) -> list[tuple[Candidate, analysis.Figures]]:
   """Compiles the train step of up to `limit` candidates (stopping once `enough` fit), `skip` left out; returns each
   with its figures, those that fit ranked by estimated step time first."""
   found: list[tuple[Candidate, analysis.Figures]] = []

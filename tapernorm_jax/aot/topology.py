@@ -37,8 +37,10 @@ def parse(topology: str) -> tuple[Chip, tuple[int, ...]]:
   spec = chip(topology)
   shape = topology.split(":", 1)[1] if ":" in topology else ""
   if not re.fullmatch(r"\d+(x\d+){1,2}", shape):
-    raise ValueError(f"--topology={topology!r}: give GENERATION:SHAPE with the chips along each axis, e.g. "
-                     f"{spec.name}:4x4" + (" or v5p:2x2x2" if spec.name in ("v4", "v5p") else ""))
+    raise ValueError(
+      f"--topology={topology!r}: give GENERATION:SHAPE with the chips along each axis, e.g. "
+      f"{spec.name}:4x4" + (" or v5p:2x2x2" if spec.name in ("v4", "v5p") else "")
+    )
   return spec, tuple(int(n) for n in shape.split("x"))
 
 
@@ -53,13 +55,17 @@ def devices(topology: str, slices: int = 1) -> tuple[Any, ...]:
   # devices take none, so compile checks, test workers and a training process on the same host may share it
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
+
   with captured_stderr() as said:  # libtpu warns on stderr that this host has no TPU, which it need not have
     try:
-      described = topologies.get_topology_desc(platform="tpu", topology_name=topology,
-                                               chip_config_name=spec.chip_config, num_slices=slices)
+      described = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology, chip_config_name=spec.chip_config, num_slices=slices
+      )
     except Exception as e:  # libtpu's message names what it cannot build
-      raise ValueError(f"--topology={topology!r} --slices={slices}: the TPU compiler cannot describe it ({e}; "
-                       f"it said: {said()[-500:]})") from e
+      raise ValueError(
+        f"--topology={topology!r} --slices={slices}: the TPU compiler cannot describe it ({e}; "
+        f"it said: {said()[-500:]})"
+      ) from e
   return tuple(sorted(described.devices, key=lambda d: (getattr(d, "slice_index", 0) or 0, d.id)))
 
 

@@ -28,14 +28,20 @@ import jax
 
 from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
+from tapernorm_jax.benchmarks import decode_tables
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.model import attention, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout, if installed from one
 # The tests that say whether this backend computes what the CPU does: attention implementations against the
 # reference, bf16 norms and folds, sharding over every local device, decode against the full forward.
-TESTS = ("tests/model/test_attention.py", "tests/model/test_norms.py", "tests/taper/test_fold.py",
-         "tests/model/test_sharding.py", "tests/inference/test_decode.py")
+TESTS = (
+  "tests/model/test_attention.py",
+  "tests/model/test_norms.py",
+  "tests/taper/test_fold.py",
+  "tests/model/test_sharding.py",
+  "tests/inference/test_decode.py",
+)
 SMOKE_TESTS = ("tests/model/test_attention.py::test_auto_picks_the_backend_s_kernel",)
 # What the subprocesses share the accelerator with: no process may take most of its memory up front.
 SHARED_DEVICE_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -60,8 +66,10 @@ class Settings:
         raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
     if self.checkout and not os.path.isfile(os.path.join(self.checkout, "tests", "conftest.py")):
       what = "does not exist" if not os.path.exists(self.checkout) else "is not a clone of tapernorm_jax (no tests/)"
-      raise ValueError(f"checkout={self.checkout}: {what}; give the directory of a clone of the repository, or "
-                       "leave it out to use the one this package was installed from")
+      raise ValueError(
+        f"checkout={self.checkout}: {what}; give the directory of a clone of the repository, or "
+        "leave it out to use the one this package was installed from"
+      )
 
 
 def checkout_dir(s: Settings) -> str | None:
@@ -71,8 +79,10 @@ def checkout_dir(s: Settings) -> str | None:
   return directory if os.path.isfile(os.path.join(directory, "tests", "conftest.py")) else None
 
 
-NO_CHECKOUT = ("no checkout: the tests and the peer script live in the repository, not in the installed package; "
-               "pass --checkout=DIR of a clone to run them")
+NO_CHECKOUT = (
+  "no checkout: the tests and the peer script live in the repository, not in the installed package; "
+  "pass --checkout=DIR of a clone to run them"
+)
 
 
 def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
@@ -84,27 +94,55 @@ def run_tests(s: Settings, out_dir: str) -> dict[str, Any]:
     return {"not_run": NO_CHECKOUT}
   report, devices_dir = os.path.join(out_dir, "tests.xml"), os.path.join(out_dir, "test_devices")
   shutil.rmtree(devices_dir, ignore_errors=True)
-  env = {**os.environ, **SHARED_DEVICE_ENV, "TAPERNORM_TEST_BACKEND": "default",
-         "TAPERNORM_TEST_DEVICES_DIR": devices_dir}
-  cmd = [sys.executable, "-m", "pytest", "-q", "-n", str(test_workers(s.smoke)), "-p", "no:cacheprovider",
-         f"--junitxml={report}", *(SMOKE_TESTS if s.smoke else TESTS)]
+  env = {
+    **os.environ,
+    **SHARED_DEVICE_ENV,
+    "TAPERNORM_TEST_BACKEND": "default",
+    "TAPERNORM_TEST_DEVICES_DIR": devices_dir,
+  }
+  cmd = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-q",
+    "-n",
+    str(test_workers(s.smoke)),
+    "-p",
+    "no:cacheprovider",
+    f"--junitxml={report}",
+    *(SMOKE_TESTS if s.smoke else TESTS),
+  ]
   t0 = time.time()
   try:
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=s.test_timeout_s)
   except subprocess.TimeoutExpired:
-    return {"command": " ".join(cmd), "timed_out": True, "wall_s": time.time() - t0,
-            "processes": read_device_records(devices_dir)}
+    return {
+      "command": " ".join(cmd),
+      "timed_out": True,
+      "wall_s": time.time() - t0,
+      "processes": read_device_records(devices_dir),
+    }
   counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
   failed = []
   if os.path.exists(report):
     suite = ElementTree.parse(report).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
     counts = {key: int(suite.get(key, 0)) for key in counts}
-    failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]
-  return {"command": " ".join(cmd), "returncode": proc.returncode, "wall_s": time.time() - t0, **counts,
-          "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"], "failed": failed,
-          "processes": read_device_records(devices_dir), "output_tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
+    failed = [
+      f"{case.get('classname')}::{case.get('name')}"
+      for case in suite.iter("testcase")
+      if case.find("failure") is not None or case.find("error") is not None
+    ]
+  return {
+    "command": " ".join(cmd),
+    "returncode": proc.returncode,
+    "wall_s": time.time() - t0,
+    **counts,
+    "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+    "failed": failed,
+    "processes": read_device_records(devices_dir),
+    "output_tail": proc.stdout[-3000:] + proc.stderr[-2000:],
+  }
 
 
 def test_workers(smoke: bool) -> int:
@@ -130,8 +168,12 @@ def placement_problems(platform: str, tests: dict[str, Any] | None) -> list[str]
   records = tests.get("processes") or []
   if not records:
     return ["no test process recorded its devices (tests/conftest.py did not run, or the tests never started)"]
-  return [f"test process {r['worker']} (pid {r['pid']}) ran on {r['backend']} ({r['device_count']} × "
-          f"{r['device']}), the benchmarks on {platform}" for r in records if r["backend"] != platform]
+  return [
+    f"test process {r['worker']} (pid {r['pid']}) ran on {r['backend']} ({r['device_count']} × "
+    f"{r['device']}), the benchmarks on {platform}"
+    for r in records
+    if r["backend"] != platform
+  ]
 
 
 def run_peer(s: Settings, out_dir: str) -> dict[str, Any]:
@@ -149,8 +191,9 @@ def run_peer(s: Settings, out_dir: str) -> dict[str, Any]:
   cmd = [sys.executable, "-m", "experiments.benchmark_peer", "--modes=forward", f"--out={peer_dir}", *preset]
   t0 = time.time()
   try:
-    proc = subprocess.run(cmd, cwd=root, env={**os.environ, **SHARED_DEVICE_ENV}, capture_output=True, text=True,
-                          timeout=s.peer_timeout_s)
+    proc = subprocess.run(
+      cmd, cwd=root, env={**os.environ, **SHARED_DEVICE_ENV}, capture_output=True, text=True, timeout=s.peer_timeout_s
+    )
   except subprocess.TimeoutExpired:
     return {"error": f"timed out after {s.peer_timeout_s} s: {' '.join(cmd)}"}
   if proc.returncode:
@@ -172,8 +215,9 @@ def train_settings(smoke: bool) -> train_bench.Settings:
 def inference_settings(smoke: bool) -> decode_bench.Settings:
   """The paper's grid (30M, B ∈ {1, 4} × T ∈ {128, 256, 512}, decode at B ∈ {1, 4}), or the quick preset."""
   if smoke:
-    return decode_bench.Settings(**{**decode_bench.QUICK, "size": "cpu", "modes": ("forward",), "repeats": 1,
-                                    "warmup": 0})
+    return decode_bench.Settings(
+      **{**decode_bench.QUICK, "size": "cpu", "modes": ("forward",), "repeats": 1, "warmup": 0}
+    )
   return decode_bench.Settings(repeats=3, min_sample_s=0.3)
 
 
@@ -182,16 +226,27 @@ def run(s: Settings, out_dir: str) -> dict[str, Any]:
   os.makedirs(out_dir, exist_ok=True)
   backend = jax.default_backend()
   results: dict[str, Any] = {
-      "date": datetime.date.today().isoformat(), "hardware": hardware.describe(), "settings": dataclasses.asdict(s),
-      "platform": backend, "part_seconds": {},
-      "attention": {"auto_bf16_T512": attention.resolve("auto", "bfloat16", 512, sharding.platform_of(None)),
-                    "auto_fp32_T512": attention.resolve("auto", "float32", 512, sharding.platform_of(None))}}
-  print(f"accelerator check on {hardware.one_line(results['hardware'])} ({backend}); attention auto → "
-        f"{results['attention']['auto_bf16_T512']} (bf16)", flush=True)
-  parts = [("tests", s.tests, lambda: run_tests(s, out_dir)),
-           ("train", s.train, lambda: train_bench.run(train_settings(s.smoke))),
-           ("inference", s.inference, lambda: decode_bench.run(inference_settings(s.smoke))),
-           ("peer", s.peer, lambda: run_peer(s, out_dir))]
+    "date": datetime.date.today().isoformat(),
+    "hardware": hardware.describe(),
+    "settings": dataclasses.asdict(s),
+    "platform": backend,
+    "part_seconds": {},
+    "attention": {
+      "auto_bf16_T512": attention.resolve("auto", "bfloat16", 512, sharding.platform_of(None)),
+      "auto_fp32_T512": attention.resolve("auto", "float32", 512, sharding.platform_of(None)),
+    },
+  }
+  print(
+    f"accelerator check on {hardware.one_line(results['hardware'])} ({backend}); attention auto → "
+    f"{results['attention']['auto_bf16_T512']} (bf16)",
+    flush=True,
+  )
+  parts = [
+    ("tests", s.tests, lambda: run_tests(s, out_dir)),
+    ("train", s.train, lambda: train_bench.run(train_settings(s.smoke))),
+    ("inference", s.inference, lambda: decode_bench.run(inference_settings(s.smoke))),
+    ("peer", s.peer, lambda: run_peer(s, out_dir)),
+  ]
   for name, wanted, part in parts:
     if not wanted:
       continue
@@ -215,13 +270,22 @@ def tested_on(tests: dict[str, Any]) -> str:
 def markdown(results: dict[str, Any]) -> str:
   """The report: device, where the tests ran, test counts, the train-step, inference and peer tables (paper's H100
   beside), each part's time."""
-  lines = [f"# Accelerator check, {results['date']}", "", f"Device: {hardware.one_line(results['hardware'])}, "
-           f"jax {results['hardware']['jax']}, Python {results['hardware']['python']}. Attention `auto` picks "
-           f"`{results['attention']['auto_bf16_T512']}` for bf16 at T = 512.", ""]
+  lines = [
+    f"# Accelerator check, {results['date']}",
+    "",
+    f"Device: {hardware.one_line(results['hardware'])}, "
+    f"jax {results['hardware']['jax']}, Python {results['hardware']['python']}. Attention `auto` picks "
+    f"`{results['attention']['auto_bf16_T512']}` for bf16 at T = 512.",
+    "",
+  ]
   problems = results.get("placement_problems") or []
   if problems:
-    lines += ["**TESTS RAN ON ANOTHER PLATFORM THAN THE BENCHMARKS**: their results say nothing about this device.",
-              "", *[f"* {p}" for p in problems], ""]
+    lines += [
+      "**TESTS RAN ON ANOTHER PLATFORM THAN THE BENCHMARKS**: their results say nothing about this device.",
+      "",
+      *[f"* {p}" for p in problems],
+      "",
+    ]
   tests = results.get("tests")
   if tests:
     where = f"Tests ran on {tested_on(tests)}; benchmarks on {results['platform']}."
@@ -230,21 +294,36 @@ def markdown(results: dict[str, Any]) -> str:
     elif tests.get("timed_out"):
       lines += [f"Tests: **timed out** after {tests['wall_s']:.0f} s. {where}", ""]
     else:
-      lines += [f"Tests: {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, {tests['skipped']} "
-                f"skipped ({tests['wall_s']:.0f} s). {where}" + (f" Failed: {', '.join(tests['failed'])}"
-                                                                 if tests['failed'] else ""), ""]
-  parts = (("train", "Train", train_bench.markdown), ("inference", "Inference", decode_bench.markdown),
-           ("peer", "Beside PyTorch (Hugging Face Llama, forward)", lambda part: part["table"]))
+      lines += [
+        f"Tests: {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, {tests['skipped']} "
+        f"skipped ({tests['wall_s']:.0f} s). {where}"
+        + (f" Failed: {', '.join(tests['failed'])}" if tests['failed'] else ""),
+        "",
+      ]
+  parts = (
+    ("train", "Train", train_bench.markdown),
+    ("inference", "Inference", decode_tables.markdown),
+    ("peer", "Beside PyTorch (Hugging Face Llama, forward)", lambda part: part["table"]),
+  )
   for name, title, render in parts:
     part = results.get(name)
     if part:
-      body = (f"**error**: {part['error']}" if "error" in part else
-              f"Not run: {part['skipped']}." if "skipped" in part else render(part))
+      body = (
+        f"**error**: {part['error']}"
+        if "error" in part
+        else f"Not run: {part['skipped']}."
+        if "skipped" in part
+        else render(part)
+      )
       lines += [f"## {title}", "", body, ""]
   seconds = results.get("part_seconds") or {}
   if seconds:
-    lines += ["Time per part: " + ", ".join(f"{name} {t:.0f} s" for name, t in seconds.items()) +
-              f"; {sum(seconds.values()):.0f} s in all.", ""]
+    lines += [
+      "Time per part: "
+      + ", ".join(f"{name} {t:.0f} s" for name, t in seconds.items())
+      + f"; {sum(seconds.values()):.0f} s in all.",
+      "",
+    ]
   return "\n".join(lines)
 
 

@@ -44,9 +44,15 @@ def run(s: Settings) -> dict[str, Any]:
 
 def timed(s: Settings, data_dir: str) -> dict[str, Any]:
   """The benchmark with the corpus prepared into `data_dir`."""
-  cfg = dict(source="synthetic", data_dir=data_dir, synthetic_train_stories=s.stories,
-             synthetic_valid_stories=max(1, s.stories // 20), synthetic_seed=0, vocab_size=s.vocab_size,
-             seq_len=s.seq_len)
+  cfg = dict(
+    source="synthetic",
+    data_dir=data_dir,
+    synthetic_train_stories=s.stories,
+    synthetic_valid_stories=max(1, s.stories // 20),
+    synthetic_seed=0,
+    vocab_size=s.vocab_size,
+    seq_len=s.seq_len,
+  )
   t0 = time.perf_counter()
   text_bytes = sum(len(story.encode("utf-8")) for story in stories.generate(s.stories, 0, "train"))
   generate_s = time.perf_counter() - t0
@@ -59,14 +65,31 @@ def timed(s: Settings, data_dir: str) -> dict[str, Any]:
 
   loaders = {}
   for threads, prefetch in ((0, 0), (1, 16), (2, 32)):
-    it = data.train_iterator(prepared, s.batch_size, s.seq_len, seed=0, process_index=0, process_count=1,
-                             num_threads=threads, prefetch=prefetch)
+    it = data.train_iterator(
+      prepared,
+      s.batch_size,
+      s.seq_len,
+      seed=0,
+      process_index=0,
+      process_count=1,
+      num_threads=threads,
+      prefetch=prefetch,
+    )
     loaders[f"train_threads={threads}_prefetch={prefetch}"] = loader_rate(it, s, s.batches)
   num_eval = max(1, min(s.batches, prepared.num_tokens("validation") // (s.batch_size * (s.seq_len + 1))))
   loaders["eval"] = loader_rate(data.eval_batches(prepared, s.batch_size, s.seq_len, num_eval + 1), s, num_eval)
   return dict(
-      benchmark="data", corpus=prepared.name, machine=dict(platform=platform.platform(), cpus=os.cpu_count()),
-      train_text_mb=text_bytes / 1e6, vocab_size=prepared.vocab_size,
-      num_tokens={split: prepared.num_tokens(split) for split in ("train", "validation")},
-      generate_corpus_s=generate_s, prepare_s=prepare_s, reload_cached_s=reload_s,
-      build_timings_s=prepared.meta["timings"], batch_size=s.batch_size, seq_len=s.seq_len, loader=loaders)
+    benchmark="data",
+    corpus=prepared.name,
+    machine=dict(platform=platform.platform(), cpus=os.cpu_count()),
+    train_text_mb=text_bytes / 1e6,
+    vocab_size=prepared.vocab_size,
+    num_tokens={split: prepared.num_tokens(split) for split in ("train", "validation")},
+    generate_corpus_s=generate_s,
+    prepare_s=prepare_s,
+    reload_cached_s=reload_s,
+    build_timings_s=prepared.meta["timings"],
+    batch_size=s.batch_size,
+    seq_len=s.seq_len,
+    loader=loaders,
+  )

@@ -21,20 +21,31 @@ from tapernorm_jax.runtime import hardware
 from tapernorm_jax.inference import decode
 from tapernorm_jax.inference import forms as forms_lib
 from tapernorm_jax.cpu_kernels import few_rows, matvec
-from tapernorm_jax.model.transformer import einsum
+from tapernorm_jax.model.seams import einsum
 from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train import run_config
-from tapernorm_jax.benchmarks.timing import (bandwidth_probe, check_at_least, paired_ratio, read_bandwidth,
-                                             summary, time_interleaved)
-from tapernorm_jax.markdown import markdown_table
+from tapernorm_jax.benchmarks.timing import (
+  bandwidth_probe,
+  check_at_least,
+  paired_ratio,
+  read_bandwidth,
+  summary,
+  time_interleaved,
+)
 from tapernorm_jax.model import ModelConfig, init, param_count
 from tapernorm_jax.model.norms import POINTWISE_MODES
 
 PyTree = Any
 # The paper's measurement (docs/method.md §9): thousands of tokens/s on an H100 in bf16 (PyTorch eager),
 # as (baseline, fixed, folded), keyed by (B, T).
-PAPER_TABLE = {(1, 128): (40.7, 45.9, 48.7), (1, 256): (79.3, 90.8, 96.8), (1, 512): (163.2, 181.7, 195.5),
-         (4, 128): (149.3, 169.3, 180.4), (4, 256): (290.5, 323.6, 344.9), (4, 512): (546.3, 588.1, 615.9)}
+PAPER_TABLE = {
+  (1, 128): (40.7, 45.9, 48.7),
+  (1, 256): (79.3, 90.8, 96.8),
+  (1, 512): (163.2, 181.7, 195.5),
+  (4, 128): (149.3, 169.3, 180.4),
+  (4, 256): (290.5, 323.6, 344.9),
+  (4, 512): (546.3, 588.1, 615.9),
+}
 MODES = ("forward", "decode")
 VARIANTS = ("internal_taper", "all_taper")
 
@@ -82,17 +93,32 @@ class Settings:
 
 
 FLAG_HELP = {  # one line per Settings field, for the entry points' flags
-    "size": "Model size (the paper's 1m/3m/9m/30m, or cpu).", "variant": "internal_taper or all_taper.",
-    "modes": "forward and/or decode.", "batches": "Batch sizes of the forward mode.",
-    "lengths": "Sequence lengths T of the forward mode.", "decode_batches": "Batch sizes of the decode mode.",
-    "prompt": "Prompt length P of the decode mode.", "new_tokens": "Tokens N generated per row in the decode mode.",
-    "repeats": "Timed samples per contender and cell (median and spread reported).",
-    "warmup": "Untimed calls per contender and cell after compiling.",
-    "min_sample_s": "Each timed sample loops calls for at least this long.",
-    "dtype": "Compute and weight dtype (default: float32 on CPU, else bfloat16).", "seed": "Weight seed.",
-    "pointwise": "Point-wise norms (dyt, derf) also timed on the same weights; empty for none."}
-QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
-             warmup=1, min_sample_s=0.05)  # a smoke run in under a minute
+  "size": "Model size (the paper's 1m/3m/9m/30m, or cpu).",
+  "variant": "internal_taper or all_taper.",
+  "modes": "forward and/or decode.",
+  "batches": "Batch sizes of the forward mode.",
+  "lengths": "Sequence lengths T of the forward mode.",
+  "decode_batches": "Batch sizes of the decode mode.",
+  "prompt": "Prompt length P of the decode mode.",
+  "new_tokens": "Tokens N generated per row in the decode mode.",
+  "repeats": "Timed samples per contender and cell (median and spread reported).",
+  "warmup": "Untimed calls per contender and cell after compiling.",
+  "min_sample_s": "Each timed sample loops calls for at least this long.",
+  "dtype": "Compute and weight dtype (default: float32 on CPU, else bfloat16).",
+  "seed": "Weight seed.",
+  "pointwise": "Point-wise norms (dyt, derf) also timed on the same weights; empty for none.",
+}
+QUICK = dict(
+  size="1m",
+  batches=(1,),
+  lengths=(128,),
+  decode_batches=(1,),
+  prompt=32,
+  new_tokens=32,
+  repeats=3,
+  warmup=1,
+  min_sample_s=0.05,
+)  # a smoke run in under a minute
 
 
 def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
@@ -134,8 +160,11 @@ def bytes_per_decode_step(variables: PyTree, cfg: ModelConfig, B: int, cache: de
   return {"weights": int(total), "cache": decode.cache_bytes(cache)}
 
 
-PROJECTIONS = {few_rows.kernel_projection: "the matvec kernel",
-               few_rows.rowwise_projection: "one product per row (kernel: {})", einsum: "the model's einsum"}
+PROJECTIONS = {
+  few_rows.kernel_projection: "the matvec kernel",
+  few_rows.rowwise_projection: "one product per row (kernel: {})",
+  einsum: "the model's einsum",
+}
 FULL = "baseline_every_position"  # forward contender: the baseline with its last block on every position too
 WITHOUT_KERNEL = "folded_xla"  # decode contender: the folded form with the model's own einsum (no CPU projection)
 ROWWISE = "folded_rowwise"  # and, where the kernel runs, with one product per row (what runs without the kernel)
@@ -160,8 +189,9 @@ def with_projections(forms: dict, rows: int, copies: dict[str, PyTree]) -> dict[
   return out
 
 
-def decode_calls(variables: PyTree, projection: Any, cfg: ModelConfig, prompt_BxP: jax.Array,
-                 new_tokens: int) -> tuple[Any, Any, decode.Cache]:
+def decode_calls(
+  variables: PyTree, projection: Any, cfg: ModelConfig, prompt_BxP: jax.Array, new_tokens: int
+) -> tuple[Any, Any, decode.Cache]:
   """One form's jitted prefill of `prompt_BxP` and its loop generating `new_tokens` after it (greedy from the
   prefill's logits), as argument-free calls, and the cache the prefill fills."""
   B, P = prompt_BxP.shape
@@ -171,10 +201,14 @@ def decode_calls(variables: PyTree, projection: Any, cfg: ModelConfig, prompt_Bx
   empty = decode.init_cache(cfg, B, decode.cache_length(P, new_tokens))
   logits_BxV, cache = prefill(variables, prompt_BxP, lengths_B, empty)
   first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
-  loop = jax.jit(lambda v, f, n, c: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0), new_tokens,
-                                                       projection=projection))
-  return (lambda: prefill(variables, prompt_BxP, lengths_B, empty),
-          lambda: loop(variables, first_B, lengths_B, cache), cache)
+  loop = jax.jit(
+    lambda v, f, n, c: decode.decode_loop(v, cfg, f, n, c, jax.random.key(0), new_tokens, projection=projection)
+  )
+  return (
+    lambda: prefill(variables, prompt_BxP, lengths_B, empty),
+    lambda: loop(variables, first_B, lengths_B, cache),
+    cache,
+  )
 
 
 def bench_decode(forms: dict, s: Settings) -> list[dict]:
@@ -198,19 +232,33 @@ def bench_decode(forms: dict, s: Settings) -> list[dict]:
     loop_samples = time_interleaved(loops, s.repeats, s.warmup, s.min_sample_s)
     bandwidth = summary(loop_samples.pop("read"), step_bytes / 1e9)
     auto = few_rows.choose(*forms["folded"], B)  # what `generate` picks here for B rows (timed once, cached)
-    row = {"B": B, "prompt": P, "new_tokens": N, "read_gb_s": bandwidth,
-           "projection": projection_name(runs["folded"][1]), "auto_paths": auto.record(), "forms": {}}
+    row = {
+      "B": B,
+      "prompt": P,
+      "new_tokens": N,
+      "read_gb_s": bandwidth,
+      "projection": projection_name(runs["folded"][1]),
+      "auto_paths": auto.record(),
+      "forms": {},
+    }
     for name in runs:
       stats = summary(loop_samples[name], B * (N - 1))  # the first new token comes from the prefill
       form_bytes = traffic[name]["weights"] + traffic[name]["cache"]
       roofline_tokens_s = B * bandwidth["median"] * 1e9 / form_bytes
-      stats.update(bytes_per_step=traffic[name], roofline_tokens_s=roofline_tokens_s,
-                   roofline_fraction=stats["median"] / roofline_tokens_s,
-                   prefill=summary(prefill_samples[name], B * P))
+      stats.update(
+        bytes_per_step=traffic[name],
+        roofline_tokens_s=roofline_tokens_s,
+        roofline_fraction=stats["median"] / roofline_tokens_s,
+        prefill=summary(prefill_samples[name], B * P),
+      )
       row["forms"][name] = stats
     rows.append(row)
-    log_row(f"decode B={B} P={P} N={N} (read bandwidth {bandwidth['median']:.1f} GB/s over "
-            f"{step_bytes / 1e6:.0f} MB; generate's path here: {auto.describe()})", row, "tok/s")
+    log_row(
+      f"decode B={B} P={P} N={N} (read bandwidth {bandwidth['median']:.1f} GB/s over "
+      f"{step_bytes / 1e6:.0f} MB; generate's path here: {auto.describe()})",
+      row,
+      "tok/s",
+    )
   return rows
 
 
@@ -221,8 +269,11 @@ def speedup(forms: dict, name: str, reference: str) -> dict[str, float]:
 
 def log_row(title: str, row: dict, unit: str) -> None:
   """Prints one cell's medians and ratios to baseline."""
-  cells = ", ".join(f"{name} {r['median']:,.0f} {unit} ({speedup(row['forms'], name, 'baseline')['median']:.3f}×, "
-                    f"±{50 * r['spread']:.1f}%)" for name, r in row["forms"].items())
+  cells = ", ".join(
+    f"{name} {r['median']:,.0f} {unit} ({speedup(row['forms'], name, 'baseline')['median']:.3f}×, "
+    f"±{50 * r['spread']:.1f}%)"
+    for name, r in row["forms"].items()
+  )
   print(f"{title}: {cells}", flush=True)
 
 
@@ -234,14 +285,22 @@ def run(s: Settings) -> dict[str, Any]:
   forms = forms_lib.forms(variables, cfg)
   for mode in s.pointwise:
     forms[mode] = forms_lib.pointwise(variables, cfg, mode, jax.random.key(s.seed + 2))
-  results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
-                             "settings": dataclasses.asdict(s), "model": cfg.to_dict(),
-                             "params": param_count(forms["baseline"][0]["params"])}
-  print(f"{s.size} {s.variant}: {results['params']:,} parameters, {s.dtype}, on {results['hardware']['device']}",
-        flush=True)
+  results: dict[str, Any] = {
+    "date": datetime.date.today().isoformat(),
+    "hardware": hardware.describe(),
+    "settings": dataclasses.asdict(s),
+    "model": cfg.to_dict(),
+    "params": param_count(forms["baseline"][0]["params"]),
+  }
+  print(
+    f"{s.size} {s.variant}: {results['params']:,} parameters, {s.dtype}, on {results['hardware']['device']}", flush=True
+  )
   results["bandwidth"] = read_bandwidth()
-  print(f"DRAM read bandwidth (sum over 1 GiB): {results['bandwidth']['median_gb_s']:.1f} GB/s "
-        f"(best {results['bandwidth']['best_gb_s']:.1f})", flush=True)
+  print(
+    f"DRAM read bandwidth (sum over 1 GiB): {results['bandwidth']['median_gb_s']:.1f} GB/s "
+    f"(best {results['bandwidth']['best_gb_s']:.1f})",
+    flush=True,
+  )
   t0 = time.time()
   if "forward" in s.modes:
     results["forward"] = bench_forward(forms, s)
@@ -249,73 +308,3 @@ def run(s: Settings) -> dict[str, Any]:
     results["decode"] = bench_decode(forms, s)
   results["wall_s"] = time.time() - t0
   return results
-
-
-def pointwise_forms(rows: list[dict]) -> list[str]:
-  """The point-wise norms a table's rows timed (none in results from before they were)."""
-  return [mode for mode in POINTWISE_MODES if mode in rows[0]["forms"]]
-
-
-def decode_table(results: dict) -> list[str]:
-  """The decode roofline table's lines: tokens/s per form and batch, the CPU projection's gain, the rooflines."""
-  dram = lambda B, step: B * results["bandwidth"]["median_gb_s"] * 1e9 / (step["weights"] + step["cache"])
-  rows, extra = [], pointwise_forms(results["decode"])
-  for row in results["decode"]:
-    f = row["forms"]
-    cell = lambda n: f"{f[n]['median']:,.1f} ({speedup(f, n, 'baseline')['median']:.3f}×)"
-    step = f["folded"]["bytes_per_step"]
-    kernel = speedup(f, "folded", WITHOUT_KERNEL) if WITHOUT_KERNEL in f else None
-    per_row = (f" / per row {f[ROWWISE]['median']:,.1f} ({speedup(f, 'folded', ROWWISE)['median']:.2f}×)"
-               if ROWWISE in f else "")
-    rows.append([row["B"], row["prompt"], row["new_tokens"], f"{f['baseline']['median']:,.1f}", cell("fixed"),
-                 cell("folded"), cell("identity"), *map(cell, extra),
-                 f"{f[WITHOUT_KERNEL]['median']:,.1f} ({kernel['median']:.2f}× "
-                 f"{kernel['min']:.2f}–{kernel['max']:.2f}){per_row}" if kernel else f"– ({row.get('projection', '')})",
-                 f"{(step['weights'] + step['cache']) / 1e6:.1f}",
-                 f"{row['read_gb_s']['median']:.1f}", f"{f['folded']['roofline_tokens_s']:,.1f}",
-                 f"{100 * f['folded']['roofline_fraction']:.0f}%",
-                 f"{100 * f['folded']['median'] / dram(row['B'], step):.0f}%"])
-  return ["KV-cache decode after a P-token prompt (prefill excluded), tokens/s (ratio to baseline; every form "
-            "with the CPU few-row projection that `cpu_kernels/few_rows.py` picks for the batch, and "
-            "folded once more with the model's own einsum). "
-            "Roofline = B × read bandwidth ÷ bytes read per step (weights + KV cache), with the bandwidth of a "
-            "sum over as many bytes as one step reads (sampled between the decode runs), and with the DRAM "
-            "bandwidth:", "",
-            markdown_table(["B", "P", "N", "baseline", "fixed", "folded", "identity", *extra,
-                            "folded, model's einsum (CPU projection's gain, range) / one product per row",
-                            "MB read / step", "read GB/s", "roofline tok/s", "folded % of roofline",
-                            "folded % of DRAM roofline"],
-                           rows), ""]
-
-
-def markdown(results: dict) -> str:
-  """The forward table laid out like the paper's (k tokens/s, ratio to baseline), and the decode roofline table."""
-  s = results["settings"]
-  lines = [f"Measured {results['date']} on {hardware.one_line(results['hardware'])}, "
-           f"{s['size']} {s['variant']} model ({results['params']:,} parameters), {s['dtype']}, "
-           f"median of {s['repeats']} interleaved runs (± half the min–max spread); ratios are the median over those "
-           f"rounds of each round's ratio, which cancels load drifts slower than a round. "
-           f"DRAM read bandwidth (jitted sum over {results['bandwidth']['bytes'] / 2**30:.0f} GiB): "
-           f"{results['bandwidth']['median_gb_s']:.1f} GB/s.", ""]
-  if results.get("forward"):
-    rows, extra = [], pointwise_forms(results["forward"])
-    for row in results["forward"]:
-      f = row["forms"]
-      cell = lambda n: (f"{f[n]['median'] / 1e3:.2f} ± {50 * f[n]['spread']:.1f}% "
-                        f"({speedup(f, n, 'baseline')['median']:.3f}×)")
-      paper = PAPER_TABLE.get((row["B"], row["T"]))
-      bound = speedup(f, "folded", "identity")
-      rows.append([row["B"], row["T"], f"{f['baseline']['median'] / 1e3:.2f} ± {50 * f['baseline']['spread']:.1f}%",
-                   cell(FULL) if FULL in f else "–", cell("fixed"), cell("folded"), cell("identity"),
-                   *map(cell, extra),
-                   f"{bound['median']:.3f} ({bound['min']:.2f}–{bound['max']:.2f})",
-                   f"{paper[2]:.1f} ({paper[2] / paper[0]:.2f}×)" if paper else "–"])
-    lines += ["Last-token-logits forward, no KV cache, thousands of tokens/s (ratio to baseline). Every form runs "
-              "its last block on the last position only, the one whose logits are asked for: fewer FLOPs than a "
-              "forward over every position (the paper's, and Hugging Face's with `logits_to_keep=1`); the second "
-              "column is the baseline with every block on every position, the work such a forward does:", "",
-              markdown_table(["B", "T", "baseline", "baseline, every block on every position", "fixed", "folded",
-                              "identity", *extra, "folded / identity", "paper folded (H100)"], rows), ""]
-  if results.get("decode"):
-    lines += decode_table(results)
-  return "\n".join(lines)

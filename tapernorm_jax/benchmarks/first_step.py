@@ -69,9 +69,20 @@ def child(case: str, cache: str, workdir: str, started: float) -> float:
 
 def measure(case: str, cache: str, workdir: str) -> float:
   """Runs `case` in a fresh process; its time to first step."""
-  done = subprocess.run([sys.executable, "-m", "experiments.benchmark_first_step", f"--child={case}",
-                         f"--cache={cache}", f"--workdir={workdir}"], capture_output=True, text=True, check=False,
-                        timeout=1800)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.benchmark_first_step",
+      f"--child={case}",
+      f"--cache={cache}",
+      f"--workdir={workdir}",
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+    timeout=1800,
+  )
   lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
   if done.returncode != 0 or not lines:
     raise RuntimeError(f"the {case} run failed (exit {done.returncode}): {done.stderr[-2000:]}")
@@ -100,6 +111,13 @@ def markdown(results: dict[str, Any]) -> str:
   rows = []
   for case, r in results["cases"].items():
     ratio = r["ratio"]
-    rows.append([case, f"{statistics.median(r['cold_s']):.1f}", f"{statistics.median(r['warm_s']):.1f}",
-                 f"{statistics.median(ratio):.2f}× ({min(ratio):.2f}–{max(ratio):.2f})", len(ratio)])
+    rows.append(
+      [
+        case,
+        f"{statistics.median(r['cold_s']):.1f}",
+        f"{statistics.median(r['warm_s']):.1f}",
+        f"{statistics.median(ratio):.2f}× ({min(ratio):.2f}–{max(ratio):.2f})",
+        len(ratio),
+      ]
+    )
   return markdown_table(["case", "cold s (median)", "warm s (median)", "cold / warm, per round", "rounds"], rows)

@@ -76,14 +76,15 @@ class Sampler:
         continue
 
 
-def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: float, number: int
-            ) -> list[dict[str, Any]]:
+def windows(
+  records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: float, number: int
+) -> list[dict[str, Any]]:
   """After the first `warmup_frac` of the steps, `number` equal windows of steps: each one's first and last step,
   median resident memory (MB), median and lower-quartile step time (ms, from each step's tokens/s; the lower
   quartile is what the steps cost where other work on the host did not slow them), and the median CPU time the
   process spent a step (ms, all its threads: work that other processes on the host barely change)."""
   timed = [r for r in records if isinstance(r.get("tokens_per_s"), (int, float)) and r["tokens_per_s"] > 0]
-  steady = timed[int(len(timed) * warmup_frac):]
+  steady = timed[int(len(timed) * warmup_frac) :]
   out = []
   for part in np.array_split(np.arange(len(steady)), number):
     chunk = [steady[i] for i in part]
@@ -92,15 +93,22 @@ def windows(records: list[dict[str, Any]], tokens_per_step: int, warmup_frac: fl
     rss = [r["host_rss_mb"] for r in chunk if isinstance(r.get("host_rss_mb"), (int, float))]
     step_ms = [1e3 * tokens_per_step / r["tokens_per_s"] for r in chunk]
     cpu_ms = [1e3 * r["host_cpu_s"] for r in chunk if isinstance(r.get("host_cpu_s"), (int, float))]
-    out.append({"first_step": chunk[0]["step"], "last_step": chunk[-1]["step"],
-                "rss_mb": float(np.median(rss)) if rss else None, "step_ms": float(np.median(step_ms)),
-                "fast_step_ms": float(np.percentile(step_ms, 25)),
-                "cpu_step_ms": float(np.median(cpu_ms)) if cpu_ms else None})
+    out.append(
+      {
+        "first_step": chunk[0]["step"],
+        "last_step": chunk[-1]["step"],
+        "rss_mb": float(np.median(rss)) if rss else None,
+        "step_ms": float(np.median(step_ms)),
+        "fast_step_ms": float(np.percentile(step_ms, 25)),
+        "cpu_step_ms": float(np.median(cpu_ms)) if cpu_ms else None,
+      }
+    )
   return out
 
 
-def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], warmup_frac: float = 0.1,
-            number: int = 10) -> dict[str, Any]:
+def summary(
+  cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], warmup_frac: float = 0.1, number: int = 10
+) -> dict[str, Any]:
   """What a soak shows: the windows, resident memory's growth and the step time's ratios (median, lower quartile)
   from the first window after warm-up to the last, and the most files the directory held between two saves (all
   kept checkpoints complete, nothing being written) in the first and the second half of the run, and the median
@@ -111,23 +119,33 @@ def summary(cfg: ml_collections.ConfigDict, run_dir: str, counts: list[Count], w
   half = len(settled) // 2
   most = lambda part, field: max((getattr(c, field) for c in part), default=None)
   typical = lambda part: float(np.median([c.files for c in part])) if part else None
-  return {"steps": len(records), "warmup_frac": warmup_frac, "windows": parts,
-          "rss_growth_mb": parts[-1]["rss_mb"] - parts[0]["rss_mb"] if parts and parts[0]["rss_mb"] else None,
-          "step_time_ratio": parts[-1]["step_ms"] / parts[0]["step_ms"] if parts else None,
-          "fast_step_time_ratio": parts[-1]["fast_step_ms"] / parts[0]["fast_step_ms"] if parts else None,
-          "cpu_step_time_ratio": (parts[-1]["cpu_step_ms"] / parts[0]["cpu_step_ms"]
-                                  if parts and parts[0]["cpu_step_ms"] else None),
-          "settled_files_first_half": most(settled[:half], "files"),
-          "settled_files_second_half": most(settled[half:], "files"),
-          "settled_files_median_first_half": typical(settled[:half]),
-          "settled_files_median_second_half": typical(settled[half:]), "files_max": most(counts, "files"),
-          "staging_max": most(counts, "staging"), "checkpoints_max": most(counts, "checkpoints"),
-          "checkpoints_kept": cfg.checkpoint.keep, "final": dataclasses.asdict(count(run_dir, 0.0)),
-          "counts": [dataclasses.asdict(c) for c in counts], "host": hardware.describe()}
+  return {
+    "steps": len(records),
+    "warmup_frac": warmup_frac,
+    "windows": parts,
+    "rss_growth_mb": parts[-1]["rss_mb"] - parts[0]["rss_mb"] if parts and parts[0]["rss_mb"] else None,
+    "step_time_ratio": parts[-1]["step_ms"] / parts[0]["step_ms"] if parts else None,
+    "fast_step_time_ratio": parts[-1]["fast_step_ms"] / parts[0]["fast_step_ms"] if parts else None,
+    "cpu_step_time_ratio": (
+      parts[-1]["cpu_step_ms"] / parts[0]["cpu_step_ms"] if parts and parts[0]["cpu_step_ms"] else None
+    ),
+    "settled_files_first_half": most(settled[:half], "files"),
+    "settled_files_second_half": most(settled[half:], "files"),
+    "settled_files_median_first_half": typical(settled[:half]),
+    "settled_files_median_second_half": typical(settled[half:]),
+    "files_max": most(counts, "files"),
+    "staging_max": most(counts, "staging"),
+    "checkpoints_max": most(counts, "checkpoints"),
+    "checkpoints_kept": cfg.checkpoint.keep,
+    "final": dataclasses.asdict(count(run_dir, 0.0)),
+    "counts": [dataclasses.asdict(c) for c in counts],
+    "host": hardware.describe(),
+  }
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str, devices: list | None = None, sample_every_s: float = 0.5
-        ) -> dict[str, Any]:
+def run(
+  cfg: ml_collections.ConfigDict, workdir: str, devices: list | None = None, sample_every_s: float = 0.5
+) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir` with its directory sampled; the soak summary with the run's results."""
   sampler = Sampler(os.fspath(run_files.local_path(workdir, "--workdir")), sample_every_s)
   sampler.start()
@@ -135,8 +153,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices: list | None = Non
     results = loop.run(cfg, workdir, devices=devices)
   finally:
     sampler.stop()
-  return {**summary(cfg, os.fspath(run_files.local_path(workdir, "--workdir")), sampler.counts),
-          "results": {k: results[k] for k in ("steps", "final_val_loss", "wall_time_s", "tokens_per_s")}}
+  return {
+    **summary(cfg, os.fspath(run_files.local_path(workdir, "--workdir")), sampler.counts),
+    "results": {k: results[k] for k in ("steps", "final_val_loss", "wall_time_s", "tokens_per_s")},
+  }
 
 
 def figure(soak: dict[str, Any], path: str, title: str) -> None:

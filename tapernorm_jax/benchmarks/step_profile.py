@@ -26,9 +26,19 @@ from tapernorm_jax.benchmarks.pytorch import training
 from tapernorm_jax.benchmarks import train as train_bench
 from tapernorm_jax.markdown import markdown_table
 
-PARTS = ("attention (scores, softmax, values)", "attention projections (qkv, out)", "MLP products",
-         "MLP activations", "norms", "logits (head / tied embedding)", "loss (softmax cross-entropy)",
-         "embedding lookup", "optimiser, clipping, metrics", "layout copies", "other")
+PARTS = (
+  "attention (scores, softmax, values)",
+  "attention projections (qkv, out)",
+  "MLP products",
+  "MLP activations",
+  "norms",
+  "logits (head / tied embedding)",
+  "loss (softmax cross-entropy)",
+  "embedding lookup",
+  "optimiser, clipping, metrics",
+  "layout copies",
+  "other",
+)
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]*)"')
 
 
@@ -117,9 +127,14 @@ def profile(step_fn: Any, state: Any, batch: Any, steps: int = 3, max_warmup: in
       parts[(part(e["name"], ops[e["name"]]), direction)] += e.get("dur", 0) / 1e3 / steps
       intervals.append((e["ts"], e["ts"] + e.get("dur", 0)))
   idle_ms = max(wall_ms - _busy_us(intervals) / 1e3 / steps, 0.0)
-  return {"wall_ms": wall_ms, "idle_ms": idle_ms, "ops_ms": sum(parts.values()), "warmup_steps": warmup_steps,
-          "faults_per_step": faults_per_step,
-          "parts": {f"{name} | {direction}": ms for (name, direction), ms in sorted(parts.items())}}
+  return {
+    "wall_ms": wall_ms,
+    "idle_ms": idle_ms,
+    "ops_ms": sum(parts.values()),
+    "warmup_steps": warmup_steps,
+    "faults_per_step": faults_per_step,
+    "parts": {f"{name} | {direction}": ms for (name, direction), ms in sorted(parts.items())},
+  }
 
 
 def markdown(profiles: dict[str, dict[str, Any]]) -> str:
@@ -131,17 +146,23 @@ def markdown(profiles: dict[str, dict[str, Any]]) -> str:
     values = [total(profiles[c], name) for c in cells]
     if any(v > 0.05 for v in values):
       rows.append([name, *(f"{v:,.0f} ({100 * v / profiles[c]['ops_ms']:.0f}%)" for v, c in zip(values, cells))])
-  rows.append(["**all ops** (two threads: may exceed the wall time)",
-               *(f"{profiles[c]['ops_ms']:,.0f}" for c in cells)])
+  rows.append(
+    ["**all ops** (two threads: may exceed the wall time)", *(f"{profiles[c]['ops_ms']:,.0f}" for c in cells)]
+  )
   rows.append(["**step wall time**", *(f"{profiles[c]['wall_ms']:,.0f}" for c in cells)])
   rows.append(["no op running (host, dispatch, waits)", *(f"{profiles[c]['idle_ms']:,.0f}" for c in cells)])
-  rows.append(["page faults per step (after warm-up steps)",
-               *(f"{profiles[c]['faults_per_step']:,.0f} (after {profiles[c]['warmup_steps']})" for c in cells)])
+  rows.append(
+    [
+      "page faults per step (after warm-up steps)",
+      *(f"{profiles[c]['faults_per_step']:,.0f} (after {profiles[c]['warmup_steps']})" for c in cells),
+    ]
+  )
   return markdown_table(["part (ms per step)", *cells], rows)
 
 
-def profile_cell(cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0,
-                 cpu_paths: str = "auto") -> dict[str, Any]:
+def profile_cell(
+  cell: str, variant: str = "baseline", steps: int = 3, seed: int = 0, cpu_paths: str = "auto"
+) -> dict[str, Any]:
   """`profile` of one optimiser step of `variant` at a peer-benchmark cell (`SIZE:BxT`), mid-taper for TaperNorm,
   through the products and attention `cpu_paths` names (auto: what a run picks here; train/kernel_choice.py)."""
   size, B, T = training.parse_cell(cell)

@@ -41,8 +41,11 @@ def form_name(cfg: ModelConfig) -> str:
   """The inference form in words: folded, or the norms it runs."""
   if cfg.foldable:
     return "folded"
-  return f"{cfg.internal_norm} norms" if cfg.internal_norm == cfg.final_norm else \
-      f"{cfg.internal_norm}/{cfg.final_norm} norms"
+  return (
+    f"{cfg.internal_norm} norms"
+    if cfg.internal_norm == cfg.final_norm
+    else f"{cfg.internal_norm}/{cfg.final_norm} norms"
+  )
 
 
 def inference_loop(run: Run, s: Settings) -> tuple[Any, str]:
@@ -79,13 +82,22 @@ def measure(workdir: str, s: Settings) -> dict[str, Any]:
     reference = (size, *REFERENCE) if (size, *REFERENCE) in samples else None
     for key in keys:
       run = chosen[key]
-      row = {"size": size, "variant": run.variant, "aux": run.aux, "seed": run.seed, "params": run.params,
-             "form": form_names[key], "tokens_s": summary(samples[key], s.batch * (s.new_tokens - 1)),
-             "vs_baseline": paired_ratio(samples[key], samples[reference]) if reference else None}
+      row = {
+        "size": size,
+        "variant": run.variant,
+        "aux": run.aux,
+        "seed": run.seed,
+        "params": run.params,
+        "form": form_names[key],
+        "tokens_s": summary(samples[key], s.batch * (s.new_tokens - 1)),
+        "vs_baseline": paired_ratio(samples[key], samples[reference]) if reference else None,
+      }
       rows.append(row)
       ratio = f" ({row['vs_baseline']['median']:.2f}× baseline)" if reference else ""
-      print(f"throughput {size} {label(*run.key)} [{row['form']}]: {row['tokens_s']['median']:,.0f} tok/s{ratio}",
-            flush=True)
+      print(
+        f"throughput {size} {label(*run.key)} [{row['form']}]: {row['tokens_s']['median']:,.0f} tok/s{ratio}",
+        flush=True,
+      )
   result = {"hardware": hardware.describe(), "settings": dataclasses.asdict(s), "rows": rows}
   write_json_atomically(os.path.join(workdir, FILE), result)
   return result

@@ -18,8 +18,9 @@ def check_at_least(settings: Any, minimum: float, *names: str) -> None:
       raise ValueError(f"{name}={value!r}: must be >= {minimum}" + (" (each)" if isinstance(value, tuple) else ""))
 
 
-def time_interleaved(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int,
-                     min_sample_s: float) -> dict[str, list[float]]:
+def time_interleaved(
+  calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, min_sample_s: float
+) -> dict[str, list[float]]:
   """Seconds per call of each function: compile and warm-up, then `repeats` samples taken round-robin over the
   functions (so drifting machine load hits all of them alike), each sample looping for at least `min_sample_s`."""
   loops = {}
@@ -45,8 +46,13 @@ def summary(seconds: list[float], work: float) -> dict[str, Any]:
   """Throughput (work per second) from per-call times: median, min, max and the relative spread."""
   rates = sorted(work / s for s in seconds)
   median = statistics.median(rates)
-  return {"median": median, "min": rates[0], "max": rates[-1], "spread": (rates[-1] - rates[0]) / median,
-          "seconds": seconds}
+  return {
+    "median": median,
+    "min": rates[0],
+    "max": rates[-1],
+    "spread": (rates[-1] - rates[0]) / median,
+    "seconds": seconds,
+  }
 
 
 def paired_ratio(seconds: list[float], reference_seconds: list[float]) -> dict[str, float]:
@@ -67,8 +73,11 @@ def bandwidth_probe(nbytes: int) -> Callable[[], jax.Array]:
 def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 7) -> dict[str, float]:
   """Read bandwidth (GB/s, median and best) of a jitted sum over `nbytes` bytes."""
   seconds = time_interleaved({"sum": bandwidth_probe(nbytes)}, repeats, warmup=1, min_sample_s=0.0)["sum"]
-  return {"bytes": nbytes, "median_gb_s": nbytes / statistics.median(seconds) / 1e9,
-          "best_gb_s": nbytes / min(seconds) / 1e9}
+  return {
+    "bytes": nbytes,
+    "median_gb_s": nbytes / statistics.median(seconds) / 1e9,
+    "best_gb_s": nbytes / min(seconds) / 1e9,
+  }
 
 
 def seconds_per_batch(iterator: Any, num_batches: int) -> float:

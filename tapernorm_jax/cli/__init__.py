@@ -17,8 +17,16 @@ from absl.flags import FLAGS
 
 from tapernorm_jax.runtime import allocator
 from tapernorm_jax.cli.failures import describe, exit_code, fail
-from tapernorm_jax.cli.flags import (check_only, config_flag_names, define_config_file, define_flags, from_flags,
-                                     parse_flags, settings, verbose)
+from tapernorm_jax.cli.flags import (
+  check_only,
+  config_flag_names,
+  define_config_file,
+  define_flags,
+  from_flags,
+  parse_flags,
+  settings,
+  verbose,
+)
 
 __all__ = ["define_config_file", "define_flags", "exit_code", "fail", "from_flags", "guard", "run", "settings", "train"]
 
@@ -70,6 +78,7 @@ def check_run_configs() -> None:
   """--check_only: every training config among the flags checked as a run checks it before compiling (the batch's
   split over devices against mesh.data × mesh.fsdp where both are set, else not)."""
   from tapernorm_jax.train import run_config  # the training stack: only for configs that train
+
   for name in config_flag_names():
     cfg = FLAGS[name].value
     if all(section in cfg for section in ("model", "train", "opt", "taper", "mesh")):
@@ -82,6 +91,7 @@ def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> di
   import jax  # the training stack: only for the entry points that train
   from tapernorm_jax.storage import run_files
   from tapernorm_jax.train import loop, peers
+
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if stop_after is not None and stop_after < 1:

@@ -33,8 +33,10 @@ def out_of_memory(error: BaseException) -> bool:
 def describe(error: BaseException) -> str:
   """The one-line message for a user error."""
   if out_of_memory(error):
-    return (f"out of device memory ({str(error).splitlines()[0]}); lower train.batch_size or raise "
-            "train.microbatches, shorten model.T, or use a smaller model")
+    return (
+      f"out of device memory ({str(error).splitlines()[0]}); lower train.batch_size or raise "
+      "train.microbatches, shorten model.T, or use a smaller model"
+    )
   return str(error)
 
 

@@ -22,8 +22,12 @@ from tapernorm_jax.cli.failures import fail, raised_in
 from tapernorm_jax.errors import UserError
 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On a mistake, show the full traceback instead of the one-line message.")
-CHECK_ONLY = flags.DEFINE_bool("check_only", False, "Check the flags and config files (every mistake in one line), "
-                               "then exit without running: a command to check before handing it to a scheduler.")
+CHECK_ONLY = flags.DEFINE_bool(
+  "check_only",
+  False,
+  "Check the flags and config files (every mistake in one line), "
+  "then exit without running: a command to check before handing it to a scheduler.",
+)
 
 
 def check_only() -> bool:
@@ -62,8 +66,11 @@ def flag_message(error: BaseException) -> str:
     return str(error)
   if isinstance(error, flags.UnrecognizedFlagError):
     hint = difflib.get_close_matches(error.flagname, list(flags.FLAGS), n=1)
-    return (f"--{error.flagname}: no such flag" + (f"; did you mean --{hint[0]}?" if hint else "")
-            + " (--helpshort lists them)")
+    return (
+      f"--{error.flagname}: no such flag"
+      + (f"; did you mean --{hint[0]}?" if hint else "")
+      + " (--helpshort lists them)"
+    )
   if isinstance(error, flags.IllegalFlagValueError) and "Error whilst parsing config file" in str(error):
     inner = error
     while inner.__context__ is not None:  # ml_collections re-raises get_config's error with its traceback
@@ -87,13 +94,17 @@ def define_config_file(name: str, default: str | None, help_string: str, **kwarg
 
 def config_flag_names() -> list[str]:
   """The names of every config flag (`--config`, `--sweep`, ...) defined for this program."""
-  return [name for name in list(flags.FLAGS)
-          if config_flag_types.is_config_flag(flags.FLAGS[name]) and name == flags.FLAGS[name].name]
+  return [
+    name
+    for name in list(flags.FLAGS)
+    if config_flag_types.is_config_flag(flags.FLAGS[name]) and name == flags.FLAGS[name].name
+  ]
 
 
 @dataclasses.dataclass(frozen=True)
 class ConfigArgument:
   """One argument of a config flag: the config file it names (`field` None) or an override of `field`."""
+
   index: int  # its place in argv
   name: str  # the config flag: config, sweep, ...
   field: str | None  # the dotted field an override sets (train.steps); None for the config file argument
@@ -115,14 +126,14 @@ def config_argument(argv: list[str], index: int, name: str) -> ConfigArgument | 
   if not arg.startswith("-"):
     return None
   dashes = "--" if arg.startswith("--") else "-"
-  head, equals, value = arg[len(dashes):].partition("=")
+  head, equals, value = arg[len(dashes) :].partition("=")
   if head == name:
     following = argv[index + 1] if index + 1 < len(argv) else None
     return ConfigArgument(index, name, None, value if equals else following, dashes=dashes)
   for negated in (True, False):
     prefix = f"{'no' if negated else ''}{name}."
     if head.startswith(prefix):
-      return ConfigArgument(index, name, head[len(prefix):], value if equals else None, negated, dashes)
+      return ConfigArgument(index, name, head[len(prefix) :], value if equals else None, negated, dashes)
   return None
 
 
@@ -175,7 +186,7 @@ def renamed(argument: ConfigArgument) -> ConfigArgument:
   if argument.field is None:
     return argument
   old = re.match(r"[\w.]*", argument.field).group()  # `taper.fast_path:x` is still found to be an old name
-  return dataclasses.replace(argument, field=config_fields.current_name(old) + argument.field[len(old):])
+  return dataclasses.replace(argument, field=config_fields.current_name(old) + argument.field[len(old) :])
 
 
 def load_config(flag: Any, name: str, value: str) -> ml_collections.ConfigDict:
@@ -185,8 +196,10 @@ def load_config(flag: Any, name: str, value: str) -> ml_collections.ConfigDict:
     raise FlagMistake(f"--{name}=: give a config file, e.g. --{name}={flag.default_as_str.strip(chr(39))}")
   if not os.path.isfile(path):
     near = difflib.get_close_matches(path, glob.glob(os.path.join(os.path.dirname(path) or ".", "*.py")), n=1)
-    raise FlagMistake(f"--{name}={value}: no such file {path!r} (paths are relative to {os.getcwd()})"
-                      + (f"; did you mean --{name}={near[0]}{value[len(path):]}?" if near else ""))
+    raise FlagMistake(
+      f"--{name}={value}: no such file {path!r} (paths are relative to {os.getcwd()})"
+      + (f"; did you mean --{name}={near[0]}{value[len(path) :]}?" if near else "")
+    )
   try:
     config = flag.parser.parse(value)
   except (ValueError, TypeError) as e:
@@ -202,8 +215,10 @@ def load_config(flag: Any, name: str, value: str) -> ml_collections.ConfigDict:
 def missing_default(name: str, flag: Any) -> str:
   """The message for a config flag whose default file could not be loaded (run from another directory)."""
   default = flag.default_as_str.strip("'")
-  return (f"--{name} was not given and its default {default!r} is not there (paths are relative to {os.getcwd()}); "
-          f"run from the repository root or pass --{name}=PATH")
+  return (
+    f"--{name} was not given and its default {default!r} is not there (paths are relative to {os.getcwd()}); "
+    f"run from the repository root or pass --{name}=PATH"
+  )
 
 
 def check_parsed_configs() -> None:
@@ -215,8 +230,10 @@ def check_parsed_configs() -> None:
       raise FlagMistake(missing_default(name, flag))
     for group in config_fields.conflicting(flag.value, config_flags.get_override_values(flag)):
       given = " and ".join(f"--{name}.{dotted}={value}" for dotted, value in group)
-      raise FlagMistake(f"{given}: these fields are one shared value (setting one sets the other, and the last "
-                        "would win); give only one of them")
+      raise FlagMistake(
+        f"{given}: these fields are one shared value (setting one sets the other, and the last "
+        "would win); give only one of them"
+      )
 
 
 def define_flags(cls: type, help_texts: dict[str, str], flag_values: flags.FlagValues = flags.FLAGS) -> dict[str, Any]:
@@ -228,8 +245,12 @@ def define_flags(cls: type, help_texts: dict[str, str], flag_values: flags.FlagV
     if typing.get_origin(kind) is tuple:
       holders[field.name] = flags.DEFINE_list(field.name, [str(x) for x in default], text, flag_values=flag_values)
     else:
-      define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
-                str: flags.DEFINE_string}[kind]
+      define = {
+        bool: flags.DEFINE_bool,
+        int: flags.DEFINE_integer,
+        float: flags.DEFINE_float,
+        str: flags.DEFINE_string,
+      }[kind]
       holders[field.name] = define(field.name, default, text, flag_values=flag_values)
   return holders
 
@@ -246,8 +267,9 @@ def from_flags(cls: type, holders: dict[str, Any]) -> Any:
       try:
         values[name] = tuple(item(x) for x in holder.value)
       except ValueError:
-        raise app.UsageError(f"--{name}={','.join(holder.value)}: give a comma-separated list of "
-                             f"{item.__name__}s") from None
+        raise app.UsageError(
+          f"--{name}={','.join(holder.value)}: give a comma-separated list of {item.__name__}s"
+        ) from None
     else:
       values[name] = holder.value
   try:

@@ -19,7 +19,7 @@ from tapernorm_jax.cpu_kernels.autotune import KERNELS, XLA
 from tapernorm_jax.cpu_kernels.projection import matrix_product
 from tapernorm_jax.model import ModelConfig, sharding
 from tapernorm_jax.model import attention as model_attention
-from tapernorm_jax.model.transformer import Attend, Projection, einsum
+from tapernorm_jax.model.seams import Attend, Projection, einsum
 
 TRAINING_PATHS = (XLA, KERNELS, "kernel_products", "kernel_attention", "xla_dense_attention")
 
@@ -39,8 +39,10 @@ def training_paths(cfg: ModelConfig, mesh: Mesh | None = None) -> dict[str, tupl
     paths["kernel_products"] = (matrix_product, None)
     paths["kernel_attention"] = (einsum, fused)
   if cfg.attention_impl == "auto" and model_attention.resolve("auto", cfg.compute_dtype, cfg.T, "cpu") != "xla":
-    paths["xla_dense_attention"] = (einsum, functools.partial(
-        model_attention.causal_attention, impl="xla", platform=cfg.target_platform, mesh=mesh))
+    paths["xla_dense_attention"] = (
+      einsum,
+      functools.partial(model_attention.causal_attention, impl="xla", platform=cfg.target_platform, mesh=mesh),
+    )
   return paths
 
 
@@ -48,8 +50,11 @@ def attention_for(cfg: ModelConfig, mesh: Mesh | None = None) -> Attend | None:
   """The fused CPU attention (`attention.py`) where `model.attention_impl` is auto, the target is a CPU, activations
   are float32 and the kernels build, run on each device's own rows of `mesh`; otherwise None, and the model attends
   through `attention_impl`."""
-  usable = (cfg.attention_impl in (None, "auto") and cfg.target_platform == "cpu"
-            and jnp.dtype(cfg.compute_dtype) == jnp.float32)
+  usable = (
+    cfg.attention_impl in (None, "auto")
+    and cfg.target_platform == "cpu"
+    and jnp.dtype(cfg.compute_dtype) == jnp.float32
+  )
   if not (usable and attention.available()):
     return None
   return sharding.per_device(attention.causal_attention, mesh)  # XLA cannot split the custom call over the mesh

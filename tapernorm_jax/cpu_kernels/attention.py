@@ -21,8 +21,14 @@ Array = jax.Array
 SOURCE = build.HERE / "attention_rows.cc"
 TARGETS = {"tapernorm_attention_forward": "AttentionForward", "tapernorm_attention_backward": "AttentionBackward"}
 # Reassociated float sums (vectorised reductions) and no errno or traps: the softmax is summed in 16 lanes.
-FLAGS = (*build.FLAGS, "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-         "-ffp-contract=fast")
+FLAGS = (
+  *build.FLAGS,
+  "-fno-math-errno",
+  "-fno-trapping-math",
+  "-fassociative-math",
+  "-fno-signed-zeros",
+  "-ffp-contract=fast",
+)
 
 
 @functools.cache
@@ -30,8 +36,9 @@ def _load() -> str:
   """Builds, loads and registers the kernels; '' when they are ready, else why not."""
   if os.environ.get("TAPERNORM_CPU_ATTENTION", "1") == "0":
     return "disabled by TAPERNORM_CPU_ATTENTION=0"
-  return build.register(SOURCE, TARGETS, FLAGS, without="training attends through `blocked` attention instead, "
-                        "more slowly")
+  return build.register(
+    SOURCE, TARGETS, FLAGS, without="training attends through `blocked` attention instead, more slowly"
+  )
 
 
 def reason() -> str:
@@ -65,15 +72,15 @@ def _forward(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, suffix: str) 
   B, T, H, _ = q_BxTxHxK.shape
   shapes = (jax.ShapeDtypeStruct(q_BxTxHxK.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, T), jnp.float32))
   out_BxTxHxK, lse_BxHxT = jax.ffi.ffi_call("tapernorm_attention_forward" + suffix, shapes)(
-      q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
+    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK
+  )
   return out_BxTxHxK, (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, out_BxTxHxK, lse_BxHxT)
 
 
 def _backward(suffix: str, saved: tuple, dout_BxTxHxK: Array) -> tuple[Array, Array, Array]:
   """(dq, dk, dv) from the saved forward and the output's cotangent."""
   shape = jax.ShapeDtypeStruct(dout_BxTxHxK.shape, jnp.float32)
-  return tuple(jax.ffi.ffi_call("tapernorm_attention_backward" + suffix, (shape, shape, shape))(
-      *saved, dout_BxTxHxK))
+  return tuple(jax.ffi.ffi_call("tapernorm_attention_backward" + suffix, (shape, shape, shape))(*saved, dout_BxTxHxK))
 
 
 attend_prescaled.defvjp(_forward, _backward)

@@ -71,10 +71,16 @@ class Choice:
 def host_signature() -> dict[str, Any]:
   """What a timing depends on besides the shape: the CPU model and its flags (as the kernels' builds key them), the
   cores this process may use, jax and jaxlib, XLA's flags, the kernels' sources and -march, and the devices."""
-  return {"cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12], "cores": hardware.usable_cores(),
-          "jax": jax.__version__,
-          "jaxlib": jaxlib.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
-          "kernels": kernels_digest(), "kernel_march": build.MARCH}
+  return {
+    "cpu": hashlib.sha256(build.cpu_id().encode()).hexdigest()[:12],
+    "cores": hardware.usable_cores(),
+    "jax": jax.__version__,
+    "jaxlib": jaxlib.__version__,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "devices": jax.device_count(),
+    "kernels": kernels_digest(),
+    "kernel_march": build.MARCH,
+  }
 
 
 @functools.cache
@@ -97,8 +103,15 @@ def requested(forced: str | None) -> str:
   return forced if forced not in (None, "auto") else os.environ.get(ENV, "auto") or "auto"
 
 
-def choose(what: str, label: str, shape: dict[str, Any], candidates: dict[str, Callable[[], Run]], prefer: str,
-           forced: str | None = "auto", measure: bool = True) -> Choice:
+def choose(
+  what: str,
+  label: str,
+  shape: dict[str, Any],
+  candidates: dict[str, Callable[[], Run]],
+  prefer: str,
+  forced: str | None = "auto",
+  measure: bool = True,
+) -> Choice:
   """The candidate for `what` at `shape` (`label` in the log): `forced` (or `$TAPERNORM_CPU_PATHS`) when not auto,
   else the cached choice, else the clearly fastest of `candidates` (name → a builder that compiles and returns one
   call; `measure`'s rule), or with `measure` False `prefer`, untimed. ValueError naming the choices for a forced name
@@ -109,14 +122,19 @@ def choose(what: str, label: str, shape: dict[str, Any], candidates: dict[str, C
   if len(candidates) == 1 and forced in (None, "auto"):  # $TAPERNORM_CPU_PATHS names a path of another target
     return Choice(next(iter(candidates)), "only")
   if asked != "auto":
-    raise ValueError(f"{what}: the path {asked!r} is not available here; choose auto or one of "
-                     f"{', '.join(candidates)}")
+    raise ValueError(f"{what}: the path {asked!r} is not available here; choose auto or one of {', '.join(candidates)}")
   path, names = cache_file(what, shape), list(candidates)
   cached = _read(path) or {}
   index = agreed(names.index(cached["name"]) if cached.get("name") in candidates else -1)
   if index >= 0:  # every process takes process 0's cached choice, or all of them time the candidates together
-    return Choice(names[index], "cached", cached.get("seconds", {}), cached.get("measure_s", 0.0),
-                  cached.get("rounds", 0), tuple(cached.get("tied", ())))
+    return Choice(
+      names[index],
+      "cached",
+      cached.get("seconds", {}),
+      cached.get("measure_s", 0.0),
+      cached.get("rounds", 0),
+      tuple(cached.get("tied", ())),
+    )
   if not measure:
     return Choice(prefer, "untimed")
   choice = timed(what, label, candidates, prefer)
@@ -134,6 +152,7 @@ def agreed(index: int) -> int:
   if jax.process_count() == 1:
     return index
   from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-process runs only)
+
   return int(multihost_utils.broadcast_one_to_all(np.int32(index)))
 
 
@@ -149,29 +168,47 @@ def timed(what: str, label: str, candidates: dict[str, Callable[[], Run]], prefe
   """Builds every candidate and times them in alternated rounds until the fastest clearly beats the rest (at least
   MIN_ROUNDS, at most MAX_ROUNDS or BUDGET_S); the choice is `decide`'s."""
   t0 = time.perf_counter()
-  log.warning("%s at %s: timing %d paths on this CPU (once for this host and shape): %s", what, label,
-              len(candidates), ", ".join(candidates))
+  log.warning(
+    "%s at %s: timing %d paths on this CPU (once for this host and shape): %s",
+    what,
+    label,
+    len(candidates),
+    ", ".join(candidates),
+  )
   runs = {name: build() for name, build in candidates.items()}  # compiling: most of the cost
   for run in runs.values():
     run()  # one untimed call each: first-call allocations are no candidate's speed
   samples: dict[str, list[float]] = {name: [] for name in runs}
   names, t_timing, rounds = list(runs), time.perf_counter(), 0
   while True:
-    for name in names[rounds % len(names):] + names[:rounds % len(names)]:  # each round starts with the next one
+    for name in names[rounds % len(names) :] + names[: rounds % len(names)]:  # each round starts with the next one
       samples[name].append(seconds_per_call(runs[name]))
     rounds += 1
     best = min(statistics.median(samples[name]) for name in names)
     names = [name for name in names if name == prefer or statistics.median(samples[name]) < DROP * best]
     tied = ties({name: samples[name] for name in names})
-    if rounds >= MIN_ROUNDS and (len(tied) == 1 or rounds >= MAX_ROUNDS
-                                 or time.perf_counter() - t_timing >= BUDGET_S):
+    if rounds >= MIN_ROUNDS and (len(tied) == 1 or rounds >= MAX_ROUNDS or time.perf_counter() - t_timing >= BUDGET_S):
       break
   order = [prefer, *(name for name in runs if name != prefer)]
-  choice = Choice(min(tied, key=order.index), "measured", {name: statistics.median(s) for name, s in samples.items()},
-                  time.perf_counter() - t0, rounds, tuple(sorted(tied, key=order.index)))
-  log.warning("%s at %s: timed %d paths on this CPU in %.1f s (%d rounds), chose %s (cached for this host and shape; "
-              "force one with a config field or $%s)", what, label, len(runs), choice.measure_s, rounds,
-              choice.describe(), ENV)
+  choice = Choice(
+    min(tied, key=order.index),
+    "measured",
+    {name: statistics.median(s) for name, s in samples.items()},
+    time.perf_counter() - t0,
+    rounds,
+    tuple(sorted(tied, key=order.index)),
+  )
+  log.warning(
+    "%s at %s: timed %d paths on this CPU in %.1f s (%d rounds), chose %s (cached for this host and shape; "
+    "force one with a config field or $%s)",
+    what,
+    label,
+    len(runs),
+    choice.measure_s,
+    rounds,
+    choice.describe(),
+    ENV,
+  )
   return choice
 
 
@@ -195,4 +232,3 @@ def seconds_per_call(run: Run) -> float:
     elapsed = time.perf_counter() - t0
     if elapsed >= SAMPLE_S:
       return elapsed / calls
-

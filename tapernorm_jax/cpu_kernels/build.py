@@ -59,24 +59,32 @@ def library(source: Path, flags: tuple[str, ...] = FLAGS) -> Path:
   compiler = shutil.which(os.environ.get("CXX", "c++"))
   if compiler is None:
     raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'c++')!r} is not on PATH; set CXX)")
-  key = hashlib.sha256("\n".join([source.read_text(), jaxlib.__version__, cpu_id(), compiler, *flags])
-                       .encode()).hexdigest()[:16]
+  key = hashlib.sha256(
+    "\n".join([source.read_text(), jaxlib.__version__, cpu_id(), compiler, *flags]).encode()
+  ).hexdigest()[:16]
   built_library = cache_dir() / f"{source.stem}-{key}.so"
   if built_library.exists():
     if intact(built_library):
       return built_library
-    log.warning("%s does not match the hash its build recorded (damaged, incomplete, or from before hashes were "
-                "recorded); building it again", built_library)
+    log.warning(
+      "%s does not match the hash its build recorded (damaged, incomplete, or from before hashes were "
+      "recorded); building it again",
+      built_library,
+    )
   try:
     built_library.parent.mkdir(parents=True, exist_ok=True)
   except OSError as e:
-    raise RuntimeError(f"the kernel cache {built_library.parent} cannot be used ({e}); set TAPERNORM_CACHE to a "
-                       "writable directory") from None
+    raise RuntimeError(
+      f"the kernel cache {built_library.parent} cannot be used ({e}); set TAPERNORM_CACHE to a writable directory"
+    ) from None
   log.info("compiling %s into %s (once for this jaxlib and CPU)", source.name, built_library.parent)
   with tempfile.TemporaryDirectory(dir=built_library.parent) as tmp:  # built aside, renamed into place
     built = Path(tmp) / built_library.name
-    result = subprocess.run([compiler, *flags, "-isystem", jax.ffi.include_dir(), str(source), "-o", str(built)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+      [compiler, *flags, "-isystem", jax.ffi.include_dir(), str(source), "-o", str(built)],
+      capture_output=True,
+      text=True,
+    )
     if result.returncode != 0:
       raise RuntimeError(f"{compiler} failed to build {source.name}: {result.stderr.strip()[-500:]}")
     record = Path(tmp) / (built_library.name + ".sha256")

@@ -31,15 +31,22 @@ from flax import traverse_util
 from tapernorm_jax.cpu_kernels import autotune, matvec
 from tapernorm_jax.cpu_kernels.autotune import KERNELS, XLA
 from tapernorm_jax.model import ModelConfig, param_paths
-from tapernorm_jax.model.transformer import Projection, einsum
+from tapernorm_jax.model.seams import Projection, einsum
 
 Array = jax.Array
 PyTree = Any
 MATVEC = "matvec"  # variable collection: output×input copies of the projections
 ROWWISE_MAX = 8  # 2…ROWWISE_MAX rows (B·T) go one at a time without the kernel
 # Leading (input) axes of each projection's weight; its output×input copy is the weight reshaped to 2-D, transposed.
-INPUT_AXES = {param_paths.QKV: 1, param_paths.ATTN_OUT: 2, param_paths.WI_GATE: 1, param_paths.WI_UP: 1,
-              param_paths.WI: 1, param_paths.WO: 1, param_paths.HEAD: 1}
+INPUT_AXES = {
+  param_paths.QKV: 1,
+  param_paths.ATTN_OUT: 2,
+  param_paths.WI_GATE: 1,
+  param_paths.WI_UP: 1,
+  param_paths.WI: 1,
+  param_paths.WO: 1,
+  param_paths.HEAD: 1,
+}
 
 
 def projection_for(cfg: ModelConfig, rows: int) -> Projection:
@@ -62,8 +69,7 @@ def decode_paths(cfg: ModelConfig, rows: int) -> dict[str, Projection]:
   return {XLA: einsum, KERNELS: kernels, **({"rowwise": rowwise_projection} if kernels is kernel_projection else {})}
 
 
-def prepare(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "auto"
-            ) -> tuple[PyTree, Projection]:
+def prepare(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "auto") -> tuple[PyTree, Projection]:
   """The projection for decode steps of `rows` rows (`cpu_paths`, or timed here: `choose`) with the variables it
   reads: `variables` plus the kernel's weight copies where the kernel runs, `variables` unchanged otherwise."""
   projection = decode_paths(cfg, rows)[choose(variables, cfg, rows, cpu_paths).name]
@@ -77,8 +83,9 @@ def choose(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "aut
   shape = {"model": repr(cfg), "rows": rows}
   weights = functools.cache(lambda: with_matvec_weights(variables, cfg))
   builders = {name: (lambda p=p: timed_projections(weights(), p, rows)) for name, p in candidates.items()}
-  return autotune.choose("decode_paths", f"D={cfg.D} L={cfg.L} V={cfg.V}, {rows} row(s)", shape, builders,
-                         prefer=XLA, forced=cpu_paths)
+  return autotune.choose(
+    "decode_paths", f"D={cfg.D} L={cfg.L} V={cfg.V}, {rows} row(s)", shape, builders, prefer=XLA, forced=cpu_paths
+  )
 
 
 def timed_projections(variables: PyTree, projection: Projection, rows: int) -> autotune.Run:
@@ -103,15 +110,16 @@ def with_matvec_weights(variables: PyTree, cfg: ModelConfig) -> PyTree:
   for path, w in traverse_util.flatten_dict(params).items():
     if path[-1] in INPUT_AXES:  # made eagerly: made under jit, even outside the decode loop, they slow it ~3×
       w = jnp.asarray(w, jnp.float32)
-      w_OxK = w.reshape(math.prod(w.shape[:INPUT_AXES[path[-1]]]), -1).T
+      w_OxK = w.reshape(math.prod(w.shape[: INPUT_AXES[path[-1]]]), -1).T
       copies[path] = (w_OxK.reshape(3, -1, w.shape[0]) if path[-1] == param_paths.QKV else w_OxK).copy()
   if cfg.tie_embeddings:  # the table already is the tied head's output × input form
     copies[(param_paths.EMBED,)] = jnp.asarray(params[param_paths.EMBED], jnp.float32)
   return {**variables, MATVEC: traverse_util.unflatten_dict(copies)}
 
 
-def kernel_projection(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
-                      part: slice | None = None) -> Array:
+def kernel_projection(
+  module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array, part: slice | None = None
+) -> Array:
   """`matvec.rows` against the prepared copy of `name` for up to matvec.MAX_ROWS rows; otherwise row by row."""
   B, T = x_BxTx___.shape[:2]
   if not module.has_variable(MATVEC, name) or B * T > matvec.MAX_ROWS:
@@ -120,12 +128,13 @@ def kernel_projection(module: nn.Module, name: str, spec: str, x_BxTx___: Array,
   if part is not None:
     w_OxK = w_OxK[part].reshape(-1, w_OxK.shape[-1])
   out_RxO = matvec.rows(x_BxTx___.reshape(B * T, w_OxK.shape[1]), w_OxK)
-  out_shape = w.shape[:1] if name == param_paths.EMBED else w.shape[x_BxTx___.ndim - 2:]  # the tied head: V
+  out_shape = w.shape[:1] if name == param_paths.EMBED else w.shape[x_BxTx___.ndim - 2 :]  # the tied head: V
   return out_RxO.reshape((B, T) + out_shape)
 
 
-def rowwise_projection(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
-                       part: slice | None = None) -> Array:
+def rowwise_projection(
+  module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array, part: slice | None = None
+) -> Array:
   """`jnp.einsum(spec, x, w)` one row at a time for 2…ROWWISE_MAX rows (B·T); the tied head as one pass over the
   table's rows; one einsum otherwise."""
   del module, part
@@ -136,6 +145,7 @@ def rowwise_projection(module: nn.Module, name: str, spec: str, x_BxTx___: Array
     logits_VxN = jnp.sum(w[:, None, :] * x_BxTx___.reshape(1, B * T, -1), axis=-1)
     return logits_VxN.T.reshape(B, T, -1)
   rows_Nx1x___ = x_BxTx___.reshape((B * T, 1) + x_BxTx___.shape[2:])
-  out_Nx1x___ = jnp.concatenate([jnp.einsum(spec, jax.lax.optimization_barrier(rows_Nx1x___[i:i + 1]), w)
-                                 for i in range(B * T)])
+  out_Nx1x___ = jnp.concatenate(
+    [jnp.einsum(spec, jax.lax.optimization_barrier(rows_Nx1x___[i : i + 1]), w) for i in range(B * T)]
+  )
   return out_Nx1x___.reshape((B, T) + out_Nx1x___.shape[2:])

@@ -28,8 +28,9 @@ def _load() -> str:
   """Builds, loads and registers the kernel; '' when it is ready, else why not."""
   if os.environ.get("TAPERNORM_MATVEC", "1") == "0":
     return "disabled by TAPERNORM_MATVEC=0"
-  return build.register(SOURCE, {TARGET: "MatvecRows"}, without="batched decoding reads the weights once per row "
-                        "instead, more slowly")
+  return build.register(
+    SOURCE, {TARGET: "MatvecRows"}, without="batched decoding reads the weights once per row instead, more slowly"
+  )
 
 
 def available() -> bool:
@@ -46,8 +47,10 @@ def rows(x_RxK: jax.Array, w_OxK: jax.Array) -> jax.Array:
   """x_RxK @ w_OxK.T (R×O) for 1 ≤ R ≤ 8 rows, float32, each weight row read once; needs `available()`."""
   (R, K), (O, K_w) = x_RxK.shape, w_OxK.shape
   if not 1 <= R <= MAX_ROWS or K != K_w or x_RxK.dtype != jnp.float32 or w_OxK.dtype != jnp.float32:
-    raise ValueError(f"matvec.rows: x {x_RxK.shape} {x_RxK.dtype}, w {w_OxK.shape} {w_OxK.dtype}; needs 1 to "
-                     f"{MAX_ROWS} float32 rows and a float32 output×input weight of the same input width")
+    raise ValueError(
+      f"matvec.rows: x {x_RxK.shape} {x_RxK.dtype}, w {w_OxK.shape} {w_OxK.dtype}; needs 1 to "
+      f"{MAX_ROWS} float32 rows and a float32 output×input weight of the same input width"
+    )
   if not available():
     raise RuntimeError(f"matvec.rows: the kernel is not available ({reason()})")
   return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((R, O), jnp.float32))(x_RxK, w_OxK)

@@ -24,6 +24,7 @@ Array = jax.Array
 
 class MatrixForm(NamedTuple):
   """`einsum(spec, x, w)` as an M×C by C×N product (`w_leads`; else w is N×C), and the einsum's output shape."""
+
   M: int
   C: int
   N: int
@@ -37,14 +38,21 @@ def matrix_form(spec: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -
   (x_axes, w_axes), y_axes = spec.split("->")[0].split(","), spec.split("->")[1]
   contracted = "".join(a for a in x_axes if a in w_axes)
   w_leads = w_axes.startswith(contracted)
-  x_kept, w_kept = x_axes[:len(x_axes) - len(contracted)], w_axes.replace(contracted, "")
+  x_kept, w_kept = x_axes[: len(x_axes) - len(contracted)], w_axes.replace(contracted, "")
   if not x_axes.endswith(contracted) or not (w_leads or w_axes.endswith(contracted)) or y_axes != x_kept + w_kept:
-    raise ValueError(f"cpu_kernels.projection: {spec!r} is not a matrix product of x's trailing axes with w's "
-                     "leading or trailing ones; pass the model's own einsum as its projection")
-  C = math.prod(x_shape[len(x_kept):])
-  w_kept_shape = w_shape[len(contracted):] if w_leads else w_shape[:len(w_kept)]
-  return MatrixForm(math.prod(x_shape[:len(x_kept)]), C, math.prod(w_kept_shape), w_leads,
-                    tuple(x_shape[:len(x_kept)]) + tuple(w_kept_shape))
+    raise ValueError(
+      f"cpu_kernels.projection: {spec!r} is not a matrix product of x's trailing axes with w's "
+      "leading or trailing ones; pass the model's own einsum as its projection"
+    )
+  C = math.prod(x_shape[len(x_kept) :])
+  w_kept_shape = w_shape[len(contracted) :] if w_leads else w_shape[: len(w_kept)]
+  return MatrixForm(
+    math.prod(x_shape[: len(x_kept)]),
+    C,
+    math.prod(w_kept_shape),
+    w_leads,
+    tuple(x_shape[: len(x_kept)]) + tuple(w_kept_shape),
+  )
 
 
 def _dot(a: Array, b: Array, a_axis: int, b_axis: int) -> Array:
@@ -78,9 +86,10 @@ def _backward(spec: str, saved: tuple[Array, Array], dy: Array) -> tuple[Array, 
 _product.defvjp(_forward, _backward)
 
 
-def matrix_product(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
-                   part: slice | None = None) -> Array:
-  """A `Projection` (model/transformer.py): `jnp.einsum(spec, x, w)` as one 2-D matrix product, its VJP two more."""
+def matrix_product(
+  module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array, part: slice | None = None
+) -> Array:
+  """A `Projection` (model/seams.py): `jnp.einsum(spec, x, w)` as one 2-D matrix product, its VJP two more."""
   del module, name, part  # the product needs only x, w and the spec
   dtype = jnp.result_type(x_BxTx___, w)  # as einsum promotes; dot_general wants one dtype
   return _product(spec, x_BxTx___.astype(dtype), w.astype(dtype))

@@ -36,11 +36,15 @@ def parse(spec: str) -> dict[str, str]:
   for item in filter(None, (part.strip() for part in (spec or "").split(","))):
     name, sep, pattern = (s.strip() for s in item.partition("="))
     if not sep or not pattern or not NAME.fullmatch(name):
-      raise ValueError(f"data.eval_sets entry {item!r} is not name=path_or_glob (name: letters, digits, _ . -); "
-                       "e.g. --config.data.eval_sets='wiki=/data/wiki.txt,books=/data/books/*.txt'")
+      raise ValueError(
+        f"data.eval_sets entry {item!r} is not name=path_or_glob (name: letters, digits, _ . -); "
+        "e.g. --config.data.eval_sets='wiki=/data/wiki.txt,books=/data/books/*.txt'"
+      )
     if name in RESERVED:
-      raise ValueError(f"data.eval_sets entry {item!r}: the name {name!r} is reserved for the corpus's own "
-                       "validation and tuning splits; pick another name")
+      raise ValueError(
+        f"data.eval_sets entry {item!r}: the name {name!r} is reserved for the corpus's own "
+        "validation and tuning splits; pick another name"
+      )
     if name in sets:
       raise ValueError(f"data.eval_sets names {name!r} twice; give each set its own name")
     sets[name] = pattern
@@ -49,23 +53,38 @@ def parse(spec: str) -> dict[str, str]:
 
 def cache_path(data_dir: Path, name: str, paths: list[Path], separator: str, tokenizer: CorpusTokenizer) -> Path:
   """The cache directory of eval set `name` made of `paths`, tokenized with `tokenizer`."""
-  key = dict(format=FORMAT_VERSION, files=text_files.file_fingerprint(paths), separator=separator,
-             tokenizer=dict(kind=tokenizer.kind, fingerprint=tokenizer.fingerprint))
+  key = dict(
+    format=FORMAT_VERSION,
+    files=text_files.file_fingerprint(paths),
+    separator=separator,
+    tokenizer=dict(kind=tokenizer.kind, fingerprint=tokenizer.fingerprint),
+  )
   return data_dir / "eval_sets" / f"{cache_dirs.slug(name)}-{tokenizer.kind}-{cache_dirs.digest(key)}"
 
 
-def build(directory: Path, name: str, pattern: str, paths: list[Path], separator: str,
-          tokenizer: CorpusTokenizer) -> None:
+def build(
+  directory: Path, name: str, pattern: str, paths: list[Path], separator: str, tokenizer: CorpusTokenizer
+) -> None:
   """Tokenizes the documents of `paths` into `directory` with its `meta.json`."""
   t0 = time.perf_counter()
-  num_docs, num_tokens = write_stream(text_files.read_documents(paths, separator), tokenizer, directory / TOKENS,
-                                      None, f"tokenizing eval set {name}")
+  num_docs, num_tokens = write_stream(
+    text_files.read_documents(paths, separator), tokenizer, directory / TOKENS, None, f"tokenizing eval set {name}"
+  )
   if num_docs == 0:
     raise ValueError(f"eval set {name!r} ({pattern}) has no documents")
-  meta = dict(format=FORMAT_VERSION, name=name, pattern=pattern, files=text_files.file_fingerprint(paths),
-              separator=separator, tokenizer=dict(kind=tokenizer.kind, fingerprint=tokenizer.fingerprint),
-              dtype=token_dtype(tokenizer.vocab_size).str, num_documents=num_docs, num_tokens=num_tokens,
-              tokenize_s=time.perf_counter() - t0, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+  meta = dict(
+    format=FORMAT_VERSION,
+    name=name,
+    pattern=pattern,
+    files=text_files.file_fingerprint(paths),
+    separator=separator,
+    tokenizer=dict(kind=tokenizer.kind, fingerprint=tokenizer.fingerprint),
+    dtype=token_dtype(tokenizer.vocab_size).str,
+    num_documents=num_docs,
+    num_tokens=num_tokens,
+    tokenize_s=time.perf_counter() - t0,
+    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  )
   (directory / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -90,12 +109,18 @@ def eval_sets(cfg: Any, prepared: Prepared) -> dict[str, np.ndarray]:
     paths = text_files.resolve(pattern, f"eval set {name!r}")
     directory = cache_path(data_dir, name, paths, separator, prepared.tokenizer)
     if not cache_dirs.is_complete(directory):
-      cache_dirs.build_atomically(directory, functools.partial(
-          build, name=name, pattern=pattern, paths=paths, separator=separator, tokenizer=prepared.tokenizer))
+      cache_dirs.build_atomically(
+        directory,
+        functools.partial(
+          build, name=name, pattern=pattern, paths=paths, separator=separator, tokenizer=prepared.tokenizer
+        ),
+      )
     streams[name] = load(directory)
     if seq_len and streams[name].shape[0] < int(seq_len) + 1:
-      raise ValueError(f"eval set {name!r} ({pattern}) has {streams[name].shape[0]} tokens, fewer than one window of "
-                       f"seq_len + 1 = {int(seq_len) + 1}; give it more text or use a shorter seq_len")
+      raise ValueError(
+        f"eval set {name!r} ({pattern}) has {streams[name].shape[0]} tokens, fewer than one window of "
+        f"seq_len + 1 = {int(seq_len) + 1}; give it more text or use a shorter seq_len"
+      )
   return {**streams, **filtered_sets(cfg, prepared, streams)}
 
 
@@ -116,19 +141,24 @@ def filtered_sets(cfg: Any, prepared: Prepared, streams: dict[str, np.ndarray]) 
     return {}
   for name in names:
     if name not in streams:
-      raise ValueError(f"data.filtered_eval_sets names {name!r}, which is not in data.eval_sets "
-                       f"({', '.join(streams) or 'none'}); name one of those")
+      raise ValueError(
+        f"data.filtered_eval_sets names {name!r}, which is not in data.eval_sets "
+        f"({', '.join(streams) or 'none'}); name one of those"
+      )
   seq_len = corpora.setting(cfg, "seq_len")
   if not seq_len:
     raise ValueError("data.filtered_eval_sets needs data.seq_len (the windows it filters); set model.T")
-  seen_V = seen_tokens(prepared.tokens("train"), prepared.tokenizer.vocab_size,
-                       int(corpora.setting(cfg, "filter_sample_tokens")))
+  seen_V = seen_tokens(
+    prepared.tokens("train"), prepared.tokenizer.vocab_size, int(corpora.setting(cfg, "filter_sample_tokens"))
+  )
   out = {}
   for name in names:
     out[f"{name}_filtered"] = filtered(streams[name], seen_V, int(seq_len))
     if out[f"{name}_filtered"].size == 0:
-      raise ValueError(f"eval set {name!r}: every window holds a token the training sample never has, so "
-                       f"{name}_filtered is empty; raise data.filter_sample_tokens (0: the whole train stream)")
+      raise ValueError(
+        f"eval set {name!r}: every window holds a token the training sample never has, so "
+        f"{name}_filtered is empty; raise data.filter_sample_tokens (0: the whole train stream)"
+      )
   return out
 
 
@@ -144,5 +174,5 @@ def filtered(stream: np.ndarray, seen_V: np.ndarray, seq_len: int) -> np.ndarray
   """The non-overlapping windows of seq_len + 1 tokens of `stream` (the ones evaluation reads) whose every token is
   seen, concatenated (so evaluation's windows of the result are exactly those)."""
   window = seq_len + 1
-  windows_NxW = np.asarray(stream[:stream.shape[0] // window * window]).reshape(-1, window)
+  windows_NxW = np.asarray(stream[: stream.shape[0] // window * window]).reshape(-1, window)
   return windows_NxW[seen_V[windows_NxW].all(axis=1)].reshape(-1)

@@ -34,9 +34,9 @@ from tapernorm_jax.storage.run_files import write_json_atomically
 
 REPO = "Skylion007/openwebtext"
 LAYOUTS = (  # (revision, glob) in the order tried
-    ("refs/convert/parquet", "plain_text/train/*.parquet"),  # the dataset viewer's full conversion
-    ("main", "data/train-*.parquet"),  # the repository itself, should it become parquet
-    ("refs/convert/parquet", "plain_text/partial-train/*.parquet"),  # a partial conversion (first ~5 GB)
+  ("refs/convert/parquet", "plain_text/train/*.parquet"),  # the dataset viewer's full conversion
+  ("main", "data/train-*.parquet"),  # the repository itself, should it become parquet
+  ("refs/convert/parquet", "plain_text/partial-train/*.parquet"),  # a partial conversion (first ~5 GB)
 )
 TEXT_COLUMN = "text"
 MANIFEST = "shards.json"
@@ -58,8 +58,7 @@ def download_hub_file(revision: str, name: str, local_dir: Path) -> Path:
   """Downloads `name` at `revision` to `local_dir / name` (the Hub client renames a complete temporary file)."""
   import huggingface_hub
 
-  return Path(huggingface_hub.hf_hub_download(REPO, name, repo_type="dataset", revision=revision,
-                                              local_dir=local_dir))
+  return Path(huggingface_hub.hf_hub_download(REPO, name, repo_type="dataset", revision=revision, local_dir=local_dir))
 
 
 def reason(error: Exception) -> str:
@@ -71,10 +70,12 @@ def reason(error: Exception) -> str:
 def offline_help() -> str:
   """How to read OpenWebText without internet access."""
   revision, pattern = LAYOUTS[0]
-  return (f"Offline, download the shards on a machine that has internet access (`hf download {REPO} "
-          f"--repo-type dataset --revision {revision} --include '{pattern}' --local-dir DIR`), copy DIR here and "
-          f"pass --config.data.manual_dir=DIR: any directory of OpenWebText parquet files with a {TEXT_COLUMN!r} "
-          "column.")
+  return (
+    f"Offline, download the shards on a machine that has internet access (`hf download {REPO} "
+    f"--repo-type dataset --revision {revision} --include '{pattern}' --local-dir DIR`), copy DIR here and "
+    f"pass --config.data.manual_dir=DIR: any directory of OpenWebText parquet files with a {TEXT_COLUMN!r} "
+    "column."
+  )
 
 
 def hub_shards(downloads: Path) -> tuple[str, list[str]]:
@@ -96,18 +97,25 @@ def hub_shards(downloads: Path) -> tuple[str, list[str]]:
         listings[revision] = []
       except Exception as e:  # offline: the Hub client raises OSError subclasses or its HTTP library's errors
         raise DownloadError(
-            f"could not list the parquet shards of the Hugging Face dataset {REPO} ({reason(e)}); tried "
-            f"{'; '.join(f'{p} at revision {r}' for r, p in LAYOUTS)}. {offline_help()}") from None
+          f"could not list the parquet shards of the Hugging Face dataset {REPO} ({reason(e)}); tried "
+          f"{'; '.join(f'{p} at revision {r}' for r, p in LAYOUTS)}. {offline_help()}"
+        ) from None
     names = sorted(name for name in listings[revision] if fnmatch.fnmatch(name, pattern))
     if names:
       if "partial-" in pattern:
-        log.warning("%s holds only a partial parquet conversion of OpenWebText (%s: %d shards, about the first 5 GB)",
-                    REPO, pattern, len(names))
+        log.warning(
+          "%s holds only a partial parquet conversion of OpenWebText (%s: %d shards, about the first 5 GB)",
+          REPO,
+          pattern,
+          len(names),
+        )
       downloads.mkdir(parents=True, exist_ok=True)
       write_json_atomically(str(manifest), dict(repo=REPO, revision=revision, pattern=pattern, files=names))
       return revision, names
-  raise FileNotFoundError(f"the Hugging Face dataset {REPO} holds no parquet shards where expected (tried "
-                          f"{'; '.join(tried)}). {offline_help()}")
+  raise FileNotFoundError(
+    f"the Hugging Face dataset {REPO} holds no parquet shards where expected (tried "
+    f"{'; '.join(tried)}). {offline_help()}"
+  )
 
 
 def hub_paths(downloads: Path) -> Iterator[Path]:
@@ -120,8 +128,10 @@ def hub_paths(downloads: Path) -> Iterator[Path]:
       try:
         path = download_hub_file(revision, name, downloads)
       except Exception as e:  # offline, or the Hub refused: same advice as for the listing
-        raise DownloadError(f"could not download {name} (revision {revision}) of the Hugging Face dataset {REPO} "
-                            f"into {downloads} ({reason(e)}). {offline_help()}") from None
+        raise DownloadError(
+          f"could not download {name} (revision {revision}) of the Hugging Face dataset {REPO} "
+          f"into {downloads} ({reason(e)}). {offline_help()}"
+        ) from None
     yield path
 
 
@@ -129,13 +139,18 @@ def local_paths(manual_dir: str) -> list[Path]:
   """The parquet files under `manual_dir`, in sorted path order; a clear error if there are none."""
   directory = Path(os.path.expanduser(manual_dir))
   if not directory.is_dir():
-    raise FileNotFoundError(f"data.manual_dir={manual_dir!r} is not a directory; for data.source='openwebtext' it "
-                            f"must hold OpenWebText's parquet files (or leave it empty to download them from {REPO})")
-  paths = sorted(p for p in directory.rglob("*.parquet")
-                 if p.is_file() and ".cache" not in p.relative_to(directory).parts)  # not the Hub client's own
+    raise FileNotFoundError(
+      f"data.manual_dir={manual_dir!r} is not a directory; for data.source='openwebtext' it "
+      f"must hold OpenWebText's parquet files (or leave it empty to download them from {REPO})"
+    )
+  paths = sorted(
+    p for p in directory.rglob("*.parquet") if p.is_file() and ".cache" not in p.relative_to(directory).parts
+  )  # not the Hub client's own
   if not paths:
-    raise FileNotFoundError(f"data.manual_dir={manual_dir!r} holds no *.parquet files; for data.source='openwebtext' "
-                            f"put OpenWebText's parquet shards there. {offline_help()}")
+    raise FileNotFoundError(
+      f"data.manual_dir={manual_dir!r} holds no *.parquet files; for data.source='openwebtext' "
+      f"put OpenWebText's parquet shards there. {offline_help()}"
+    )
   return paths
 
 
@@ -147,8 +162,10 @@ def read_texts(paths: Iterable[Path]) -> Iterator[str]:
     except (pa.ArrowInvalid, OSError) as e:
       raise ValueError(f"{path} is not a readable parquet file ({e}); delete or replace it") from None
     if TEXT_COLUMN not in parquet.schema_arrow.names:
-      raise ValueError(f"{path} has no {TEXT_COLUMN!r} column (it has {parquet.schema_arrow.names}); OpenWebText's "
-                       f"parquet files hold one document per row in {TEXT_COLUMN!r}")
+      raise ValueError(
+        f"{path} has no {TEXT_COLUMN!r} column (it has {parquet.schema_arrow.names}); OpenWebText's "
+        f"parquet files hold one document per row in {TEXT_COLUMN!r}"
+      )
     for batch in parquet.iter_batches(batch_size=READ_BLOCK, columns=[TEXT_COLUMN]):
       yield from filter(None, batch.column(0).to_pylist())
 
@@ -172,5 +189,7 @@ def split_documents(texts: Iterable[str], split: str, fraction: float, seed: int
         if count == limit:
           return
   if held_out and count == 0:
-    raise ValueError(f"no OpenWebText document was held out for validation (data.validation_fraction={fraction}); "
-                     "raise data.validation_fraction or read more documents")
+    raise ValueError(
+      f"no OpenWebText document was held out for validation (data.validation_fraction={fraction}); "
+      "raise data.validation_fraction or read more documents"
+    )

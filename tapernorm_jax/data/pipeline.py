@@ -33,8 +33,15 @@ def process_layout(process_index: int | None, process_count: int | None) -> tupl
   return process_index, process_count
 
 
-def train_dataset(prepared: Prepared, batch_size: int, seq_len: int, seed: int = 0, process_index: int | None = None,
-                  process_count: int | None = None, split: str = "train") -> grain.MapDataset:
+def train_dataset(
+  prepared: Prepared,
+  batch_size: int,
+  seq_len: int,
+  seed: int = 0,
+  process_index: int | None = None,
+  process_count: int | None = None,
+  split: str = "train",
+) -> grain.MapDataset:
   """This process's infinite MapDataset of int32 batches (batch_size // process_count, seq_len + 1)."""
   process_index, process_count = process_layout(process_index, process_count)
   if batch_size <= 0 or batch_size % process_count:
@@ -47,9 +54,16 @@ def train_dataset(prepared: Prepared, batch_size: int, seq_len: int, seed: int =
   return starts.map(functools.partial(gather_windows, tokens=tokens, seq_len=seq_len))
 
 
-def train_iterator(prepared: Prepared, batch_size: int, seq_len: int, seed: int = 0,
-                   process_index: int | None = None, process_count: int | None = None, num_threads: int = 0,
-                   prefetch: int = 0) -> grain.DatasetIterator:
+def train_iterator(
+  prepared: Prepared,
+  batch_size: int,
+  seq_len: int,
+  seed: int = 0,
+  process_index: int | None = None,
+  process_count: int | None = None,
+  num_threads: int = 0,
+  prefetch: int = 0,
+) -> grain.DatasetIterator:
   """A checkpointable iterator over this process's training batches (see `train_dataset`).
 
   `num_threads`/`prefetch` > 0 read ahead on background threads; the default reads in the
@@ -70,8 +84,9 @@ def eval_starts(num_tokens: int, seq_len: int, count: int) -> np.ndarray:
   return slots * (seq_len + 1)
 
 
-def eval_windows(tokens: np.ndarray, batch_size: int, seq_len: int, num_batches: int,
-                 name: str = "the token stream") -> Iterator[np.ndarray]:
+def eval_windows(
+  tokens: np.ndarray, batch_size: int, seq_len: int, num_batches: int, name: str = "the token stream"
+) -> Iterator[np.ndarray]:
   """`num_batches` int32 batches (batch_size, seq_len + 1) of non-overlapping windows of `tokens`, always the same.
 
   The windows are spread evenly over the stream; if it holds fewer than batch_size * num_batches
@@ -83,14 +98,17 @@ def eval_windows(tokens: np.ndarray, batch_size: int, seq_len: int, num_batches:
   if seq_len <= 0:
     raise ValueError(f"seq_len must be positive, got {seq_len}")
   if tokens.shape[0] < seq_len + 1:
-    raise ValueError(f"{name} has {tokens.shape[0]} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}; "
-                     "use more text or a shorter seq_len")
+    raise ValueError(
+      f"{name} has {tokens.shape[0]} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}; "
+      "use more text or a shorter seq_len"
+    )
   starts = eval_starts(tokens.shape[0], seq_len, batch_size * num_batches).reshape(num_batches, batch_size)
   return (gather_windows(starts_B, tokens, seq_len) for starts_B in starts)
 
 
-def eval_batches(prepared: Prepared, batch_size: int, seq_len: int, num_batches: int,
-                 split: str = "validation") -> Iterator[np.ndarray]:
+def eval_batches(
+  prepared: Prepared, batch_size: int, seq_len: int, num_batches: int, split: str = "validation"
+) -> Iterator[np.ndarray]:
   """The fixed evaluation batches of `split` of `prepared`: `eval_windows` of its token stream."""
   check_window(prepared, split, seq_len)
   return eval_windows(prepared.tokens(split), batch_size, seq_len, num_batches, f"the {split} split of {prepared.name}")

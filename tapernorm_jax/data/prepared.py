@@ -76,8 +76,9 @@ def blocks(items: Iterable[str], size: int) -> Iterator[list[str]]:
     yield block
 
 
-def write_stream(documents: Iterable[str], tokenizer: CorpusTokenizer, path: Path, total: int | None,
-                 desc: str) -> tuple[int, int]:
+def write_stream(
+  documents: Iterable[str], tokenizer: CorpusTokenizer, path: Path, total: int | None, desc: str
+) -> tuple[int, int]:
   """Tokenizes `documents` into `path` as `tokenizer.frame(ids)` per document; returns (documents, tokens)."""
   dtype = token_dtype(tokenizer.vocab_size)
   num_docs = num_tokens = 0
@@ -95,8 +96,10 @@ def write_stream(documents: Iterable[str], tokenizer: CorpusTokenizer, path: Pat
 def read_stream(path: Path, dtype: np.dtype, num_tokens: int, owner: Path) -> np.ndarray:
   """The stream at `path`, memory-mapped; a clear error if its size is not the recorded token count."""
   if path.stat().st_size != num_tokens * dtype.itemsize:
-    raise ValueError(f"{path} holds {path.stat().st_size} bytes, not the {num_tokens} tokens "
-                     f"{owner / META} records; delete {owner} to rebuild it")
+    raise ValueError(
+      f"{path} holds {path.stat().st_size} bytes, not the {num_tokens} tokens "
+      f"{owner / META} records; delete {owner} to rebuild it"
+    )
   return np.memmap(path, dtype=dtype, mode="r", shape=(num_tokens,))
 
 
@@ -110,15 +113,27 @@ def build(directory: Path, corpus: corpora.Corpus, choice: TokenizerChoice) -> N
   splits = {}
   for split in corpora.SPLITS:
     t0 = time.perf_counter()
-    num_docs, num_tokens = write_stream(corpus.documents(split), tokenizer, directory / f"{split}.bin",
-                                        corpus.num_documents(split), f"tokenizing {corpus.name} {split}")
+    num_docs, num_tokens = write_stream(
+      corpus.documents(split),
+      tokenizer,
+      directory / f"{split}.bin",
+      corpus.num_documents(split),
+      f"tokenizing {corpus.name} {split}",
+    )
     if num_docs == 0:
       raise ValueError(f"the {split} split of {corpus.name} has no documents")
     timings[f"tokenize_{split}_s"] = time.perf_counter() - t0
     splits[split] = dict(file=f"{split}.bin", num_documents=num_docs, num_tokens=num_tokens)
-  meta = dict(format=FORMAT_VERSION, name=corpus.name, corpus=corpus.key, tokenizer=choice.key,
-              dtype=token_dtype(tokenizer.vocab_size).str,
-              splits=splits, timings=timings, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+  meta = dict(
+    format=FORMAT_VERSION,
+    name=corpus.name,
+    corpus=corpus.key,
+    tokenizer=choice.key,
+    dtype=token_dtype(tokenizer.vocab_size).str,
+    splits=splits,
+    timings=timings,
+    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  )
   (directory / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -127,8 +142,10 @@ def load(directory: Path, choice: TokenizerChoice) -> Prepared:
   meta = json.loads((directory / META).read_text())
   tokenizer = choice.load(directory)
   dtype = np.dtype(meta["dtype"])
-  streams = {split: read_stream(directory / info["file"], dtype, info["num_tokens"], directory)
-             for split, info in meta["splits"].items()}
+  streams = {
+    split: read_stream(directory / info["file"], dtype, info["num_tokens"], directory)
+    for split, info in meta["splits"].items()
+  }
   return Prepared(name=meta["name"], path=directory, tokenizer=tokenizer, streams=streams, meta=meta)
 
 
@@ -149,8 +166,13 @@ def prepare(cfg: Any) -> Prepared:
   if seq_len:
     for split in prepared.streams:
       check_window(prepared, split, int(seq_len))
-  log.info("data: %s (%s), vocab %d, %s", prepared.name, directory, prepared.vocab_size,
-           ", ".join(f"{s} {prepared.num_tokens(s):,} tokens" for s in prepared.streams))
+  log.info(
+    "data: %s (%s), vocab %d, %s",
+    prepared.name,
+    directory,
+    prepared.vocab_size,
+    ", ".join(f"{s} {prepared.num_tokens(s):,} tokens" for s in prepared.streams),
+  )
   return prepared
 
 
@@ -160,14 +182,17 @@ def hold_out_tune(prepared: Prepared, frac: float) -> Prepared:
   if frac == 0.0:
     return prepared
   if not 0.0 < frac < 0.5:
-    raise ValueError(f"data.tune_frac={frac}: must lie in [0, 0.5) (the share of the train stream held out for "
-                     "tuning; 0: none)")
+    raise ValueError(
+      f"data.tune_frac={frac}: must lie in [0, 0.5) (the share of the train stream held out for tuning; 0: none)"
+    )
   train = prepared.tokens("train")
   target = int(round((1.0 - frac) * train.shape[0]))
-  ends = np.flatnonzero(np.asarray(train[max(target - 1, 0):]) == prepared.tokenizer.eos_id)  # documents end on eos
+  ends = np.flatnonzero(np.asarray(train[max(target - 1, 0) :]) == prepared.tokenizer.eos_id)  # documents end on eos
   if ends.size == 0 or (cut := max(target - 1, 0) + int(ends[0]) + 1) >= train.shape[0]:
-    raise ValueError(f"data.tune_frac={frac}: no whole document lies in the last {frac:.0%} of the train stream of "
-                     f"{prepared.name} ({train.shape[0]:,} tokens); raise it or use more training documents")
+    raise ValueError(
+      f"data.tune_frac={frac}: no whole document lies in the last {frac:.0%} of the train stream of "
+      f"{prepared.name} ({train.shape[0]:,} tokens); raise it or use more training documents"
+    )
   return dataclasses.replace(prepared, streams={**prepared.streams, "train": train[:cut], "tune": train[cut:]})
 
 
@@ -177,5 +202,6 @@ def check_window(prepared: Prepared, split: str, seq_len: int) -> None:
     raise ValueError(f"seq_len must be positive, got {seq_len}")
   if prepared.num_tokens(split) < seq_len + 1:
     raise ValueError(
-        f"the {split} split of {prepared.name} has {prepared.num_tokens(split)} tokens, fewer than one window of "
-        f"seq_len + 1 = {seq_len + 1}; use more data or a shorter seq_len")
+      f"the {split} split of {prepared.name} has {prepared.num_tokens(split)} tokens, fewer than one window of "
+      f"seq_len + 1 = {seq_len + 1}; use more data or a shorter seq_len"
+    )

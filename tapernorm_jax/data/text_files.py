@@ -73,8 +73,11 @@ def read_chunks(path: Path) -> Iterator[str]:
   key = (str(Path(path).resolve()), os.stat(path).st_mtime_ns)
   if replaced and key not in _WARNED:  # once per file, though a corpus is read twice (tokenizer, then tokens)
     _WARNED.add(key)
-    log.warning("%s: %d byte(s) are not valid UTF-8; each was replaced by U+FFFD. Re-encode the file as UTF-8 to "
-                "keep that text.", path, replaced)
+    log.warning(
+      "%s: %d byte(s) are not valid UTF-8; each was replaced by U+FFFD. Re-encode the file as UTF-8 to keep that text.",
+      path,
+      replaced,
+    )
 
 
 def read_documents(paths: Iterable[Path], separator: str) -> Iterator[str]:

@@ -48,9 +48,11 @@ class TinyStories(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     """Features and citation."""
     return tfds.core.DatasetInfo(
-        builder=self, description="Short stories in simple English (Eldan & Li, 2023), GPT-4 generated subset.",
-        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-        homepage="https://huggingface.co/datasets/roneneldan/TinyStories")
+      builder=self,
+      description="Short stories in simple English (Eldan & Li, 2023), GPT-4 generated subset.",
+      features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+      homepage="https://huggingface.co/datasets/roneneldan/TinyStories",
+    )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict:
     """One generator per split over the raw file in the manual dir."""
@@ -101,9 +103,9 @@ def raw_dir(data_dir: Path, manual_dir: str = "") -> Path:
   except (urllib.error.URLError, OSError) as e:
     looked = f"the manual directory {manual} and {downloads}" if manual else f"{downloads} (data.manual_dir is not set)"
     raise DownloadError(
-        f"could not download TinyStories: fetching {url} failed ({e}). Looked in {looked}. "
-        f"Offline, put {FILES['train']} and {FILES['validation']} in a directory and pass "
-        f"--config.data.manual_dir=DIR, or train on the offline corpus with --config.data.source=synthetic."
+      f"could not download TinyStories: fetching {url} failed ({e}). Looked in {looked}. "
+      f"Offline, put {FILES['train']} and {FILES['validation']} in a directory and pass "
+      f"--config.data.manual_dir=DIR, or train on the offline corpus with --config.data.source=synthetic."
     ) from None
   check_raw_dir(downloads)
   return downloads

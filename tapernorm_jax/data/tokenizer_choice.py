@@ -87,8 +87,9 @@ class GPT2Choice:
     tokenizer = gpt2_bpe.GPT2BPE(directory)
     if tokenizer.fingerprint != self.tokenizer.fingerprint:
       raise sentencepiece_lib.TokenizerMismatchError(
-          f"the GPT-2 tokenizer files in {directory} (sha256 {tokenizer.fingerprint[:12]}) differ from those of "
-          f"data.tokenizer_dir={self.source!r} (sha256 {self.tokenizer.fingerprint[:12]}); delete {directory}")
+        f"the GPT-2 tokenizer files in {directory} (sha256 {tokenizer.fingerprint[:12]}) differ from those of "
+        f"data.tokenizer_dir={self.source!r} (sha256 {self.tokenizer.fingerprint[:12]}); delete {directory}"
+      )
     return tokenizer
 
 
@@ -100,8 +101,10 @@ def gpt2(source: str, vocab_size: int) -> GPT2Choice:
   from tapernorm_jax.tokenizers import gpt2_bpe  # only when asked for
 
   if not source:
-    raise ValueError("data.tokenizer='gpt2' needs data.tokenizer_dir: a directory with vocab.json and merges.txt, "
-                     "or a hub name such as 'gpt2'")
+    raise ValueError(
+      "data.tokenizer='gpt2' needs data.tokenizer_dir: a directory with vocab.json and merges.txt, "
+      "or a hub name such as 'gpt2'"
+    )
   from tapernorm_jax.hf.hub import HubUnavailableError
 
   try:
@@ -110,8 +113,9 @@ def gpt2(source: str, vocab_size: int) -> GPT2Choice:
     raise type(e)(f"data.tokenizer_dir={source!r}: {e}. In a config: --config.data.tokenizer_dir=DIR") from e
   if vocab_size != tokenizer.vocab_size:
     raise ValueError(
-        f"data.vocab_size={vocab_size} does not match data.tokenizer='gpt2' (data.tokenizer_dir={source!r}), which "
-        f"has {tokenizer.vocab_size} ids; set data.vocab_size (and model.V) to {tokenizer.vocab_size}")
+      f"data.vocab_size={vocab_size} does not match data.tokenizer='gpt2' (data.tokenizer_dir={source!r}), which "
+      f"has {tokenizer.vocab_size} ids; set data.vocab_size (and model.V) to {tokenizer.vocab_size}"
+    )
   return GPT2Choice(source=str(source), tokenizer=tokenizer)
 
 
@@ -119,9 +123,13 @@ def from_config(cfg: Any, vocab_size: int) -> TokenizerChoice:
   """The tokenizer `cfg.tokenizer` names, for a vocabulary of `vocab_size` ids."""
   kind = corpora.setting(cfg, "tokenizer")
   if kind == "sentencepiece":
-    return SentencePieceChoice(sentencepiece_lib.TokenizerSettings(
-        vocab_size=vocab_size, model_type=corpora.setting(cfg, "tokenizer_model"),
-        train_bytes=int(corpora.setting(cfg, "tokenizer_train_bytes"))))
+    return SentencePieceChoice(
+      sentencepiece_lib.TokenizerSettings(
+        vocab_size=vocab_size,
+        model_type=corpora.setting(cfg, "tokenizer_model"),
+        train_bytes=int(corpora.setting(cfg, "tokenizer_train_bytes")),
+      )
+    )
   if kind == "gpt2":
     return gpt2(str(corpora.setting(cfg, "tokenizer_dir")), vocab_size)
   raise ValueError(f"data.tokenizer must be one of {KINDS}, got {kind!r}")

@@ -17,7 +17,7 @@ def counts(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
   """How often each id occurs in `tokens`, shape (vocab_size,), int64."""
   counts_V = np.zeros(vocab_size, np.int64)
   for start in range(0, tokens.shape[0], CHUNK):
-    counts_V += np.bincount(np.asarray(tokens[start:start + CHUNK]), minlength=vocab_size)[:vocab_size]
+    counts_V += np.bincount(np.asarray(tokens[start : start + CHUNK]), minlength=vocab_size)[:vocab_size]
   return counts_V
 
 
@@ -27,8 +27,10 @@ def reference(train_tokens: np.ndarray, windows_BxT1: Iterable[np.ndarray], voca
   counts_V = counts(train_tokens, vocab_size)
   log_p_V = np.log(counts_V + 1.0) - np.log(counts_V.sum() + vocab_size)
   targets_N = np.concatenate([np.asarray(w)[:, 1:].ravel() for w in windows_BxT1])
-  return {"unigram_val_loss": float(-log_p_V[targets_N].mean()),
-          "val_unseen_tokens": int((counts_V[targets_N] == 0).sum())}
+  return {
+    "unigram_val_loss": float(-log_p_V[targets_N].mean()),
+    "val_unseen_tokens": int((counts_V[targets_N] == 0).sum()),
+  }
 
 
 def unseen_warning(ref: dict[str, float | int], num_targets: int, corpus: str, vocab_size: int) -> str | None:
@@ -38,7 +40,9 @@ def unseen_warning(ref: dict[str, float | int], num_targets: int, corpus: str, v
   unseen = int(ref["val_unseen_tokens"])
   if unseen == 0:
     return None
-  return (f"{unseen:,} of the {num_targets:,} validation targets evaluated on {corpus} have a token id that never "
-          f"occurs in its training stream: their embeddings are never trained (tied, they only drift), and the "
-          f"validation loss on them can blow up. Fit the tokenizer to the corpus: a smaller data.vocab_size "
-          f"(model.V={vocab_size} now), or more training text")
+  return (
+    f"{unseen:,} of the {num_targets:,} validation targets evaluated on {corpus} have a token id that never "
+    f"occurs in its training stream: their embeddings are never trained (tied, they only drift), and the "
+    f"validation loss on them can blow up. Fit the tokenizer to the corpus: a smaller data.vocab_size "
+    f"(model.V={vocab_size} now), or more training text"
+  )

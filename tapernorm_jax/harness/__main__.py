@@ -8,11 +8,15 @@ import sys
 def main() -> None:
   """Registers the model type, then hands the arguments to lm-eval's own entry point."""
   from tapernorm_jax import harness  # registers `tapernorm` where lm-eval is installed
+
   if harness.missing:
-    print(f"error: python -m tapernorm_jax.harness needs lm-eval: {harness.missing} is not installed; "
-          f"{harness.INSTALL}", file=sys.stderr)
+    print(
+      f"error: python -m tapernorm_jax.harness needs lm-eval: {harness.missing} is not installed; {harness.INSTALL}",
+      file=sys.stderr,
+    )
     sys.exit(2)
   from lm_eval.__main__ import cli_evaluate
+
   cli_evaluate()
 
 

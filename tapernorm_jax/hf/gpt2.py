@@ -81,25 +81,27 @@ class Rule:
 
 def _norm_rules(hf: str, path: ModelPath) -> tuple[Rule, ...]:
   """A LayerNorm's weight → γ and bias → β."""
-  return (Rule(f"{hf}.weight", path + (param_paths.GAMMA,), ("D",)),
-          Rule(f"{hf}.bias", path + (param_paths.BETA,), ("D",)))
+  return (
+    Rule(f"{hf}.weight", path + (param_paths.GAMMA,), ("D",)),
+    Rule(f"{hf}.bias", path + (param_paths.BETA,), ("D",)),
+  )
 
 
 _ATTN, _MLP = (BLOCK, param_paths.ATTN), (BLOCK, param_paths.MLP)
 TABLE: tuple[Rule, ...] = (
-    Rule("wte.weight", (param_paths.EMBED,), ("V", "D")),
-    Rule("wpe.weight", (param_paths.POS_EMBED,), ("T", "D")),
-    *_norm_rules("h.{i}.ln_1", (BLOCK, param_paths.ATTN_NORM)),
-    Rule("h.{i}.attn.c_attn.weight", _ATTN + (param_paths.QKV,), ("D", "3D"), split_qkv, merge_qkv),
-    Rule("h.{i}.attn.c_attn.bias", _ATTN + (param_paths.QKV_BIAS,), ("3D",), split_qkv, merge_qkv),
-    Rule("h.{i}.attn.c_proj.weight", _ATTN + (param_paths.ATTN_OUT,), ("D", "D"), split_heads, merge_heads),
-    Rule("h.{i}.attn.c_proj.bias", _ATTN + (param_paths.ATTN_OUT_BIAS,), ("D",)),
-    *_norm_rules("h.{i}.ln_2", (BLOCK, param_paths.MLP_NORM)),
-    Rule("h.{i}.mlp.c_fc.weight", _MLP + (param_paths.WI,), ("D", "F")),
-    Rule("h.{i}.mlp.c_fc.bias", _MLP + (param_paths.WI_BIAS,), ("F",)),
-    Rule("h.{i}.mlp.c_proj.weight", _MLP + (param_paths.WO,), ("F", "D")),
-    Rule("h.{i}.mlp.c_proj.bias", _MLP + (param_paths.WO_BIAS,), ("D",)),
-    *_norm_rules("ln_f", (param_paths.FINAL_NORM,)),
+  Rule("wte.weight", (param_paths.EMBED,), ("V", "D")),
+  Rule("wpe.weight", (param_paths.POS_EMBED,), ("T", "D")),
+  *_norm_rules("h.{i}.ln_1", (BLOCK, param_paths.ATTN_NORM)),
+  Rule("h.{i}.attn.c_attn.weight", _ATTN + (param_paths.QKV,), ("D", "3D"), split_qkv, merge_qkv),
+  Rule("h.{i}.attn.c_attn.bias", _ATTN + (param_paths.QKV_BIAS,), ("3D",), split_qkv, merge_qkv),
+  Rule("h.{i}.attn.c_proj.weight", _ATTN + (param_paths.ATTN_OUT,), ("D", "D"), split_heads, merge_heads),
+  Rule("h.{i}.attn.c_proj.bias", _ATTN + (param_paths.ATTN_OUT_BIAS,), ("D",)),
+  *_norm_rules("h.{i}.ln_2", (BLOCK, param_paths.MLP_NORM)),
+  Rule("h.{i}.mlp.c_fc.weight", _MLP + (param_paths.WI,), ("D", "F")),
+  Rule("h.{i}.mlp.c_fc.bias", _MLP + (param_paths.WI_BIAS,), ("F",)),
+  Rule("h.{i}.mlp.c_proj.weight", _MLP + (param_paths.WO,), ("F", "D")),
+  Rule("h.{i}.mlp.c_proj.bias", _MLP + (param_paths.WO_BIAS,), ("D",)),
+  *_norm_rules("ln_f", (param_paths.FINAL_NORM,)),
 )
 
 
@@ -135,8 +137,13 @@ def _dim(cfg: ModelConfig, letter: str) -> int:
 def _shape_source(config: dict, dims: tuple[str, ...]) -> str:
   """The config.json fields a shape comes from, with their values, e.g. `n_embd=768`."""
   default_f = "F" in dims and not config.get("n_inner")
-  fields = {"V": "vocab_size", "T": "n_positions", "D": "n_embd", "3D": "n_embd",
-            "F": "n_embd" if default_f else "n_inner"}
+  fields = {
+    "V": "vocab_size",
+    "T": "n_positions",
+    "D": "n_embd",
+    "3D": "n_embd",
+    "F": "n_embd" if default_f else "n_inner",
+  }
   source = ", ".join(f"{f}={config[f]}" for f in dict.fromkeys(fields[d] for d in dims))
   return source + (" (n_inner unset: 4·n_embd)" if default_f else "")
 
@@ -163,11 +170,23 @@ def model_config(config: dict, path: Path) -> ModelConfig:
   if not config.get("tie_word_embeddings", True):
     refuse("tie_word_embeddings", "Hugging Face GPT-2 checkpoints tie lm_head to wte; an untied head is not read")
   try:
-    return ModelConfig(family="gpt2", V=config["vocab_size"], D=config["n_embd"], H=config["n_head"],
-                       L=config["n_layer"], T=config["n_positions"], F=config.get("n_inner") or 4 * config["n_embd"],
-                       eps=float(config.get("layer_norm_epsilon", 1e-5)), internal_norm="plain", final_norm="plain",
-                       tie_embeddings=True, logits_bias=False, init_std=float(config.get("initializer_range", 0.02)),
-                       dtype="float32", param_dtype="float32")
+    return ModelConfig(
+      family="gpt2",
+      V=config["vocab_size"],
+      D=config["n_embd"],
+      H=config["n_head"],
+      L=config["n_layer"],
+      T=config["n_positions"],
+      F=config.get("n_inner") or 4 * config["n_embd"],
+      eps=float(config.get("layer_norm_epsilon", 1e-5)),
+      internal_norm="plain",
+      final_norm="plain",
+      tie_embeddings=True,
+      logits_bias=False,
+      init_std=float(config.get("initializer_range", 0.02)),
+      dtype="float32",
+      param_dtype="float32",
+    )
   except ValueError as e:
     raise ValueError(f"{path} describes a model this code cannot build: {e}") from e
 
@@ -221,8 +240,10 @@ def import_params(tensors: dict[str, np.ndarray], cfg: ModelConfig, config: dict
   known = {entry.hf for entry in entries(cfg)}
   unexpected = sorted(n for n in tensors if n not in known and not IGNORED.fullmatch(n))
   if unexpected:
-    problems.append(f"unexpected tensor(s) {', '.join(unexpected[:6])}{' …' if len(unexpected) > 6 else ''} "
-                    f"(config.json n_layer={cfg.L}; GPT-2 has wte, wpe, h.0 … h.{cfg.L - 1}, ln_f)")
+    problems.append(
+      f"unexpected tensor(s) {', '.join(unexpected[:6])}{' …' if len(unexpected) > 6 else ''} "
+      f"(config.json n_layer={cfg.L}; GPT-2 has wte, wpe, h.0 … h.{cfg.L - 1}, ln_f)"
+    )
   if problems:
     shown = "; ".join(problems[:6]) + (f"; … {len(problems) - 6} more" if len(problems) > 6 else "")
     raise ValueError(f"{path} does not match its config.json: {shown}")
@@ -246,17 +267,22 @@ def exportable(cfg: ModelConfig) -> None:
   for field in ("internal_norm", "final_norm"):
     mode = getattr(cfg, field)
     if mode == "identity":
-      raise ValueError(f"model.{field}='identity': Hugging Face GPT-2 has no identity-norm option (every block has "
-                       "ln_1 and ln_2, the model ln_f), so a folded model cannot be written as GPT-2")
+      raise ValueError(
+        f"model.{field}='identity': Hugging Face GPT-2 has no identity-norm option (every block has "
+        "ln_1 and ln_2, the model ln_f), so a folded model cannot be written as GPT-2"
+      )
     if mode != "plain":
       what = "a tapered norm (its g = 0 map c·h̄·γ̃)" if mode in param_paths.CALIBRATED_MODES else "this norm"
-      raise ValueError(f"model.{field}={mode!r}: {what} is not a LayerNorm, and Hugging Face GPT-2 has LayerNorms "
-                       "only; save_gpt2 writes models whose norms are plain")
+      raise ValueError(
+        f"model.{field}={mode!r}: {what} is not a LayerNorm, and Hugging Face GPT-2 has LayerNorms "
+        "only; save_gpt2 writes models whose norms are plain"
+      )
   if cfg.logits_bias:
     raise ValueError("model.logits_bias=True: Hugging Face GPT-2 has no separate head bias")
   if not cfg.tie_embeddings:
-    raise ValueError("model.tie_embeddings=False: Hugging Face GPT-2 ties lm_head to wte; an untied head cannot "
-                     "be written")
+    raise ValueError(
+      "model.tie_embeddings=False: Hugging Face GPT-2 ties lm_head to wte; an untied head cannot be written"
+    )
 
 
 def hf_config(cfg: ModelConfig, eos_id: int | None = None) -> dict:
@@ -264,13 +290,28 @@ def hf_config(cfg: ModelConfig, eos_id: int | None = None) -> dict:
   if eos_id is None and cfg.V == 50257:
     eos_id = 50256  # GPT-2's <|endoftext|>
   return {
-      "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": ACTIVATION,
-      "vocab_size": cfg.V, "n_positions": cfg.T, "n_ctx": cfg.T, "n_embd": cfg.D, "n_head": cfg.H,
-      "n_layer": cfg.L, "n_inner": None if cfg.mlp_dim == 4 * cfg.D else cfg.mlp_dim,
-      "layer_norm_epsilon": cfg.eps, "initializer_range": cfg.init_std, "tie_word_embeddings": True,
-      "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "scale_attn_weights": True,
-      "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "use_cache": True,
-      "bos_token_id": eos_id, "eos_token_id": eos_id,
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "activation_function": ACTIVATION,
+    "vocab_size": cfg.V,
+    "n_positions": cfg.T,
+    "n_ctx": cfg.T,
+    "n_embd": cfg.D,
+    "n_head": cfg.H,
+    "n_layer": cfg.L,
+    "n_inner": None if cfg.mlp_dim == 4 * cfg.D else cfg.mlp_dim,
+    "layer_norm_epsilon": cfg.eps,
+    "initializer_range": cfg.init_std,
+    "tie_word_embeddings": True,
+    "attn_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "use_cache": True,
+    "bos_token_id": eos_id,
+    "eos_token_id": eos_id,
   }
 
 
@@ -282,8 +323,10 @@ def save_gpt2(variables: PyTree, model_cfg: Any, directory: str | os.PathLike, e
   plain = nn.unbox(variables)
   check_matches(plain, cfg)
   params = traverse_util.flatten_dict(plain["params"])
-  tensors = {e.hf: np.ascontiguousarray(e.rule.to_hf(np.asarray(jax.device_get(params[e.path])), cfg)
-                                        .astype(np.float32)) for e in entries(cfg)}
+  tensors = {
+    e.hf: np.ascontiguousarray(e.rule.to_hf(np.asarray(jax.device_get(params[e.path])), cfg).astype(np.float32))
+    for e in entries(cfg)
+  }
   directory = run_files.workdir_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   with run_files.atomic_path(directory / WEIGHTS_FILE) as tmp:

@@ -14,16 +14,23 @@ FITTING_FIELDS = ("family", "V", "D", "H", "L", "T", "mlp_dim", "eps", "tie_embe
 
 def check_fits(model_cfg: ModelConfig, pretrained_cfg: ModelConfig, source: str) -> None:
   """Raises ValueError naming every model field where the run's config differs from the pretrained model's."""
-  differing = [f"model.{f}: {getattr(model_cfg, f)!r} here, {getattr(pretrained_cfg, f)!r} in {source}"
-               for f in FITTING_FIELDS if getattr(model_cfg, f) != getattr(pretrained_cfg, f)]
+  differing = [
+    f"model.{f}: {getattr(model_cfg, f)!r} here, {getattr(pretrained_cfg, f)!r} in {source}"
+    for f in FITTING_FIELDS
+    if getattr(model_cfg, f) != getattr(pretrained_cfg, f)
+  ]
   if differing:
-    raise ValueError(f"init_from={source!r} does not fit the model config: " + "; ".join(differing)
-                     + ". Set those fields (--config.model.X=) or use the preset that matches the checkpoint.")
+    raise ValueError(
+      f"init_from={source!r} does not fit the model config: "
+      + "; ".join(differing)
+      + ". Set those fields (--config.model.X=) or use the preset that matches the checkpoint."
+    )
 
 
 def load(source: str, model_cfg: ModelConfig) -> PyTree:
   """The parameters of the GPT-2 checkpoint `source` (a directory or hub name), after `check_fits`."""
   from tapernorm_jax.hf import gpt2  # the hub client and safetensors: only for pretrained starts
+
   variables, pretrained_cfg = gpt2.load_gpt2(source)
   check_fits(model_cfg, pretrained_cfg, source)
   return variables["params"]

@@ -32,7 +32,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from tapernorm_jax.model.kv_cache import LayerCache
-from tapernorm_jax.model.transformer import ModelConfig, Projection, Transformer, einsum
+from tapernorm_jax.model.config import ModelConfig
+from tapernorm_jax.model.seams import Projection, einsum
+from tapernorm_jax.model.transformer import Transformer
 
 Array = jax.Array
 PyTree = Any
@@ -51,21 +53,34 @@ def cache_bytes(cache: Cache) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
 
 
-def prefill(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: Array, cache: Cache,
-            gate: Array | float = 0.0, projection: Projection = einsum, mesh: Mesh | None = None
-            ) -> tuple[Array, Cache]:
+def prefill(
+  variables: PyTree,
+  cfg: ModelConfig,
+  prompt_BxP: Array,
+  lengths_B: Array,
+  cache: Cache,
+  gate: Array | float = 0.0,
+  projection: Projection = einsum,
+  mesh: Mesh | None = None,
+) -> tuple[Array, Cache]:
   """Runs the (right-padded) prompts into the cache; returns the logits after each row's last prompt token."""
   model = Transformer(cfg, projection, mesh=mesh)
   index_B = jnp.zeros(prompt_BxP.shape[0], jnp.int32)
-  h_BxPxD, cache = model.apply(variables, prompt_BxP, cache, index_B, gate, from_start=True,
-                               method=Transformer.decode)
+  h_BxPxD, cache = model.apply(variables, prompt_BxP, cache, index_B, gate, from_start=True, method=Transformer.decode)
   h_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None].astype(jnp.int32), axis=1)
   return model.apply(variables, h_Bx1xD, gate, method=Transformer.logits)[:, 0], cache
 
 
-def decode_step(variables: PyTree, cfg: ModelConfig, tokens_B: Array, index_B: Array, cache: Cache,
-                gate: Array | float = 0.0, projection: Projection = einsum, mesh: Mesh | None = None
-                ) -> tuple[Array, Cache]:
+def decode_step(
+  variables: PyTree,
+  cfg: ModelConfig,
+  tokens_B: Array,
+  index_B: Array,
+  cache: Cache,
+  gate: Array | float = 0.0,
+  projection: Projection = einsum,
+  mesh: Mesh | None = None,
+) -> tuple[Array, Cache]:
   """One token per row at position `index_B`; returns its next-token logits B×V and the updated cache."""
   model = Transformer(cfg, projection, mesh=mesh)
   h_Bx1xD, cache = model.apply(variables, tokens_B[:, None], cache, index_B, gate, method=Transformer.decode)
@@ -77,11 +92,13 @@ def check_sampling(temperature: float, top_k: int, V: int) -> None:
   if isinstance(temperature, jax.core.Tracer) or isinstance(top_k, jax.core.Tracer):
     raise ValueError("temperature and top_k must be Python numbers (static arguments), not traced values")
   if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-    raise ValueError(f"temperature={temperature!r}: must be a finite number >= 0 (0 is greedy; 1 samples the "
-                     "model's own distribution)")
+    raise ValueError(
+      f"temperature={temperature!r}: must be a finite number >= 0 (0 is greedy; 1 samples the model's own distribution)"
+    )
   if not isinstance(top_k, int) or not 0 <= top_k <= V:
-    raise ValueError(f"top_k={top_k!r}: must be an integer in [0, {V}], the vocabulary size (0 samples among all "
-                     "tokens)")
+    raise ValueError(
+      f"top_k={top_k!r}: must be an integer in [0, {V}], the vocabulary size (0 samples among all tokens)"
+    )
 
 
 def sample(logits_BxV: Array, key: Array, temperature: float = 0.0, top_k: int = 0) -> Array:
@@ -97,9 +114,20 @@ def sample(logits_BxV: Array, key: Array, temperature: float = 0.0, top_k: int =
   return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
 
 
-def decode_loop(variables: PyTree, cfg: ModelConfig, first_B: Array, lengths_B: Array, cache: Cache, key: Array,
-                max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, eos_id: int | None = None,
-                gate: Array | float = 0.0, projection: Projection = einsum) -> Array:
+def decode_loop(
+  variables: PyTree,
+  cfg: ModelConfig,
+  first_B: Array,
+  lengths_B: Array,
+  cache: Cache,
+  key: Array,
+  max_new_tokens: int,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  eos_id: int | None = None,
+  gate: Array | float = 0.0,
+  projection: Projection = einsum,
+) -> Array:
   """Given each row's first new token, generates the rest with `lax.while_loop`; returns tokens B×N."""
   B, N = first_B.shape[0], max_new_tokens
   done_B = jnp.zeros(B, bool) if eos_id is None else first_B == eos_id
@@ -126,11 +154,21 @@ def decode_loop(variables: PyTree, cfg: ModelConfig, first_B: Array, lengths_B: 
   return out_BxN
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "eos_id",
-                                             "projection"))
-def generate(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: Array, key: Array, *,
-             max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, eos_id: int | None = None,
-             gate: Array | float = 0.0, projection: Projection = einsum) -> Array:
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "temperature", "top_k", "eos_id", "projection"))
+def generate(
+  variables: PyTree,
+  cfg: ModelConfig,
+  prompt_BxP: Array,
+  lengths_B: Array,
+  key: Array,
+  *,
+  max_new_tokens: int,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  eos_id: int | None = None,
+  gate: Array | float = 0.0,
+  projection: Projection = einsum,
+) -> Array:
   """Prefill plus `max_new_tokens − 1` decode steps in one compiled function; returns the new tokens B×N."""
   check_sampling(temperature, top_k, cfg.V)
   check_lengths(cfg, prompt_BxP.shape[1], max_new_tokens)
@@ -138,8 +176,9 @@ def generate(variables: PyTree, cfg: ModelConfig, prompt_BxP: Array, lengths_B: 
   logits_BxV, cache = prefill(variables, cfg, prompt_BxP, lengths_B, cache, gate, projection)
   key, sub = jax.random.split(key)
   first_B = sample(logits_BxV, sub, temperature, top_k)
-  return decode_loop(variables, cfg, first_B, lengths_B, cache, key, max_new_tokens, temperature, top_k, eos_id,
-                     gate, projection)
+  return decode_loop(
+    variables, cfg, first_B, lengths_B, cache, key, max_new_tokens, temperature, top_k, eos_id, gate, projection
+  )
 
 
 def cache_length(prompt_length: int, max_new_tokens: int) -> int:
@@ -156,15 +195,24 @@ def check_lengths(cfg: ModelConfig, prompt_length: int, max_new_tokens: int) -> 
     raise ValueError(f"prompt length {prompt_length}: every prompt needs at least one token")
   last = prompt_length + max_new_tokens - 1  # positions 0 … last − 1 are fed to the model
   if cfg.family == "gpt2" and last > cfg.T:
-    raise ValueError(f"max_new_tokens={max_new_tokens}: a prompt of {prompt_length} tokens + max_new_tokens − 1 = "
-                     f"{last} exceeds model.T={cfg.T}, the learned positions of a gpt2 model; lower max_new_tokens to "
-                     f"<= {cfg.T - prompt_length + 1} or shorten the prompt" if prompt_length <= cfg.T else
-                     f"prompt length {prompt_length} exceeds model.T={cfg.T}, the learned positions of a gpt2 "
-                     "model; shorten the prompt")
+    raise ValueError(
+      f"max_new_tokens={max_new_tokens}: a prompt of {prompt_length} tokens + max_new_tokens − 1 = "
+      f"{last} exceeds model.T={cfg.T}, the learned positions of a gpt2 model; lower max_new_tokens to "
+      f"<= {cfg.T - prompt_length + 1} or shorten the prompt"
+      if prompt_length <= cfg.T
+      else f"prompt length {prompt_length} exceeds model.T={cfg.T}, the learned positions of a gpt2 "
+      "model; shorten the prompt"
+    )
   if cfg.family == "llama" and last > cfg.T:
-    log.warning("decoding positions 0…%d (a prompt of %d tokens + %d new), past the model.T=%d positions this RoPE "
-                "model was trained on; what comes after position %d is extrapolation and usually degrades", last - 1,
-                prompt_length, max_new_tokens, cfg.T, cfg.T - 1)
+    log.warning(
+      "decoding positions 0…%d (a prompt of %d tokens + %d new), past the model.T=%d positions this RoPE "
+      "model was trained on; what comes after position %d is extrapolation and usually degrades",
+      last - 1,
+      prompt_length,
+      max_new_tokens,
+      cfg.T,
+      cfg.T - 1,
+    )
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +222,7 @@ def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, 
   P = max(len(p) for p in prompts)
   prompt_BxP = np.full((len(prompts), P), pad_id, np.int32)
   for b, p in enumerate(prompts):
-    prompt_BxP[b, :len(p)] = p
+    prompt_BxP[b, : len(p)] = p
   return prompt_BxP, np.asarray([len(p) for p in prompts], np.int32)
 
 
@@ -182,5 +230,5 @@ def trim(tokens_BxN: np.ndarray, eos_id: int | None) -> list[list[int]]:
   """Generated tokens per row, cut after the first EOS (kept)."""
   rows = []
   for row in np.asarray(tokens_BxN).tolist():
-    rows.append(row[:row.index(eos_id) + 1] if eos_id is not None and eos_id in row else row)
+    rows.append(row[: row.index(eos_id) + 1] if eos_id is not None and eos_id in row else row)
   return rows

@@ -77,8 +77,15 @@ def check_target(directory: str | os.PathLike) -> None:
     raise FileExistsError(f"{directory} {what}; give a new directory (an export never overwrites one)")
 
 
-def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fold: bool = True,
-         tokenizer: Any = None, extra: dict | None = None) -> epath.Path:
+def save(
+  directory: str | os.PathLike,
+  variables: PyTree,
+  model_cfg: Any,
+  *,
+  fold: bool = True,
+  tokenizer: Any = None,
+  extra: dict | None = None,
+) -> epath.Path:
   """Writes the model (folded first when `fold` and it has norms that fold) as an export; returns the directory."""
   cfg = ModelConfig.from_config(model_cfg)
   variables = nn.unbox(variables)
@@ -91,8 +98,11 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
   directory = run_files.workdir_path(directory)
   check_target(directory)
   if directory.exists() and any(directory.iterdir()):
-    warnings.warn(f"{directory} holds an export that was interrupted (no {CONFIG_FILE}); writing it again",
-                  RuntimeWarning, stacklevel=2)
+    warnings.warn(
+      f"{directory} holds an export that was interrupted (no {CONFIG_FILE}); writing it again",
+      RuntimeWarning,
+      stacklevel=2,
+    )
     directory.rmtree()
   directory.mkdir(parents=True, exist_ok=True)
   host = jax.tree.map(np.asarray, jax.device_get(variables))
@@ -102,9 +112,14 @@ def save(directory: str | os.PathLike, variables: PyTree, model_cfg: Any, *, fol
     safetensors.flax.save_file(flatten(host), tmp, metadata={"format": FORMAT})
   if tokenizer is not None:  # anything with `kind` and `save(directory)`: SentencePiece or GPT2Tokenizer
     save_tokenizer(tokenizer, directory / TOKENIZER_DIR)
-  info = dict(format=FORMAT, version=VERSION, model=cfg.to_dict(), folded=folded,
-              tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
-              **(extra or {}))
+  info = dict(
+    format=FORMAT,
+    version=VERSION,
+    model=cfg.to_dict(),
+    folded=folded,
+    tokenizer={"kind": tokenizer.kind, "dir": TOKENIZER_DIR} if tokenizer is not None else None,
+    **(extra or {}),
+  )
   integrity.record(directory)  # sizes and hashes of the files above; config.json, which marks the export, last
   run_files.write_json_atomically(directory / CONFIG_FILE, info)
   return directory
@@ -119,9 +134,11 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
     raise FileNotFoundError(f"{directory} is not a {FORMAT} directory (no {CONFIG_FILE} with format={FORMAT!r})")
   info = json.loads((directory / CONFIG_FILE).read_text())
   if info["version"] != VERSION:
-    raise ValueError(f"{directory} is export version {info['version']}; this code reads version {VERSION} (version 1 "
-                     "named the norm parameters scale/scale_tilde/bias, now gamma/gamma_tilde/beta): export the "
-                     "model again with this version")
+    raise ValueError(
+      f"{directory} is export version {info['version']}; this code reads version {VERSION} (version 1 "
+      "named the norm parameters scale/scale_tilde/bias, now gamma/gamma_tilde/beta): export the "
+      "model again with this version"
+    )
   cfg = ModelConfig.from_config(info["model"])
   if source not in ("orbax", "safetensors"):
     raise ValueError(f"source={source!r}: choose 'orbax' or 'safetensors'")
@@ -130,8 +147,12 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
     fix = "export the model again" + (f", or load it with source={other!r}" if problem.startswith(where) else "")
     raise unreadable.DamagedCheckpointError(f"the export in {directory} is damaged: {problem}; {fix}", None, problem)
   if problem := integrity.check(directory, (SAFETENSORS_FILE if source == "orbax" else VARIABLES_DIR + "/",)):
-    warnings.warn(f"the export in {directory} is damaged: {problem}; loading its intact {where.rstrip('/')} "
-                  "copy instead, but export the model again before sharing it", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+      f"the export in {directory} is damaged: {problem}; loading its intact {where.rstrip('/')} "
+      "copy instead, but export the model again before sharing it",
+      RuntimeWarning,
+      stacklevel=2,
+    )
   unreadable.quiet_aborted_reads()
   try:
     if source == "orbax":
@@ -140,13 +161,17 @@ def load(directory: str | os.PathLike, source: str = "orbax") -> Exported:
     else:
       path = directory / SAFETENSORS_FILE  # read whole from an object store, memory-mapped locally
       local = not run_files.is_url(path)
-      variables = unflatten(safetensors.flax.load_file(os.fspath(path)) if local else
-                            safetensors.flax.load(path.read_bytes()))
+      variables = unflatten(
+        safetensors.flax.load_file(os.fspath(path)) if local else safetensors.flax.load(path.read_bytes())
+      )
   except Exception as e:  # TensorStore, Orbax and safetensors errors: the files are not what was written
     reason = unreadable.read_error(e, os.fspath(directory / VARIABLES_DIR))
-    raise unreadable.DamagedCheckpointError(f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
-                                         f"export the model again, or load it with source={other!r}", None,
-                                         reason) from e
+    raise unreadable.DamagedCheckpointError(
+      f"the export in {directory} is damaged: {where} cannot be read ({reason}); "
+      f"export the model again, or load it with source={other!r}",
+      None,
+      reason,
+    ) from e
   check_matches(variables, cfg)
   tokenizer_dir = directory / info["tokenizer"]["dir"] if info.get("tokenizer") else None
   return Exported(variables=variables, model_cfg=cfg, tokenizer_dir=tokenizer_dir, info=info)
@@ -177,6 +202,7 @@ def load_tokenizer(exported: Exported) -> Any:
   kind = exported.info["tokenizer"]["kind"]
   if kind == "gpt2":
     from tapernorm_jax.tokenizers.gpt2_bpe import GPT2Tokenizer  # needs `tokenizers`: only for GPT-2 exports
+
     TOKENIZERS["gpt2"] = GPT2Tokenizer
   if kind not in TOKENIZERS:
     raise ValueError(f"{exported.tokenizer_dir}: unknown tokenizer kind {kind!r}")

@@ -27,8 +27,11 @@ def forms(variables: PyTree, cfg: ModelConfig) -> dict[str, tuple[PyTree, ModelC
   if not cfg.tapered:
     raise ValueError(f"forms need a tapered model (internal_norm={cfg.internal_norm!r}, final_norm={cfg.final_norm!r})")
   plain = lambda mode: "plain" if mode in param_paths.CALIBRATED_MODES else mode
-  configs = {"baseline": cfg.replace(internal_norm=plain(cfg.internal_norm), final_norm=plain(cfg.final_norm)),
-             "fixed": cfg.fixed_form(), "identity": cfg.replace(internal_norm="identity", final_norm="identity")}
+  configs = {
+    "baseline": cfg.replace(internal_norm=plain(cfg.internal_norm), final_norm=plain(cfg.final_norm)),
+    "fixed": cfg.fixed_form(),
+    "identity": cfg.replace(internal_norm="identity", final_norm="identity"),
+  }
   out = {name: (select(variables, form_cfg), form_cfg) for name, form_cfg in configs.items()}
   out["folded"] = fold_lib.fold(variables, cfg)
   return {name: out[name] for name in FORMS}
@@ -52,8 +55,9 @@ def select(variables: PyTree, cfg: ModelConfig) -> PyTree:
   return traverse_util.unflatten_dict({k: flat[k] for k in wanted})
 
 
-def perturbed(variables: PyTree, key: jax.Array, c_range: tuple[float, float] = (0.3, 3.0),
-              spread: float = 0.3) -> PyTree:
+def perturbed(
+  variables: PyTree, key: jax.Array, c_range: tuple[float, float] = (0.3, 3.0), spread: float = 0.3
+) -> PyTree:
   """Unboxed variables with every c drawn from `c_range` and every 1-D parameter (γ, γ̃, β, biases) moved by
   `spread`·N(0, 1): weights that look calibrated, so that every part of a fold or a form matters."""
   flat = traverse_util.flatten_dict(nn.unbox(variables))

@@ -1,6 +1,6 @@
 """A trained model ready to run: a training run's latest (or chosen) checkpoint with its tokenizer, or an export.
 
-    loaded = loading.load("runs/x")   # variables, model config and tokenizer; local or a URL
+loaded = loading.load("runs/x")   # variables, model config and tokenizer; local or a URL
 """
 
 import dataclasses
@@ -41,20 +41,27 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tupl
     steps = sorted(manager.all_steps())
     step = manager.latest_step() if step is None else step
     if step is None or step not in steps:
-      raise FileNotFoundError(f"no checkpoint {'at step ' + str(step) if step is not None else ''} in "
-                              f"{directory} (steps: {steps})")
+      raise FileNotFoundError(
+        f"no checkpoint {'at step ' + str(step) if step is not None else ''} in {directory} (steps: {steps})"
+      )
     target = export.restore_target(model_cfg)
     unreadable.quiet_aborted_reads()
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                       partial_restore=True)))
+      restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+          )
+        ),
+      )
     except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
       older = [s for s in steps if s < step]
       fix = f"load an older one with --step={older[-1]}" if older else "there is no older checkpoint"
       reason = unreadable.read_error(e, os.fspath(directory / str(step)))
-      raise unreadable.DamagedCheckpointError(f"the checkpoint at step {step} in {directory} is damaged: {reason}; "
-                                           f"{fix}", step, reason) from e
+      raise unreadable.DamagedCheckpointError(
+        f"the checkpoint at step {step} in {directory} is damaged: {reason}; {fix}", step, reason
+      ) from e
   return dict(restored["state"]), {**run_cfg, "restored_step": step}
 
 
@@ -62,6 +69,7 @@ def run_tokenizer(run_cfg: dict) -> Any | None:
   """The training run's tokenizer through `tapernorm_jax.data.prepare` (None when it cannot be prepared)."""
   try:
     from tapernorm_jax import data  # the training data stack: only when a run directory is loaded
+
     prepared = data.prepare(run_cfg["data"])
   except Exception as e:  # the model still runs on token ids
     print(f"(no tokenizer: {type(e).__name__}: {e}; pass token ids)")

@@ -42,38 +42,62 @@ def encode_prompts(loaded: Loaded, texts: list[str], token_lists: list[str] = ()
   return prompts
 
 
-def fit_prompts(prompts: list[list[int]], cfg: ModelConfig, max_new_tokens: int,
-                truncate: bool = False) -> tuple[list[list[int]], str | None]:
+def fit_prompts(
+  prompts: list[list[int]], cfg: ModelConfig, max_new_tokens: int, truncate: bool = False
+) -> tuple[list[list[int]], str | None]:
   """The prompts, each within the model's context: model.T tokens (llama), or model.T − max_new_tokens + 1 (gpt2,
   whose learned positions must also hold the new tokens). A longer one is a ValueError naming it; with `truncate`
   it keeps its last tokens, and the returned note counts what was cut (None when nothing was)."""
   room = cfg.T - max_new_tokens + 1 if cfg.family == "gpt2" else cfg.T
   if room < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens}: a gpt2 model with model.T={cfg.T} learned positions can "
-                     f"generate at most {cfg.T} tokens")
+    raise ValueError(
+      f"max_new_tokens={max_new_tokens}: a gpt2 model with model.T={cfg.T} learned positions can "
+      f"generate at most {cfg.T} tokens"
+    )
   long = [(i, len(p)) for i, p in enumerate(prompts) if len(p) > room]
   if not long:
     return prompts, None
-  what = f"model.T={cfg.T}" + (f" − max_new_tokens + 1 = {room}" if cfg.family == "gpt2" else
-                                ", the context this RoPE model was trained on")
+  what = f"model.T={cfg.T}" + (
+    f" − max_new_tokens + 1 = {room}" if cfg.family == "gpt2" else ", the context this RoPE model was trained on"
+  )
   if not truncate:
     i, n = long[0]
     others = f" ({len(long)} prompts are too long)" if len(long) > 1 else ""
-    raise ValueError(f"prompt {i + 1} has {n} tokens, more than {what}{others}; shorten it, or keep its last {room} "
-                     "tokens (truncate=True)")
+    raise ValueError(
+      f"prompt {i + 1} has {n} tokens, more than {what}{others}; shorten it, or keep its last {room} "
+      "tokens (truncate=True)"
+    )
   cut = [p[-room:] if len(p) > room else p for p in prompts]
   dropped = sum(n - room for _, n in long)
-  return cut, (f"cut {len(long)} of {len(prompts)} prompt(s) to their last {room} tokens ({what}), dropping "
-               f"{dropped} token(s) from their starts")
+  return cut, (
+    f"cut {len(long)} of {len(prompts)} prompt(s) to their last {room} tokens ({what}), dropping "
+    f"{dropped} token(s) from their starts"
+  )
 
 
-def continue_prompts(variables: PyTree, cfg: ModelConfig, prompts: list[list[int]], max_new_tokens: int,
-                     temperature: float = 0.0, top_k: int = 0, seed: int = 0,
-                     eos_id: int | None = None) -> list[list[int]]:
+def continue_prompts(
+  variables: PyTree,
+  cfg: ModelConfig,
+  prompts: list[list[int]],
+  max_new_tokens: int,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  seed: int = 0,
+  eos_id: int | None = None,
+) -> list[list[int]]:
   """New tokens for each prompt (cut after EOS) from one jitted prefill-and-decode call."""
   prompt_BxP, lengths_B = decode.pad_prompts(prompts)
   variables, projection = few_rows.prepare(variables, cfg, len(prompts))  # a few rows on CPU: faster products
-  tokens_BxN = decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(seed),
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, eos_id=eos_id,
-                               projection=projection)
+  tokens_BxN = decode.generate(
+    variables,
+    cfg,
+    prompt_BxP,
+    lengths_B,
+    jax.random.key(seed),
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    top_k=top_k,
+    eos_id=eos_id,
+    projection=projection,
+  )
   return decode.trim(jax.device_get(tokens_BxN), eos_id)

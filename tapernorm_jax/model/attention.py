@@ -54,8 +54,9 @@ def resolve(impl: str | None, dtype: jnp.dtype, T: int, platform: str) -> str:
   return "xla"
 
 
-def causal_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, impl: str | None, platform: str,
-                     mesh: Mesh | None = None) -> Array:
+def causal_attention(
+  q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, impl: str | None, platform: str, mesh: Mesh | None = None
+) -> Array:
   """Causal softmax attention of every position over the positions ≤ it, through `impl` on a `platform` target;
   the splash kernel runs on each device's rows of `mesh` (a Mosaic call cannot be split by XLA)."""
   impl = resolve(impl, q_BxTxHxK.dtype, q_BxTxHxK.shape[1], platform)
@@ -65,15 +66,20 @@ def causal_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, impl:
     return blocked_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
   if impl == "cudnn":
     if platform != "gpu" or q_BxTxHxK.dtype not in (jnp.bfloat16, jnp.float16):
-      raise ValueError(f"model.attention_impl='cudnn' needs an NVIDIA GPU target and bf16/fp16 activations, not "
-                       f"{platform} with {q_BxTxHxK.dtype}; use model.attention_impl=auto")
+      raise ValueError(
+        f"model.attention_impl='cudnn' needs an NVIDIA GPU target and bf16/fp16 activations, not "
+        f"{platform} with {q_BxTxHxK.dtype}; use model.attention_impl=auto"
+      )
     return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True, implementation="cudnn")
   if impl == "splash":
     if q_BxTxHxK.shape[1] % BLOCK:  # splash tiles whole 128-row blocks; shorter or ragged chunks (prefills) use xla
       return causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, "xla", platform)
     if platform != "tpu":
-      warnings.warn(f"model.attention_impl='splash' for a {platform} target: running the TPU kernel in Pallas "
-                    "interpret mode (correct but slow; meant for tests)", stacklevel=2)
+      warnings.warn(
+        f"model.attention_impl='splash' for a {platform} target: running the TPU kernel in Pallas "
+        "interpret mode (correct but slow; meant for tests)",
+        stacklevel=2,
+      )
     splash = functools.partial(splash_attention, interpret=platform != "tpu")
     return sharding.per_device(splash, mesh)(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
   raise ValueError(f"model.attention_impl={impl!r}: choose one of {IMPLS}")
@@ -91,8 +97,9 @@ def blocked_plan(pairs: int, T: int, scores_bytes: int = SCORES_BYTES) -> tuple[
   return block, max(n for n in range(1, min(pairs, fits) + 1) if pairs % n == 0)
 
 
-def blocked_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, block: int | None = None,
-                      heads_per_step: int | None = None) -> Array:
+def blocked_attention(
+  q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, block: int | None = None, heads_per_step: int | None = None
+) -> Array:
   """Causal attention in query blocks that score only the keys they see, a group of (batch, head) pairs at a time.
 
   `block` and `heads_per_step` default to `blocked_plan`'s; a `heads_per_step` that does not divide B·H is
@@ -106,8 +113,14 @@ def blocked_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, bloc
   n = math.gcd(B * H, heads_per_step or plan_pairs)
   n_backward = math.gcd(B * H, heads_per_step or blocked_plan(B * H, T, SCORES_BYTES // 4)[1])
   to_NxTxK = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H, T, K)
-  out_NxTxK = _blocked(to_NxTxK(q_BxTxHxK * jnp.asarray(K**-0.5, q_BxTxHxK.dtype)), to_NxTxK(k_BxTxHxK),
-                       to_NxTxK(v_BxTxHxK), block, n, n_backward)
+  out_NxTxK = _blocked(
+    to_NxTxK(q_BxTxHxK * jnp.asarray(K**-0.5, q_BxTxHxK.dtype)),
+    to_NxTxK(k_BxTxHxK),
+    to_NxTxK(v_BxTxHxK),
+    block,
+    n,
+    n_backward,
+  )
   return jnp.swapaxes(out_NxTxK.reshape(B, H, T, K), 1, 2)
 
 
@@ -151,22 +164,25 @@ def _forward_blocks(q_NxTxK: Array, k_NxTxK: Array, v_NxTxK: Array, block: int) 
   outs, lses = [], []
   for start in range(0, T, block):
     end = min(start + block, T)  # this block's queries see keys 0 … end − 1; only the diagonal block is masked
-    scores_NxQxS = jnp.einsum("nqk,nsk->nqs", q_NxTxK[:, start:end], k_NxTxK[:, :end],
-                              preferred_element_type=jnp.float32)
+    scores_NxQxS = jnp.einsum(
+      "nqk,nsk->nqs", q_NxTxK[:, start:end], k_NxTxK[:, :end], preferred_element_type=jnp.float32
+    )
     scores_NxQxS = jnp.where(_visible(start, end), scores_NxQxS, jnp.finfo(jnp.float32).min)
     max_NxQx1 = scores_NxQxS.max(axis=-1, keepdims=True)
     weights_NxQxS = jnp.exp(scores_NxQxS - max_NxQx1)
     total_NxQx1 = weights_NxQxS.sum(axis=-1, keepdims=True)
-    out_NxQxK = jnp.einsum("nqs,nsk->nqk", weights_NxQxS.astype(v_NxTxK.dtype), v_NxTxK[:, :end],
-                           preferred_element_type=jnp.float32)
+    out_NxQxK = jnp.einsum(
+      "nqs,nsk->nqk", weights_NxQxS.astype(v_NxTxK.dtype), v_NxTxK[:, :end], preferred_element_type=jnp.float32
+    )
     outs.append((out_NxQxK / total_NxQx1).astype(q_NxTxK.dtype))
     lses.append((max_NxQx1 + jnp.log(total_NxQx1))[..., 0])
   join = lambda xs: jnp.concatenate(xs, axis=1) if len(xs) > 1 else xs[0]
   return join(outs), join(lses)
 
 
-def _backward_blocks(q_NxTxK: Array, k_NxTxK: Array, v_NxTxK: Array, out_NxTxK: Array, lse_NxT: Array,
-                     dout_NxTxK: Array, block: int) -> tuple[Array, Array, Array]:
+def _backward_blocks(
+  q_NxTxK: Array, k_NxTxK: Array, v_NxTxK: Array, out_NxTxK: Array, lse_NxT: Array, dout_NxTxK: Array, block: int
+) -> tuple[Array, Array, Array]:
   """(dq, dk, dv) of N pairs, one query block at a time, from the softmax recomputed as exp(scores − lse)."""
   dtypes = (q_NxTxK.dtype, k_NxTxK.dtype, v_NxTxK.dtype)
   f32 = lambda x: x.astype(jnp.float32)
@@ -196,8 +212,16 @@ def _splash_kernel(H: int, T: int, interpret: bool):
 
   mask = masks.MultiHeadMask([masks.CausalMask((T, T)) for _ in range(H)])
   b = BLOCK
-  sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
-                            block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+  sizes = splash.BlockSizes(
+    block_q=b,
+    block_kv=b,
+    block_kv_compute=b,
+    block_q_dkv=b,
+    block_kv_dkv=b,
+    block_kv_dkv_compute=b,
+    block_q_dq=b,
+    block_kv_dq=b,
+  )
   return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
@@ -205,8 +229,10 @@ def splash_attention(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array, inter
   """Causal attention through the Pallas splash kernel (TPU; any backend with `interpret`)."""
   B, T, H, K = q_BxTxHxK.shape
   if T % BLOCK:
-    raise ValueError(f"splash attention tiles {BLOCK}-row blocks, but T={T}; use causal_attention (it falls back to "
-                     "xla for such lengths)")
+    raise ValueError(
+      f"splash attention tiles {BLOCK}-row blocks, but T={T}; use causal_attention (it falls back to "
+      "xla for such lengths)"
+    )
   kernel = _splash_kernel(H, T, interpret)
   to_BxHxTxK = lambda x: jnp.swapaxes(x, 1, 2)
   scaled_BxHxTxK = to_BxHxTxK(q_BxTxHxK * jnp.asarray(K**-0.5, q_BxTxHxK.dtype))

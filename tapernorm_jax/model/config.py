@@ -51,8 +51,9 @@ class ModelConfig:
     for field in ("internal_norm", "final_norm"):
       old = getattr(self, field)
       if old in RENAMED_MODES:  # configs written before the rename carry the old name
-        deprecated(f"model.{field}={old!r} is now called {RENAMED_MODES[old]!r}; the old name still works for now",
-                   stacklevel=4)
+        deprecated(
+          f"model.{field}={old!r} is now called {RENAMED_MODES[old]!r}; the old name still works for now", stacklevel=4
+        )
         object.__setattr__(self, field, RENAMED_MODES[old])
     if self.attention_impl is None:  # configs written before attention.py said None for automatic
       object.__setattr__(self, "attention_impl", "auto")

@@ -62,8 +62,10 @@ def as_gates(gate: Gates | Array | float, L: int) -> Gates:
     check_shapes(gate, L)
     return Gates(*(None if x is None else jnp.asarray(x, jnp.float32) for x in gate))
   if np.ndim(gate) != 0:
-    raise ValueError(f"gate has shape {np.shape(gate)}; give a scalar (one gate for every norm) or a "
-                     "tapernorm_jax.model.gates.Gates (one field per norm position)")
+    raise ValueError(
+      f"gate has shape {np.shape(gate)}; give a scalar (one gate for every norm) or a "
+      "tapernorm_jax.model.gates.Gates (one field per norm position)"
+    )
   return Gates.uniform(gate, L)
 
 
@@ -72,5 +74,6 @@ def check_shapes(gates: Gates, L: int) -> None:
   expected: dict[str, Any] = {"attn": (L,), "mlp": (L,), "final": (), "attn_value": (L,)}
   for name, value in gates._asdict().items():
     if value is not None and np.shape(value) != expected[name]:
-      raise ValueError(f"gates.{name} has shape {np.shape(value)}; a model of model.L={L} blocks takes "
-                       f"shape {expected[name]}")
+      raise ValueError(
+        f"gates.{name} has shape {np.shape(value)}; a model of model.L={L} blocks takes shape {expected[name]}"
+      )

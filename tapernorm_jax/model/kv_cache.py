@@ -58,14 +58,19 @@ def check_cache_write(cfg: Any, Q: int, S: int, index_B: Array) -> None:
   """Raises ValueError unless Q tokens per row fit the S-slot cache: at trace time from the static shapes, and also
   from `index_B` when it is concrete (under jit it is traced, and an index past the end would be clamped silently)."""
   if Q > S:
-    raise ValueError(f"tokens_BxQ has {Q} tokens per row but the cache has only {S} slots (slot = position); "
-                     "allocate a longer cache")
+    raise ValueError(
+      f"tokens_BxQ has {Q} tokens per row but the cache has only {S} slots (slot = position); allocate a longer cache"
+    )
   if cfg.family == "gpt2" and S > cfg.T:
-    raise ValueError(f"the cache has {S} slots but a gpt2 model has model.T={cfg.T} learned positions; allocate at "
-                     f"most {cfg.T} slots")
+    raise ValueError(
+      f"the cache has {S} slots but a gpt2 model has model.T={cfg.T} learned positions; allocate at most {cfg.T} slots"
+    )
   if not isinstance(index_B, jax.core.Tracer):
     index = np.asarray(index_B)
     if index.size and (index.min() < 0 or index.max() + Q > S):
-      raise ValueError(f"index_B={index.tolist()}: writing {Q} token(s) from slot {int(index.max())} runs past the "
-                       f"cache's {S} slots (slots 0…{S - 1}); allocate a longer cache (decode.init_cache)"
-                       if index.min() >= 0 else f"index_B={index.tolist()}: cache slots start at 0")
+      raise ValueError(
+        f"index_B={index.tolist()}: writing {Q} token(s) from slot {int(index.max())} runs past the "
+        f"cache's {S} slots (slots 0…{S - 1}); allocate a longer cache (decode.init_cache)"
+        if index.min() >= 0
+        else f"index_B={index.tolist()}: cache slots start at 0"
+      )

@@ -80,8 +80,9 @@ class Norm(nn.Module):
   gain_init: float = 1.0  # γ's initial value
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, gate: Array | float = 1.0,
-               gate_v: Array | None = None) -> Array | tuple[Array, Array]:
+  def __call__(
+    self, x_BxTxD: Array, gate: Array | float = 1.0, gate_v: Array | None = None
+  ) -> Array | tuple[Array, Array]:
     """Normalizes the last axis; `gate` is a traced scalar used by the `taper` and `repbn` forms only. With `gate_v`,
     returns two outputs of the one normalization: blended by `gate` and by `gate_v` (an attention norm's value
     path); forms without a gate give the same output for both."""
@@ -109,24 +110,28 @@ class Norm(nn.Module):
 
   def feature(self, name: str, init: Any, x_BxTxD: Array) -> Array:
     """A (D,) parameter `name`, split along the `norm` axis, in the statistics dtype of `x_BxTxD`."""
-    return self.param(name, nn.with_logical_partitioning(init, ("norm",)), (x_BxTxD.shape[-1],),
-                      self.param_dtype).astype(x_BxTxD.dtype)
+    return self.param(
+      name, nn.with_logical_partitioning(init, ("norm",)), (x_BxTxD.shape[-1],), self.param_dtype
+    ).astype(x_BxTxD.dtype)
 
   def scalar(self, name: str, value: float, dtype: Any) -> Array:
     """A learned scalar parameter `name`, initially `value`, in `dtype`."""
-    return self.param(name, nn.with_logical_partitioning(nn.initializers.constant(value), ()), (),
-                      self.param_dtype).astype(dtype)
+    return self.param(
+      name, nn.with_logical_partitioning(nn.initializers.constant(value), ()), (), self.param_dtype
+    ).astype(dtype)
 
   def pointwise(self, x_BxTxD: Array, gamma_D: Array, beta_D: Array | float) -> Array:
     """DyT's γ·tanh(α·h) + β or Derf's γ·erf(α·h + s) + β, in the statistics dtype."""
     z_BxTxD = self.scalar(param_paths.ALPHA, self.alpha_init, x_BxTxD.dtype) * x_BxTxD
     if self.mode == "dyt":
       return jnp.tanh(z_BxTxD) * gamma_D + beta_D
-    return jax.scipy.special.erf(z_BxTxD + self.scalar(param_paths.SHIFT, self.shift_init, x_BxTxD.dtype)) * gamma_D \
-        + beta_D
+    return (
+      jax.scipy.special.erf(z_BxTxD + self.scalar(param_paths.SHIFT, self.shift_init, x_BxTxD.dtype)) * gamma_D + beta_D
+    )
 
-  def calibrated(self, hbar_BxTxD: Array, gamma_D: Array, beta_D: Array | float, gate: Array | float,
-                 gate_v: Array | None) -> Array | tuple[Array, Array]:
+  def calibrated(
+    self, hbar_BxTxD: Array, gamma_D: Array, beta_D: Array | float, gate: Array | float, gate_v: Array | None
+  ) -> Array | tuple[Array, Array]:
     """The `fixed` map β + c·h̄·γ̃, or the `taper` blend β + g·(h̄/s(h))·γ + (1 − g)·c·h̄·γ̃, recording this step's
     calibration statistics where the `calib_stats` collection is mutable."""
     gamma_tilde_D = self.feature(param_paths.GAMMA_TILDE, nn.initializers.ones, hbar_BxTxD)
@@ -166,8 +171,9 @@ class Norm(nn.Module):
       var_D = jnp.mean(jnp.square(x_BxTxD - mean_D), axis=(0, 1))  # biased: what the batch is normalised with
       n = x_BxTxD.shape[0] * x_BxTxD.shape[1]
       self.put_variable(CALIB_STATS, param_paths.MEAN, jax.lax.stop_gradient(mean_D).astype(jnp.float32))
-      self.put_variable(CALIB_STATS, param_paths.VAR,
-                        jax.lax.stop_gradient(var_D * n / max(n - 1, 1)).astype(jnp.float32))
+      self.put_variable(
+        CALIB_STATS, param_paths.VAR, jax.lax.stop_gradient(var_D * n / max(n - 1, 1)).astype(jnp.float32)
+      )
     bn_BxTxD = (x_BxTxD - mean_D) * jax.lax.rsqrt(var_D + self.eps) * bn_gamma_D + bn_beta_D
     return bn_BxTxD + eta * x_BxTxD
 

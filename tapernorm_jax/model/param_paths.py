@@ -75,8 +75,14 @@ def norm_sites(cfg: Any) -> list[NormSite]:
   for i in range(cfg.L):
     b = (block(i),)
     sites.append(NormSite(b + (ATTN_NORM,), (b + (ATTN, QKV),), (b + (ATTN, QKV_BIAS),), True))
-    sites.append(NormSite(b + (MLP_NORM,), tuple(b + (MLP, w) for w in mlp_in(cfg.family)),
-                          tuple(b + (MLP, w) for w in mlp_in_biases(cfg.family)), True))
+    sites.append(
+      NormSite(
+        b + (MLP_NORM,),
+        tuple(b + (MLP, w) for w in mlp_in(cfg.family)),
+        tuple(b + (MLP, w) for w in mlp_in_biases(cfg.family)),
+        True,
+      )
+    )
   sites.append(NormSite((FINAL_NORM,), ((HEAD,),), ((LOGITS_BIAS,),), False))
   return sites
 

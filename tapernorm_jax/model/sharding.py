@@ -22,20 +22,20 @@ MESH_AXES = ("data", "fsdp")
 BATCH_AXES = MESH_AXES  # the batch is split over every device
 # Logical parameter axis → mesh axis: parameters are fully sharded along `embed` over `fsdp`.
 RULES = (
-    ("batch", BATCH_AXES),
-    ("embed", "fsdp"),
-    ("vocab", None),
-    ("mlp", None),
-    ("heads", None),
-    ("kv", None),
-    ("norm", None),
+  ("batch", BATCH_AXES),
+  ("embed", "fsdp"),
+  ("vocab", None),
+  ("mlp", None),
+  ("heads", None),
+  ("kv", None),
+  ("norm", None),
 )
 # Logical activation axis → mesh axis: only the batch is split (the features stay whole on each device).
 ACTIVATION_RULES = (
-    ("activation_batch", BATCH_AXES),
-    ("activation_length", None),
-    ("activation_embed", None),
-    ("activation_vocab", None),
+  ("activation_batch", BATCH_AXES),
+  ("activation_length", None),
+  ("activation_embed", None),
+  ("activation_vocab", None),
 )
 HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")  # B×T×D
 LOGITS_AXES = ("activation_batch", "activation_length", "activation_vocab")  # B×T×V
@@ -101,11 +101,14 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = Non
   slices = len({getattr(d, "slice_index", 0) or 0 for d in devices})
   if slices > 1:
     if data % slices:
-      raise ValueError(f"mesh.data={data}: the {n} devices span {slices} slices, and the data axis is the one that "
-                       f"crosses them (fsdp's gathers stay within a slice); make mesh.data a multiple of {slices} "
-                       f"(mesh.fsdp at most {n // slices})")
-    grid = mesh_utils.create_hybrid_device_mesh((data // slices, fsdp), (slices, 1), devices,
-                                                allow_split_physical_axes=True)
+      raise ValueError(
+        f"mesh.data={data}: the {n} devices span {slices} slices, and the data axis is the one that "
+        f"crosses them (fsdp's gathers stay within a slice); make mesh.data a multiple of {slices} "
+        f"(mesh.fsdp at most {n // slices})"
+      )
+    grid = mesh_utils.create_hybrid_device_mesh(
+      (data // slices, fsdp), (slices, 1), devices, allow_split_physical_axes=True
+    )
   elif platform_of(devices) == "tpu":
     grid = mesh_utils.create_device_mesh((data, fsdp), devices, allow_split_physical_axes=True)
   else:
@@ -115,15 +118,26 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[Any] | None = Non
 
 def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
   """`jax.distributed.initialize`'s arguments from `mesh.*` (None: single process); unset fields are auto-detected."""
-  address, count, index = (mesh_cfg.get("coordinator_address", ""), mesh_cfg.get("num_processes", -1),
-                           mesh_cfg.get("process_id", -1))
-  given = [f"mesh.{name}={value!r}" for name, value, unset in (("coordinator_address", address, ""),
-                                                               ("num_processes", count, -1),
-                                                               ("process_id", index, -1)) if value != unset]
+  address, count, index = (
+    mesh_cfg.get("coordinator_address", ""),
+    mesh_cfg.get("num_processes", -1),
+    mesh_cfg.get("process_id", -1),
+  )
+  given = [
+    f"mesh.{name}={value!r}"
+    for name, value, unset in (
+      ("coordinator_address", address, ""),
+      ("num_processes", count, -1),
+      ("process_id", index, -1),
+    )
+    if value != unset
+  ]
   if not mesh_cfg.distributed:
     if given:
-      raise ValueError(f"{', '.join(given)} without mesh.distributed=True: set it to start a multi-process run, or "
-                       "leave those fields unset")
+      raise ValueError(
+        f"{', '.join(given)} without mesh.distributed=True: set it to start a multi-process run, or "
+        "leave those fields unset"
+      )
     return None
   if count != -1 and count < 1:
     raise ValueError(f"mesh.num_processes={count!r}: must be >= 1, or -1 to auto-detect")
@@ -131,10 +145,15 @@ def distributed_options(mesh_cfg: ml_collections.ConfigDict) -> dict[str, Any] |
     allowed = "must be >= 0" if count == -1 else f"must lie in [0, mesh.num_processes={count})"
     raise ValueError(f"mesh.process_id={index!r}: {allowed}, or -1 to auto-detect")
   if address and not re.fullmatch(r"\S+:\d+", address):
-    raise ValueError(f"mesh.coordinator_address={address!r}: give HOST:PORT of process 0 (e.g. 10.0.0.2:1234), or "
-                     "leave it empty to auto-detect")
-  return {"coordinator_address": address or None, "num_processes": None if count == -1 else count,
-          "process_id": None if index == -1 else index}
+    raise ValueError(
+      f"mesh.coordinator_address={address!r}: give HOST:PORT of process 0 (e.g. 10.0.0.2:1234), or "
+      "leave it empty to auto-detect"
+    )
+  return {
+    "coordinator_address": address or None,
+    "num_processes": None if count == -1 else count,
+    "process_id": None if index == -1 else index,
+  }
 
 
 def shardings(variables: Any, mesh: Mesh) -> Any:

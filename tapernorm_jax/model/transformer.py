@@ -23,182 +23,22 @@ target the caller compiles for. `Transformer(cfg, mesh=...)` keeps the activatio
 every axis of the mesh at the block boundaries (`sharding.constrain`), so each device computes its rows.
 """
 
-from typing import Any, Protocol
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from tapernorm_jax.model import attention, param_paths, sharding
+from tapernorm_jax.model import param_paths, sharding
 from tapernorm_jax.model.gates import BlockGates, Gates, as_gates
-from tapernorm_jax.model.kv_cache import LayerCache, cached_attention, check_cache_write, write_cache
+from tapernorm_jax.model.kv_cache import LayerCache, check_cache_write
 from tapernorm_jax.model.config import ModelConfig
+from tapernorm_jax.model.layers import Attention, Mlp
 from tapernorm_jax.model.norms import Norm, ScaleMonitor
+from tapernorm_jax.model.seams import Attend, Projection, einsum
 
 Array = jax.Array
-def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
-           std: float | None, dtype: Any) -> Array:
-  """A parameter with logical axis names; normal(std) init, or zeros when std is None."""
-  init = nn.initializers.zeros if std is None else nn.initializers.normal(std)
-  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
-
-
-def _residual_out(module: nn.Module, x: Array, name: str, bias_name: str, in_shape: tuple[int, ...],
-                  in_axes: tuple[str, ...], spec: str) -> Array:
-  """A projection back into the residual stream (`spec` contracts x's trailing `in_shape` axes with the weight's),
-  its init scaled by 1/√(2L) (GPT-2's residual scaling), with a bias for gpt2."""
-  cfg, dt = module.cfg, module.cfg.compute_dtype
-  w = _param(module, name, in_shape + (cfg.D,), in_axes + ("embed",), cfg.init_std / (2 * cfg.L) ** 0.5,
-             cfg.param_dtype)
-  y_BxTxD = module.projection(module, name, spec, x, w.astype(dt))
-  if cfg.family == "gpt2":
-    y_BxTxD += _param(module, bias_name, (cfg.D,), ("embed",), None, cfg.param_dtype).astype(dt)
-  return y_BxTxD
-
-
-class Projection(Protocol):
-  """The seam every linear map of the model goes through (`Transformer(cfg, projection=...)`).
-
-  Called as `projection(module, name, spec, x_BxTx___, w, part)`: `module` owns the weight `name` (a
-  `param_paths` name), `spec` is the einsum that contracts x's trailing axes with w's leading ones,
-  and `part` is None or, for the fused QKV weight, the slice of its second axis that `w` is. The
-  model's own is `einsum`; decoding may pass another that computes the same product faster on one
-  backend (`tapernorm_jax/cpu_kernels/`), reading any extra variables it needs from
-  `module`.
-  """
-
-  def __call__(self, module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array,
-               part: slice | None = None) -> Array: ...
-
-
-class Attend(Protocol):
-  """The seam for a backend's own causal attention (`Transformer(cfg, attend=...)`; None: `attention_impl`'s).
-
-  Called as `attend(q, k, v)` on B×T×H×K queries, keys and values (queries not yet scaled) wherever the
-  model attends causally within a chunk; it must compute what `attention.causal_attention` does, gradients
-  included. The model never picks one itself: a trainer passes the one `tapernorm_jax/cpu_kernels/` selects.
-  """
-
-  def __call__(self, q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array) -> Array:
-    ...
-
-
-def einsum(module: nn.Module, name: str, spec: str, x_BxTx___: Array, w: Array, part: slice | None = None) -> Array:
-  """The model's projection: `jnp.einsum(spec, x, w)`, whatever the backend."""
-  del module, name, part
-  return jnp.einsum(spec, x_BxTx___, w)
-
-
-def rope(x_BxTxHxK: Array, positions_BxT: Array, base: float) -> Array:
-  """Rotary position embedding (rotate-half form), computed in fp32 (fp64 for fp64 inputs)."""
-  K, ct = x_BxTxHxK.shape[-1], jnp.promote_types(x_BxTxHxK.dtype, jnp.float32)
-  freq_K2 = base ** (-jnp.arange(0, K, 2, dtype=ct) / K)
-  angle_BxTx1xK2 = positions_BxT[..., None, None].astype(ct) * freq_K2
-  sin, cos = jnp.sin(angle_BxTx1xK2), jnp.cos(angle_BxTx1xK2)
-  x1, x2 = jnp.split(x_BxTxHxK.astype(ct), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxTxHxK.dtype)
-
-
-class Attention(nn.Module):
-  """Causal multi-head self-attention through `model.attention_impl` (attention.py) or `attend`, optionally over a
-  KV cache."""
-
-  cfg: ModelConfig
-  projection: Projection = einsum
-  attend: Attend | None = None
-  mesh: Mesh | None = None
-
-  @nn.compact
-  def __call__(self, x_BxTxD: Array, positions_BxT: Array, cache: LayerCache | None = None,
-               index_B: Array | None = None, *, from_start: bool = False, last_only: bool = False,
-               x_v_BxTxD: Array | None = None) -> Array | tuple[Array, LayerCache]:
-    """Attends causally; with `cache`, writes this chunk's K/V at `index_B` and returns (B×T×D, cache).
-
-    `from_start`: the chunk starts every row at slot 0 (a prefill), so it attends within itself through the
-    selected implementation instead of over the cache. `last_only`: only the last position's output (B×1×D).
-    `x_v_BxTxD`: the values' own input (queries and keys from x), as the same projection's last third.
-    """
-    cfg = self.cfg
-    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = self.queries_keys_values(x_BxTxD, x_v_BxTxD, last_only)
-    if cfg.family == "llama":
-      q_BxTxHxK = rope(q_BxTxHxK, positions_BxT[:, -1:] if last_only else positions_BxT, cfg.rope_base)
-      k_BxTxHxK = rope(k_BxTxHxK, positions_BxT, cfg.rope_base)
-    if cache is not None:
-      cache = {"k": write_cache(cache["k"], k_BxTxHxK, index_B, keys=True, mesh=self.mesh),
-               "v": write_cache(cache["v"], v_BxTxHxK, index_B, keys=False, mesh=self.mesh)}
-    if last_only:  # the last position sees every key: no mask
-      out_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation="xla")
-    elif cache is None or from_start:
-      out_BxTxHxK = (self.attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK) if self.attend else attention.causal_attention(
-          q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, cfg.attention_impl, cfg.target_platform, self.mesh))
-    else:
-      out_BxTxHxK = cached_attention(q_BxTxHxK, cache["k"], cache["v"], positions_BxT)
-    out_BxTxD = self.project_out(out_BxTxHxK)
-    return out_BxTxD if cache is None else (out_BxTxD, cache)
-
-  def queries_keys_values(self, x_BxTxD: Array, x_v_BxTxD: Array | None,
-                          last_only: bool) -> tuple[Array, Array, Array]:
-    """q, k and v (each B×T×H×K) from the one fused projection, computing only what is used: the values from
-    `x_v_BxTxD` where given (the same weights' last third), the query of the last position only with `last_only`."""
-    cfg, dt = self.cfg, self.cfg.compute_dtype
-    K = cfg.D // cfg.H
-    w_qkv_Dx3xHxK = _param(self, param_paths.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std,
-                           cfg.param_dtype).astype(dt)
-    bias_3xHxK = (_param(self, param_paths.QKV_BIAS, (3, cfg.H, K), (None, "heads", "kv"), None, cfg.param_dtype)
-                  .astype(dt) if cfg.input_biases else None)
-
-    def heads(x_BxTxD: Array, first: int, last: int) -> Array:
-      """Parts first..last−1 of (q, k, v) at every position of x, each B×T×H×K."""
-      which = slice(first, last)
-      # Output axes follow the kernel's (b, l, then 3, h, k): a `tblhk` output makes XLA transpose the kernel.
-      out_BxTxnxHxK = self.projection(self, param_paths.QKV, "bld,dthk->blthk", x_BxTxD.astype(dt),
-                                      w_qkv_Dx3xHxK[:, which], which)
-      if bias_3xHxK is not None:
-        out_BxTxnxHxK = out_BxTxnxHxK + bias_3xHxK[which]
-      # split, not slices: its gradient is one concatenation, theirs padded copies summed
-      return [part[:, :, 0] for part in jnp.split(out_BxTxnxHxK, last - first, axis=2)]
-
-    x_q_BxTxD = x_BxTxD[:, -1:] if last_only else x_BxTxD
-    if x_v_BxTxD is not None:  # two inputs: the same weights, split (no more FLOPs than one fused projection)
-      v_BxTxHxK, = heads(x_v_BxTxD, 2, 3)
-      if last_only:
-        return (*heads(x_q_BxTxD, 0, 1), *heads(x_BxTxD, 1, 2), v_BxTxHxK)
-      return (*heads(x_BxTxD, 0, 2), v_BxTxHxK)
-    if last_only:  # keys and values of every position, the query of the last one only
-      return (*heads(x_q_BxTxD, 0, 1), *heads(x_BxTxD, 1, 3))
-    return tuple(heads(x_BxTxD, 0, 3))
-
-  def project_out(self, out_BxTxHxK: Array) -> Array:
-    """The output projection H×K → D (with bias for gpt2)."""
-    cfg = self.cfg
-    return _residual_out(self, out_BxTxHxK, param_paths.ATTN_OUT, param_paths.ATTN_OUT_BIAS, (cfg.H, cfg.D // cfg.H),
-                         ("heads", "kv"), "bthk,hkd->btd")
-
-
-class Mlp(nn.Module):
-  """SwiGLU (`wi_0` gate, `wi_1` up; biased with model.input_bias) for llama, GELU-tanh with biases for gpt2."""
-
-  cfg: ModelConfig
-  projection: Projection = einsum
-
-  @nn.compact
-  def __call__(self, x_BxTxD: Array) -> Array:
-    """Position-wise feed-forward, B×T×D → B×T×D."""
-    cfg, dt = self.cfg, self.cfg.compute_dtype
-    F, x_BxTxD = cfg.mlp_dim, x_BxTxD.astype(dt)
-    dense_in = lambda name: self.projection(self, name, "btd,df->btf", x_BxTxD, _param(
-        self, name, (cfg.D, F), ("embed", "mlp"), cfg.init_std, cfg.param_dtype).astype(dt))
-    bias = lambda name: _param(self, name, (F,), ("mlp",), None, cfg.param_dtype).astype(dt)
-    if cfg.family == "llama":
-      gate_BxTxF, up_BxTxF = dense_in(param_paths.WI_GATE), dense_in(param_paths.WI_UP)
-      if cfg.input_bias:
-        gate_BxTxF, up_BxTxF = gate_BxTxF + bias(param_paths.WI_GATE_BIAS), up_BxTxF + bias(param_paths.WI_UP_BIAS)
-      hidden_BxTxF = nn.silu(gate_BxTxF) * up_BxTxF
-    else:
-      bias_F = bias(param_paths.WI_BIAS)
-      hidden_BxTxF = nn.gelu(dense_in(param_paths.WI) + bias_F, approximate=True)
-    return _residual_out(self, hidden_BxTxF, param_paths.WO, param_paths.WO_BIAS, (F,), ("mlp",), "btf,fd->btd")
 
 
 class Block(nn.Module):
@@ -210,9 +50,16 @@ class Block(nn.Module):
   mesh: Mesh | None = None
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, positions_BxT: Array, gates: BlockGates, cache: LayerCache | None = None,
-               index_B: Array | None = None, from_start: bool = False,
-               last_only: bool = False) -> Array | tuple[Array, LayerCache]:
+  def __call__(
+    self,
+    h_BxTxD: Array,
+    positions_BxT: Array,
+    gates: BlockGates,
+    cache: LayerCache | None = None,
+    index_B: Array | None = None,
+    from_start: bool = False,
+    last_only: bool = False,
+  ) -> Array | tuple[Array, LayerCache]:
     """One residual block (the gates of its attention and MLP norms, and of the attention norm's value path where
     `gates` has one); with `cache` also returns its updated KV cache.
 
@@ -220,16 +67,25 @@ class Block(nn.Module):
     `from_start` and `last_only` are passed by position (static arguments under `nn.remat`).
     """
     cfg = self.cfg
-    norm = lambda name, position: Norm(cfg.norm_kind, cfg.internal_norm, cfg.eps, cfg.compute_dtype,
-                                       cfg.param_dtype, cfg.alpha_init(position), cfg.derf_shift,
-                                       cfg.norm_gain_init, name=name)
+    norm = lambda name, position: Norm(
+      cfg.norm_kind,
+      cfg.internal_norm,
+      cfg.eps,
+      cfg.compute_dtype,
+      cfg.param_dtype,
+      cfg.alpha_init(position),
+      cfg.derf_shift,
+      cfg.norm_gain_init,
+      name=name,
+    )
     x_v_BxTxD = None
     if gates.attn_value is not None:  # the value path has its own gate: the norm's two blends of one normalization
       x_BxTxD, x_v_BxTxD = norm(param_paths.ATTN_NORM, 0)(h_BxTxD, gates.attn, gates.attn_value)
     else:
       x_BxTxD = norm(param_paths.ATTN_NORM, 0)(h_BxTxD, gates.attn)
     attn = Attention(cfg, self.projection, self.attend, self.mesh, name=param_paths.ATTN)(
-        x_BxTxD, positions_BxT, cache, index_B, from_start=from_start, last_only=last_only, x_v_BxTxD=x_v_BxTxD)
+      x_BxTxD, positions_BxT, cache, index_B, from_start=from_start, last_only=last_only, x_v_BxTxD=x_v_BxTxD
+    )
     attn_BxTxD, cache = attn if cache is not None else (attn, None)
     h_BxTxD = (h_BxTxD[:, -1:] if last_only else h_BxTxD) + attn_BxTxD
     mlp = Mlp(cfg, self.projection, name=param_paths.MLP)
@@ -252,41 +108,72 @@ class Transformer(nn.Module):
   def setup(self):  # attribute names are the layout's: embed, pos_embed, final_norm, pre_logit, head, logits_bias
     cfg = self.cfg
     block = nn.remat(Block, static_argnums=(6, 7)) if cfg.remat else Block  # self is 0: from_start, last_only
-    self.embed = self.param(param_paths.EMBED, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
-                                                                  ("vocab", "embed")), (cfg.V, cfg.D),
-                            cfg.param_dtype)
+    self.embed = self.param(
+      param_paths.EMBED,
+      nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
+      (cfg.V, cfg.D),
+      cfg.param_dtype,
+    )
     if cfg.family == "gpt2":
-      self.pos_embed = self.param(param_paths.POS_EMBED, nn.with_logical_partitioning(
-          nn.initializers.normal(cfg.init_std / 2), (None, "embed")), (cfg.T, cfg.D), cfg.param_dtype)
+      self.pos_embed = self.param(
+        param_paths.POS_EMBED,
+        nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std / 2), (None, "embed")),
+        (cfg.T, cfg.D),
+        cfg.param_dtype,
+      )
     self.blocks = [block(cfg, self.projection, self.attend, self.mesh, name=param_paths.block(i)) for i in range(cfg.L)]
-    self.final_norm = Norm(cfg.norm_kind, cfg.final_norm, cfg.eps, cfg.compute_dtype, cfg.param_dtype,
-                           cfg.alpha_init(2), cfg.derf_shift, cfg.norm_gain_init)
+    self.final_norm = Norm(
+      cfg.norm_kind,
+      cfg.final_norm,
+      cfg.eps,
+      cfg.compute_dtype,
+      cfg.param_dtype,
+      cfg.alpha_init(2),
+      cfg.derf_shift,
+      cfg.norm_gain_init,
+    )
     if cfg.pointwise:  # DyT's and Derf's language models scale the embeddings by a learned scalar, initially √D
-      self.embed_scale = self.param(param_paths.EMBED_SCALE, nn.with_logical_partitioning(
-          nn.initializers.constant(cfg.D ** 0.5), ()), (), cfg.param_dtype)
+      self.embed_scale = self.param(
+        param_paths.EMBED_SCALE,
+        nn.with_logical_partitioning(nn.initializers.constant(cfg.D**0.5), ()),
+        (),
+        cfg.param_dtype,
+      )
     self.pre_logit = ScaleMonitor(cfg.norm_kind, cfg.eps)
     if not cfg.tie_embeddings:
-      self.head = self.param(param_paths.HEAD, nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std),
-                                                                  ("embed", "vocab")), (cfg.D, cfg.V),
-                             cfg.param_dtype)
+      self.head = self.param(
+        param_paths.HEAD,
+        nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("embed", "vocab")),
+        (cfg.D, cfg.V),
+        cfg.param_dtype,
+      )
     if cfg.logits_bias:
       zeros = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
       self.logits_bias = self.param(param_paths.LOGITS_BIAS, zeros, (cfg.V,), cfg.param_dtype)
 
-  def __call__(self, tokens_BxT: Array, gate: Gates | Array | float = 1.0, *, positions_BxT: Array | None = None,
-               return_hidden: bool = False) -> Array | tuple[Array, Array]:
+  def __call__(
+    self,
+    tokens_BxT: Array,
+    gate: Gates | Array | float = 1.0,
+    *,
+    positions_BxT: Array | None = None,
+    return_hidden: bool = False,
+  ) -> Array | tuple[Array, Array]:
     """Logits B×T×V (fp32); with `return_hidden` also the pre-logit residual stream h (B×T×D)."""
     h_BxTxD = self.hidden(tokens_BxT, gate, positions_BxT=positions_BxT)
     logits_BxTxV = self.logits(h_BxTxD, gate)
     return (logits_BxTxV, h_BxTxD) if return_hidden else logits_BxTxV
 
-  def hidden(self, tokens_BxT: Array, gate: Gates | Array | float = 1.0, *,
-             positions_BxT: Array | None = None) -> Array:
+  def hidden(
+    self, tokens_BxT: Array, gate: Gates | Array | float = 1.0, *, positions_BxT: Array | None = None
+  ) -> Array:
     """The pre-logit residual stream h (the input of the final norm)."""
     if positions_BxT is None:
       if self.cfg.family == "gpt2" and tokens_BxT.shape[1] > self.cfg.T:
-        raise ValueError(f"tokens_BxT has length {tokens_BxT.shape[1]} > model.T={self.cfg.T}, the number of learned "
-                         "positions of a gpt2 model; cut the input or use a model with a larger T")
+        raise ValueError(
+          f"tokens_BxT has length {tokens_BxT.shape[1]} > model.T={self.cfg.T}, the number of learned "
+          "positions of a gpt2 model; cut the input or use a model with a larger T"
+        )
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     gates = as_gates(gate, self.cfg.L)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
@@ -304,8 +191,14 @@ class Transformer(nn.Module):
       h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
     return self.block(self.cfg.L - 1, h_BxTxD, positions_BxT, gates, last_only=True)
 
-  def decode(self, tokens_BxQ: Array, cache: list[LayerCache], index_B: Array,
-             gate: Gates | Array | float = 1.0, from_start: bool = False) -> tuple[Array, list[LayerCache]]:
+  def decode(
+    self,
+    tokens_BxQ: Array,
+    cache: list[LayerCache],
+    index_B: Array,
+    gate: Gates | Array | float = 1.0,
+    from_start: bool = False,
+  ) -> tuple[Array, list[LayerCache]]:
     """Runs Q new tokens per row at positions index_B + 0…Q−1 over the KV cache; returns (h_BxQxD, cache).
 
     `from_start=True` promises index_B = 0 everywhere (a prefill): the chunk then attends within itself through
@@ -323,8 +216,17 @@ class Transformer(nn.Module):
       new_cache.append(layer_cache)
     return h_BxQxD, new_cache
 
-  def block(self, i: int, h_BxTxD: Array, positions_BxT: Array, gates: Gates, cache: LayerCache | None = None,
-            index_B: Array | None = None, from_start: bool = False, last_only: bool = False) -> Any:
+  def block(
+    self,
+    i: int,
+    h_BxTxD: Array,
+    positions_BxT: Array,
+    gates: Gates,
+    cache: LayerCache | None = None,
+    index_B: Array | None = None,
+    from_start: bool = False,
+    last_only: bool = False,
+  ) -> Any:
     """Block i with its gates; every argument goes by position, as `nn.remat`'s static arguments must."""
     out = self.blocks[i](h_BxTxD, positions_BxT, gates.block(i), cache, index_B, from_start, last_only)
     return self.shard(out) if cache is None else (self.shard(out[0]), out[1])

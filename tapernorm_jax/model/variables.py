@@ -40,13 +40,19 @@ def check_matches(variables: PyTree, cfg: ModelConfig) -> None:
   for collection in ("params", "calib"):
     want = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(expected.get(collection, {})).items()}
     have = {k: tuple(jnp.shape(v)) for k, v in traverse_util.flatten_dict(variables[collection]).items()}
-    problems += [f"{collection}/{'/'.join(k)} missing (expected shape {want[k]})"
-                 for k in sorted(set(want) - set(have))]
+    problems += [
+      f"{collection}/{'/'.join(k)} missing (expected shape {want[k]})" for k in sorted(set(want) - set(have))
+    ]
     problems += [f"{collection}/{'/'.join(k)} is not in the model" for k in sorted(set(have) - set(want))]
-    problems += [f"{collection}/{'/'.join(k)} has shape {have[k]}, the model expects {want[k]}"
-                 for k in sorted(set(want) & set(have)) if want[k] != have[k]]
+    problems += [
+      f"{collection}/{'/'.join(k)} has shape {have[k]}, the model expects {want[k]}"
+      for k in sorted(set(want) & set(have))
+      if want[k] != have[k]
+    ]
   if problems:
     shown = "; ".join(problems[:6]) + (f"; … {len(problems) - 6} more" if len(problems) > 6 else "")
-    raise ValueError(f"the variables do not match the model config (family={cfg.family}, D={cfg.D}, L={cfg.L}, "
-                     f"internal_norm={cfg.internal_norm}, final_norm={cfg.final_norm}, "
-                     f"tie_embeddings={cfg.tie_embeddings}): {shown}")
+    raise ValueError(
+      f"the variables do not match the model config (family={cfg.family}, D={cfg.D}, L={cfg.L}, "
+      f"internal_norm={cfg.internal_norm}, final_norm={cfg.final_norm}, "
+      f"tie_embeddings={cfg.tie_embeddings}): {shown}"
+    )

@@ -39,8 +39,11 @@ def in_effect() -> dict[str, object]:
   arenas), or the reason it was not set."""
   if not _FIRST:
     return {"keeps_freed_memory": False, "why_not": "never set (no entry point, and keep_freed_memory() not called)"}
-  return {"keeps_freed_memory": not _FIRST["why_not"], "why_not": _FIRST["why_not"],
-          "set_before_jax": _FIRST["before_jax"]}
+  return {
+    "keeps_freed_memory": not _FIRST["why_not"],
+    "why_not": _FIRST["why_not"],
+    "set_before_jax": _FIRST["before_jax"],
+  }
 
 
 def _set() -> str:

@@ -4,16 +4,16 @@ study's results needs none."""
 # Dense peak FLOP/s per device in bfloat16, from the vendors' data sheets, for MFU. Keys are
 # substrings of `jax.Device.device_kind`; the first match wins, so longer names come first.
 PEAK_BF16_FLOPS = (
-    ("H200", 989e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-    ("L4", 121e12),
-    ("T4", 65e12),
-    ("TPU v6", 918e12),
-    ("TPU v5p", 459e12),
-    ("TPU v5 lite", 197e12),
-    ("TPU v5e", 197e12),
-    ("TPU v4", 275e12),
+  ("H200", 989e12),
+  ("H100", 989e12),
+  ("A100", 312e12),
+  ("L4", 121e12),
+  ("T4", 65e12),
+  ("TPU v6", 918e12),
+  ("TPU v5p", 459e12),
+  ("TPU v5 lite", 197e12),
+  ("TPU v5e", 197e12),
+  ("TPU v4", 275e12),
 )
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from tapernorm_jax.runtime.costs import peak_flops
 
+
 def peak() -> dict[str, Any] | None:
   """The peak FLOP/s of this job's devices that MFU is measured against, and where it comes from: the data sheet's
   bf16 peak per accelerator × their count; on CPUs, the best rate of a large jitted float32 GEMM measured here
@@ -20,12 +21,18 @@ def peak() -> dict[str, Any] | None:
   device = jax.devices()[0]
   per_device = peak_flops(device.device_kind)
   if per_device:
-    return {"flops": per_device * jax.device_count(), "source": f"{jax.device_count()} × the {device.device_kind}'s "
-            f"dense bf16 peak (data sheet, {per_device / 1e12:,.0f} TFLOP/s each)"}
+    return {
+      "flops": per_device * jax.device_count(),
+      "source": f"{jax.device_count()} × the {device.device_kind}'s "
+      f"dense bf16 peak (data sheet, {per_device / 1e12:,.0f} TFLOP/s each)",
+    }
   if device.platform == "cpu":
     host = measured_gemm_flops()
-    return {"flops": host * jax.process_count(), "source": f"this CPU's measured float32 GEMM rate (a jitted 2048³ "
-            f"matmul, best of 5: {host / 1e9:,.0f} GFLOP/s per host)"}
+    return {
+      "flops": host * jax.process_count(),
+      "source": f"this CPU's measured float32 GEMM rate (a jitted 2048³ "
+      f"matmul, best of 5: {host / 1e9:,.0f} GFLOP/s per host)",
+    }
   return None
 
 
@@ -44,8 +51,15 @@ def measured_gemm_flops(n: int = 2048, repeats: int = 5) -> float:
 
 
 # The instruction sets a CPU result depends on, as /proc/cpuinfo's flags name them → as the docs write them.
-ISA_FLAGS = (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"),
-             ("avx512_vnni", "AVX512-VNNI"), ("amx_tile", "AMX"), ("amx_bf16", "AMX-BF16"))
+ISA_FLAGS = (
+  ("avx2", "AVX2"),
+  ("fma", "FMA"),
+  ("avx512f", "AVX-512"),
+  ("avx512_bf16", "AVX512-BF16"),
+  ("avx512_vnni", "AVX512-VNNI"),
+  ("amx_tile", "AMX"),
+  ("amx_bf16", "AMX-BF16"),
+)
 
 
 def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
@@ -63,9 +77,14 @@ def cpu_identity(cpuinfo: str | None = None) -> dict[str, Any]:
     fields.setdefault(key.strip(), value.strip())
   flags = set(fields.get("flags", "").split())
   as_int = lambda key: int(fields[key]) if fields.get(key, "").isdigit() else None
-  return {"vendor": fields.get("vendor_id", ""), "family": as_int("cpu family"), "model": as_int("model"),
-          "stepping": as_int("stepping"), "model_name": fields.get("model name", ""),
-          "isa": [name for flag, name in ISA_FLAGS if flag in flags]}
+  return {
+    "vendor": fields.get("vendor_id", ""),
+    "family": as_int("cpu family"),
+    "model": as_int("model"),
+    "stepping": as_int("stepping"),
+    "model_name": fields.get("model name", ""),
+    "isa": [name for flag, name in ISA_FLAGS if flag in flags],
+  }
 
 
 def library_versions() -> dict[str, str]:
@@ -88,18 +107,28 @@ def describe() -> dict[str, Any]:
   """Backend, device kind and count, the exact CPU (`cpu_identity`), usable cores and L3 size (from Linux's /proc and
   /sys), library versions."""
   device, ident = jax.devices()[0], cpu_identity()
-  return {"backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
-          "device_count": jax.device_count(), "process_count": jax.process_count(),
-          "cpu": ident.get("model_name") or platform.machine(), "cpu_count": os.cpu_count(),
-          "usable_cores": usable_cores(), "cpu_identity": ident,
-          "l3_cache": _read_first("/sys/devices/system/cpu/cpu0/cache/index3/size"), "jax": jax.__version__,
-          "python": platform.python_version(), "libraries": library_versions(), "isa_limit": isa_limit()}
+  return {
+    "backend": jax.default_backend(),
+    "device": getattr(device, "device_kind", str(device)),
+    "device_count": jax.device_count(),
+    "process_count": jax.process_count(),
+    "cpu": ident.get("model_name") or platform.machine(),
+    "cpu_count": os.cpu_count(),
+    "usable_cores": usable_cores(),
+    "cpu_identity": ident,
+    "l3_cache": _read_first("/sys/devices/system/cpu/cpu0/cache/index3/size"),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "libraries": library_versions(),
+    "isa_limit": isa_limit(),
+  }
 
 
 def isa_limit() -> str:
   """The instruction set XLA and the CPU kernels are held to (`--xla_cpu_max_isa`, `TAPERNORM_KERNEL_MARCH`), or ''."""
-  limits = [flag.split("=", 1)[1] for flag in os.environ.get("XLA_FLAGS", "").split()
-            if flag.startswith("--xla_cpu_max_isa=")]
+  limits = [
+    flag.split("=", 1)[1] for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith("--xla_cpu_max_isa=")
+  ]
   march = os.environ.get("TAPERNORM_KERNEL_MARCH", "native")
   return ", ".join([*(f"XLA {x}" for x in limits), *([f"kernels -march={march}"] if march != "native" else [])])
 
@@ -110,8 +139,14 @@ def one_line(hw: dict[str, Any]) -> str:
   if hw["backend"] == "cpu":
     limit = f", limited to {hw['isa_limit']}" if hw.get("isa_limit") else ""
     ident = hw.get("cpu_identity") or {}
-    exact = (f" ({ident['vendor']} family {ident['family']} model {ident['model']} stepping {ident['stepping']}; "
-             f"{' '.join(ident['isa']) or 'no AVX2'})") if ident.get("vendor") else ""
+    exact = (
+      (
+        f" ({ident['vendor']} family {ident['family']} model {ident['model']} stepping {ident['stepping']}; "
+        f"{' '.join(ident['isa']) or 'no AVX2'})"
+      )
+      if ident.get("vendor")
+      else ""
+    )
     return f"{hw['cpu']}{exact}, {hw['cpu_count']} cores, L3 {hw.get('l3_cache') or '?'}{limit}"
   return f"{hw['device']} × {hw['device_count']} ({hw['backend']})"
 

@@ -14,8 +14,10 @@ import os
 
 GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips on the PCI bus (what jax's own TPU detection reads)
 # a GPU platform: its jax plugins (one installed) and its device nodes (one present)
-GPU_PLATFORMS = {"cuda": (("jax_cuda13_plugin", "jax_cuda12_plugin"), "dev/nvidia[0-9]*"),
-                 "rocm": (("jax_rocm7_plugin", "jax_rocm60_plugin"), "dev/kfd")}
+GPU_PLATFORMS = {
+  "cuda": (("jax_cuda13_plugin", "jax_cuda12_plugin"), "dev/nvidia[0-9]*"),
+  "rocm": (("jax_rocm7_plugin", "jax_rocm60_plugin"), "dev/kfd"),
+}
 
 
 def tpu_on_host(sys_root: str = "/") -> bool:
@@ -40,7 +42,10 @@ def without_absent_tpu(environ: dict[str, str] | None = None, sys_root: str = "/
     return "libtpu is not installed"
   if tpu_on_host(sys_root):
     return "this host has a TPU"
-  gpus = [name for name, (modules, nodes) in GPU_PLATFORMS.items()
-          if any(importlib.util.find_spec(m) for m in modules) and glob.glob(os.path.join(sys_root, nodes))]
+  gpus = [
+    name
+    for name, (modules, nodes) in GPU_PLATFORMS.items()
+    if any(importlib.util.find_spec(m) for m in modules) and glob.glob(os.path.join(sys_root, nodes))
+  ]
   environ["JAX_PLATFORMS"] = ",".join([*gpus, "cpu"])
   return ""

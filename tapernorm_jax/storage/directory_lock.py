@@ -42,8 +42,12 @@ class DirectoryInUseError(UserError, RuntimeError):
 
 def holder() -> dict[str, Any]:
   """Who this process is, as a lock file records it."""
-  return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-          "renewed": time.time()}
+  return {
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "renewed": time.time(),
+  }
 
 
 def alive_here(record: dict[str, Any]) -> bool:
@@ -66,9 +70,11 @@ def describe(record: dict[str, Any]) -> str:
 
 def in_use(directory: epath.Path, flag: str, record: dict[str, Any]) -> DirectoryInUseError:
   """The one-line refusal."""
-  return DirectoryInUseError(f"{flag}={directory} is in use by another process ({describe(record)}); two processes "
-                             "writing one directory would corrupt it. Wait for that one to end or stop it, or use "
-                             "another directory")
+  return DirectoryInUseError(
+    f"{flag}={directory} is in use by another process ({describe(record)}); two processes "
+    "writing one directory would corrupt it. Wait for that one to end or stop it, or use "
+    "another directory"
+  )
 
 
 class LocalLock:
@@ -123,8 +129,10 @@ class RemoteLease:
   def acquire(self) -> None:
     """Takes the lease, or raises DirectoryInUseError when a live holder has it."""
     record = read_record(self.path)
-    if record and (alive_here(record) or (record.get("host") != socket.gethostname()
-                                          and time.time() - float(record.get("renewed", 0)) < EXPIRE_S)):
+    if record and (
+      alive_here(record)
+      or (record.get("host") != socket.gethostname() and time.time() - float(record.get("renewed", 0)) < EXPIRE_S)
+    ):
       raise in_use(self.directory, self.flag, record)
     self.write()
     self.thread = threading.Thread(target=self.renew, daemon=True, name=f"lease {self.directory}")

@@ -52,10 +52,13 @@ def _files(directory: epath.Path, prefix: str = "") -> list[str]:
 
 def record(directory: epath.Path) -> dict[str, dict]:
   """Writes DIR/manifest.json: {"version", "files": {relative path: {"size", "sha256"}}}; returns the files."""
-  entries = {name: {"size": (directory / name).stat().length, "sha256": sha256(directory / name)}
-             for name in _files(directory)}
-  run_files.write_text_atomically(directory / MANIFEST,  # whole or absent under its name, killed anywhere
-                              json.dumps({"version": VERSION, "files": entries}, indent=1, sort_keys=True))
+  entries = {
+    name: {"size": (directory / name).stat().length, "sha256": sha256(directory / name)} for name in _files(directory)
+  }
+  run_files.write_text_atomically(
+    directory / MANIFEST,  # whole or absent under its name, killed anywhere
+    json.dumps({"version": VERSION, "files": entries}, indent=1, sort_keys=True),
+  )
   return entries
 
 

@@ -36,8 +36,9 @@ FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 30.0
 TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 PERMANENT_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
-PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
-                              errno.EINVAL})
+PERMANENT_ERRNOS = frozenset(
+  {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EINVAL}
+)
 EPATH_FILESYSTEMS = ("gs://", "s3://", "az://", "hf://")  # the URLs epath's fsspec backend opens itself
 
 
@@ -51,8 +52,10 @@ def attempts() -> int:
   if not text:
     return ATTEMPTS
   if not text.isdigit() or int(text) < 1:
-    raise ValueError(f"{ATTEMPTS_ENV}={text}: must be a whole number of attempts >= 1 (1: no retries); unset it for "
-                     f"the default {ATTEMPTS}")
+    raise ValueError(
+      f"{ATTEMPTS_ENV}={text}: must be a whole number of attempts >= 1 (1: no retries); unset it for "
+      f"the default {ATTEMPTS}"
+    )
   return int(text)
 
 
@@ -66,8 +69,9 @@ def first_delay_s() -> float:
   except ValueError:
     value = -1.0
   if not 0 <= value <= MAX_DELAY_S:
-    raise ValueError(f"{BACKOFF_ENV}={text}: must be seconds between 0 and {MAX_DELAY_S:g}; unset it for the default "
-                     f"{FIRST_DELAY_S:g}")
+    raise ValueError(
+      f"{BACKOFF_ENV}={text}: must be seconds between 0 and {MAX_DELAY_S:g}; unset it for the default {FIRST_DELAY_S:g}"
+    )
   return value
 
 
@@ -119,10 +123,11 @@ def call(fn: Callable[[], T], what: str) -> T:
         raise
       if attempt == total:
         raise StorageError(
-            f"{what} failed {total} time{'s' * (total > 1)} over {time.monotonic() - start:.0f} s, the last with "
-            f"{one_line(e)}; the storage is unreachable or failing: check the network and the bucket, then run the "
-            f"same command again (a run resumes from its last checkpoint); {ATTEMPTS_ENV} sets the attempts "
-            f"(now {total})") from e
+          f"{what} failed {total} time{'s' * (total > 1)} over {time.monotonic() - start:.0f} s, the last with "
+          f"{one_line(e)}; the storage is unreachable or failing: check the network and the bucket, then run the "
+          f"same command again (a run resumes from its last checkpoint); {ATTEMPTS_ENV} sets the attempts "
+          f"(now {total})"
+        ) from e
       wait = delay_s(attempt, first)
       log.warning("%s failed (attempt %d of %d): %s; trying again in %.1f s", what, attempt, total, one_line(e), wait)
       time.sleep(wait)

@@ -54,8 +54,10 @@ def workdir_path(path: str | os.PathLike) -> epath.Path:
     fsspec.get_filesystem_class(protocol)  # imports gcsfs for gs://: what epath's backend will use
     return epath.Path(text)
   except (ImportError, ValueError, KeyError) as e:
-    raise MissingFilesystemError(f"{text}: no filesystem for {protocol}:// is installed ({e}); for gs:// install the "
-                                 "gcs extra: pip install 'tapernorm_jax[gcs]'") from e
+    raise MissingFilesystemError(
+      f"{text}: no filesystem for {protocol}:// is installed ({e}); for gs:// install the "
+      "gcs extra: pip install 'tapernorm_jax[gcs]'"
+    ) from e
 
 
 class DiskFullError(StoppedError, OSError):
@@ -95,8 +97,9 @@ def free_bytes(path: str | os.PathLike) -> int | None:
 
 
 @contextlib.contextmanager
-def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = None,
-                    written: Callable[[], int] | None = None) -> Iterator[None]:
+def full_disk_named(
+  what: str, path: str | os.PathLike, needed: int | None = None, written: Callable[[], int] | None = None
+) -> Iterator[None]:
   """Turns a full disk inside the block into one DiskFullError: what was being written, where, the space it needs
   (`needed` bytes where known, else more than the bytes `written` reports) and the space free."""
   try:
@@ -112,10 +115,11 @@ def full_disk_named(what: str, path: str | os.PathLike, needed: int | None = Non
 
 def full_disk_message(what: str, path: str | os.PathLike, size: str, free: int | None) -> str:
   """The one line of a full disk: what was (to be) written, where, the space it needs, the space free, the fix."""
-  return (f"no space left for {what} in {path} (it needs {size}{'' if free is None else f'; {in_bytes(free)} free'})."
-          " Free space there (or move the directory), then run the same command again: what was complete before is "
-          "intact, and a run resumes from its newest complete checkpoint")
-
+  return (
+    f"no space left for {what} in {path} (it needs {size}{'' if free is None else f'; {in_bytes(free)} free'})."
+    " Free space there (or move the directory), then run the same command again: what was complete before is "
+    "intact, and a run resumes from its newest complete checkpoint"
+  )
 
 
 def cache_dir() -> str:
@@ -127,8 +131,10 @@ def local_path(path: str | os.PathLike, field: str) -> pathlib.Path:
   """A local directory setting with `~` expanded; a URL raises LocalPathError naming `field`."""
   text = os.fspath(path)
   if is_url(text):
-    raise LocalPathError(f"{field}={text}: must be a local directory (it is read and written by local tools); give "
-                         "a path on this machine, e.g. the default ~/.cache/tapernorm_jax")
+    raise LocalPathError(
+      f"{field}={text}: must be a local directory (it is read and written by local tools); give "
+      "a path on this machine, e.g. the default ~/.cache/tapernorm_jax"
+    )
   return pathlib.Path(os.path.expanduser(text))
 
 
@@ -148,8 +154,9 @@ def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[
   else:
     tmp = staging_path(path)
   try:
-    with full_disk_named(os.path.basename(path), os.path.dirname(tmp), needed,
-                         lambda: os.path.getsize(tmp) if os.path.exists(tmp) else 0):
+    with full_disk_named(
+      os.path.basename(path), os.path.dirname(tmp), needed, lambda: os.path.getsize(tmp) if os.path.exists(tmp) else 0
+    ):
       yield tmp
     if is_url(path):
       retries.copy(epath.Path(tmp), workdir_path(path))  # one whole-object upload, retried whole

@@ -9,8 +9,9 @@ from typing import Any
 
 from tapernorm_jax.errors import UserError
 
-ABORTED_TASK = re.compile(r"(Task|Future) exception was never retrieved.*(orbax|tensorstore|ocdbt|zarr)",
-                          re.IGNORECASE | re.DOTALL)  # how asyncio logs a read that a failed restore left behind
+ABORTED_TASK = re.compile(
+  r"(Task|Future) exception was never retrieved.*(orbax|tensorstore|ocdbt|zarr)", re.IGNORECASE | re.DOTALL
+)  # how asyncio logs a read that a failed restore left behind
 
 
 class DamagedCheckpointError(UserError, ValueError):

@@ -31,8 +31,10 @@ class CellStatus:
 def write_manifest(workdir: str, sweep: Mapping[str, Any], cells: Sequence[Cell], source: str = "") -> None:
   """Writes DIR/sweep.json: the sweep's name and source file and every cell of the grid."""
   workdir_path(workdir).mkdir(parents=True, exist_ok=True)
-  write_json_atomically(os.path.join(workdir, MANIFEST), {
-      "name": sweep.get("name", ""), "source": source, "cells": [c.to_json() for c in cells]})
+  write_json_atomically(
+    os.path.join(workdir, MANIFEST),
+    {"name": sweep.get("name", ""), "source": source, "cells": [c.to_json() for c in cells]},
+  )
 
 
 def read_manifest(workdir: str) -> dict[str, Any] | None:
@@ -57,15 +59,22 @@ def find_cell(study: str, name: str) -> Cell:
   path = os.path.join(study, MANIFEST)
   if not workdir_path(path).is_file():
     where = f"no {MANIFEST} in it" if workdir_path(study).is_dir() else "no such directory"
-    raise SweepError(f"--study={study}: {where}; give the --workdir of the sweep that printed this command "
-                     f"(python -m experiments.sweep writes DIR/{MANIFEST})")
+    raise SweepError(
+      f"--study={study}: {where}; give the --workdir of the sweep that printed this command "
+      f"(python -m experiments.sweep writes DIR/{MANIFEST})"
+    )
   cells = manifest_cells(study)
   if name not in cells:
     hint = difflib.get_close_matches(name, list(cells), n=1)
     names = ", ".join(list(cells)[:3]) + (", …" if len(cells) > 3 else "")
-    raise SweepError(f"--cell={name}: {path} has no such cell; "
-                     + (f"did you mean --cell={hint[0]}?" if hint else f"its cells are {names or 'none'} "
-                        "(DIR/commands.txt has a command line for each pending one)"))
+    raise SweepError(
+      f"--cell={name}: {path} has no such cell; "
+      + (
+        f"did you mean --cell={hint[0]}?"
+        if hint
+        else f"its cells are {names or 'none'} (DIR/commands.txt has a command line for each pending one)"
+      )
+    )
   return cells[name]
 
 
@@ -78,8 +87,10 @@ def read_results(run_dir: str) -> dict[str, Any] | None:
     return None
   results, problem = integrity.unseal(results)
   if problem:
-    raise ValueError(f"{path} is damaged: {problem}; run the cell again (the sweep's next launch does, or the cell's "
-                     "own command): its final checkpoint is evaluated again, nothing is retrained")
+    raise ValueError(
+      f"{path} is damaged: {problem}; run the cell again (the sweep's next launch does, or the cell's "
+      "own command): its final checkpoint is evaluated again, nothing is retrained"
+    )
   schema = results.get("schema", 0)
   if schema not in RESULTS_SCHEMAS:
     raise ValueError(f"{path}: schema={schema!r}, this code reads schemas {RESULTS_SCHEMAS}")

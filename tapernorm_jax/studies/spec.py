@@ -42,15 +42,29 @@ class Cell:
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-friendly description (the manifest and cell records hold it)."""
-    return {"name": self.name, "variant": self.variant, "size": self.size, "aux": self.aux, "seed": self.seed,
-            "overrides": dict(self.overrides), **({"budget": self.budget} if self.budget else {}),
-            **({"tag": self.tag} if self.tag else {})}
+    return {
+      "name": self.name,
+      "variant": self.variant,
+      "size": self.size,
+      "aux": self.aux,
+      "seed": self.seed,
+      "overrides": dict(self.overrides),
+      **({"budget": self.budget} if self.budget else {}),
+      **({"tag": self.tag} if self.tag else {}),
+    }
 
   @classmethod
   def from_json(cls, entry: Mapping[str, Any]) -> Self:
     """The cell `to_json` described (JSON lists back to tuples)."""
-    return cls(entry["variant"], entry["size"], int(entry["aux"]), int(entry["seed"]),
-               frozen_overrides(entry.get("overrides") or {}), entry.get("budget", ""), entry.get("tag", ""))
+    return cls(
+      entry["variant"],
+      entry["size"],
+      int(entry["aux"]),
+      int(entry["seed"]),
+      frozen_overrides(entry.get("overrides") or {}),
+      entry.get("budget", ""),
+      entry.get("tag", ""),
+    )
 
 
 def point(size: str, budget: str) -> str:
@@ -59,7 +73,7 @@ def point(size: str, budget: str) -> str:
 
 
 def budget_number(budget: str) -> tuple[str, float]:
-  """"steps600" → ("steps", 600.0), "tpp20" → ("tpp", 20.0): a budget label's kind and number."""
+  """ "steps600" → ("steps", 600.0), "tpp20" → ("tpp", 20.0): a budget label's kind and number."""
   kind = "steps" if budget.startswith("steps") else "tpp"
   return kind, float(budget.removeprefix(kind))
 

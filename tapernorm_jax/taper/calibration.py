@@ -18,8 +18,9 @@ from tapernorm_jax.model import param_paths
 PyTree = Any
 
 
-def ema_update(calib: PyTree, stats: PyTree, mu: float,
-               active: jax.Array | bool | Mapping[param_paths.Path, jax.Array] = True) -> PyTree:
+def ema_update(
+  calib: PyTree, stats: PyTree, mu: float, active: jax.Array | bool | Mapping[param_paths.Path, jax.Array] = True
+) -> PyTree:
   """EMA step `v ← v + μ(x − v)` for every recorded statistic, `count += 1`; a layer whose `active` (one flag, or
   one per layer path) is false keeps its values."""
   flat_calib = traverse_util.flatten_dict(calib)
@@ -42,15 +43,17 @@ def debiased(value: jax.Array, count: jax.Array, mu: float) -> jax.Array:
   return jnp.where(count > 0, value / jnp.where(count > 0, correction, 1.0), 0.0)
 
 
-def calibrate(params: PyTree, calib: PyTree, norms: Sequence[param_paths.Path], mu: float,
-              delta: float) -> tuple[PyTree, PyTree]:
+def calibrate(
+  params: PyTree, calib: PyTree, norms: Sequence[param_paths.Path], mu: float, delta: float
+) -> tuple[PyTree, PyTree]:
   """The taper start: `calibrate_norms` and `freeze_scale_target` on a whole model; returns (params, calib)."""
   params, calib = calibrate_norms(params, calib, norms, mu, delta)
   return params, freeze_scale_target(calib, mu)
 
 
-def calibrate_norms(params: PyTree, calib: PyTree, norms: Sequence[param_paths.Path], mu: float,
-                    delta: float) -> tuple[PyTree, PyTree]:
+def calibrate_norms(
+  params: PyTree, calib: PyTree, norms: Sequence[param_paths.Path], mu: float, delta: float
+) -> tuple[PyTree, PyTree]:
   """Sets c* = num/(den + δ) from the debiased EMAs and γ̃ ← γ in each norm of `norms`; returns (params, calib)."""
   flat_params = traverse_util.flatten_dict(params)
   flat_calib = dict(traverse_util.flatten_dict(calib))

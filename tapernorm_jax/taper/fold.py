@@ -34,9 +34,11 @@ def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
   """Folds every tapered or RepBN norm into the next projection; returns (folded variables, folded config)."""
   cfg = ModelConfig.from_config(model_cfg)
   if not cfg.foldable:
-    raise ValueError(f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
-                     f"{cfg.final_norm!r}; fold needs TaperNorm or RepBN layers (a norm in one of the forms "
-                     f"{param_paths.FOLDABLE_MODES})")
+    raise ValueError(
+      f"nothing to fold: model.internal_norm={cfg.internal_norm!r} and model.final_norm="
+      f"{cfg.final_norm!r}; fold needs TaperNorm or RepBN layers (a norm in one of the forms "
+      f"{param_paths.FOLDABLE_MODES})"
+    )
   boxed = _is_boxed(variables)
   plain = nn.unbox(variables)
   check_matches(plain, cfg)
@@ -49,13 +51,17 @@ def fold(variables: PyTree, model_cfg: Any) -> tuple[PyTree, ModelConfig]:
     if mode in param_paths.FOLDABLE_MODES:
       norm_params = {k[-1]: v for k, v in params.items() if k[:-1] == site.norm}
       norm_calib = {k[-1]: v for k, v in calib.items() if k[:-1] == site.norm}
-      row_scale_D, shift_D = (repbn_map(norm_params, norm_calib, cfg.eps) if mode == "repbn" else
-                              norm_map(norm_params, norm_calib[param_paths.C], cfg.norm_kind))
+      row_scale_D, shift_D = (
+        repbn_map(norm_params, norm_calib, cfg.eps)
+        if mode == "repbn"
+        else norm_map(norm_params, norm_calib[param_paths.C], cfg.norm_kind)
+      )
       for weight, bias in zip(site.weights, site.biases):
         if shift_D is not None and bias not in params:  # a bias the folded model has and the trained one had not
           params[bias] = jnp.zeros(params[weight].shape[1:], params[weight].dtype)
-        params[weight], new_bias = fold_linear(params[weight], params.get(bias), row_scale_D, shift_D,
-                                               center=mode != "repbn" and cfg.norm_kind == "ln")
+        params[weight], new_bias = fold_linear(
+          params[weight], params.get(bias), row_scale_D, shift_D, center=mode != "repbn" and cfg.norm_kind == "ln"
+        )
         if new_bias is not None:
           params[bias] = new_bias
       _drop_norm(params, calib, site.norm)
@@ -71,11 +77,13 @@ def folded_config(model_cfg: Any) -> ModelConfig:
   (with a logits bias where its map shifts: LN, RepBN), RepBN internal norms give llama input biases."""
   cfg = ModelConfig.from_config(model_cfg)
   internal, final = cfg.internal_norm in param_paths.FOLDABLE_MODES, cfg.final_norm in param_paths.FOLDABLE_MODES
-  return cfg.replace(internal_norm="identity" if internal else cfg.internal_norm,
-                     final_norm="identity" if final else cfg.final_norm,
-                     tie_embeddings=cfg.tie_embeddings and not final,
-                     logits_bias=cfg.logits_bias or (final and (cfg.norm_kind == "ln" or cfg.final_norm == "repbn")),
-                     input_bias=cfg.input_bias or (cfg.family == "llama" and cfg.internal_norm == "repbn"))
+  return cfg.replace(
+    internal_norm="identity" if internal else cfg.internal_norm,
+    final_norm="identity" if final else cfg.final_norm,
+    tie_embeddings=cfg.tie_embeddings and not final,
+    logits_bias=cfg.logits_bias or (final and (cfg.norm_kind == "ln" or cfg.final_norm == "repbn")),
+    input_bias=cfg.input_bias or (cfg.family == "llama" and cfg.internal_norm == "repbn"),
+  )
 
 
 def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tuple[jax.Array, jax.Array | None]:
@@ -86,19 +94,22 @@ def norm_map(norm_params: dict[str, jax.Array], c: jax.Array, kind: str) -> tupl
   return jnp.asarray(c, ct) * gamma_tilde_D.astype(ct), beta_D
 
 
-def repbn_map(norm_params: dict[str, jax.Array], norm_calib: dict[str, jax.Array],
-              eps: float) -> tuple[jax.Array, jax.Array]:
+def repbn_map(
+  norm_params: dict[str, jax.Array], norm_calib: dict[str, jax.Array], eps: float
+) -> tuple[jax.Array, jax.Array]:
   """A RepBN norm at inference, BN over its running statistics plus η·h, as (row scale, shift)."""
   ct = jnp.promote_types(norm_params[param_paths.BN_GAMMA].dtype, jnp.float32)
-  bn_gamma_D, bn_beta_D, eta = (norm_params[n].astype(ct) for n in (param_paths.BN_GAMMA, param_paths.BN_BETA,
-                                                                    param_paths.ETA))
+  bn_gamma_D, bn_beta_D, eta = (
+    norm_params[n].astype(ct) for n in (param_paths.BN_GAMMA, param_paths.BN_BETA, param_paths.ETA)
+  )
   mean_D, var_D = (norm_calib[n].astype(ct) for n in (param_paths.MEAN, param_paths.VAR))
   scale_D = bn_gamma_D * jax.lax.rsqrt(var_D + eps)
   return scale_D + eta, bn_beta_D - scale_D * mean_D
 
 
-def fold_linear(w_DxO: jax.Array, b_O: jax.Array | None, row_scale_D: jax.Array, beta_D: jax.Array | None,
-                center: bool) -> tuple[jax.Array, jax.Array | None]:
+def fold_linear(
+  w_DxO: jax.Array, b_O: jax.Array | None, row_scale_D: jax.Array, beta_D: jax.Array | None, center: bool
+) -> tuple[jax.Array, jax.Array | None]:
   """W' = A·W and b' = β·W + b for a weight whose first axis is the input width D (O: any trailing axes); `center`:
   A holds LN's centring (I − 11ᵀ/d) too."""
   ct = jnp.promote_types(jnp.promote_types(w_DxO.dtype, jnp.float32), row_scale_D.dtype)

@@ -28,8 +28,11 @@ def batch_scale_loss(h_BxTxD: Array, kind: str, eps: float, counted_BxT: Array |
   """FakeLN's aux loss without λ: mean over every token of (s(h) − s̄)², s̄ the batch mean of s(h) over the tokens
   `counted_BxT` marks (all when None), held constant."""
   s_BxT = pre_logit_scale(h_BxTxD, kind, eps)
-  target = jnp.mean(s_BxT) if counted_BxT is None else (
-      jnp.sum(jnp.where(counted_BxT, s_BxT, 0.0)) / jnp.maximum(jnp.sum(counted_BxT), 1))
+  target = (
+    jnp.mean(s_BxT)
+    if counted_BxT is None
+    else (jnp.sum(jnp.where(counted_BxT, s_BxT, 0.0)) / jnp.maximum(jnp.sum(counted_BxT), 1))
+  )
   return jnp.mean(jnp.square(s_BxT - jax.lax.stop_gradient(target)))
 
 

@@ -117,12 +117,14 @@ def load(directory: Path, expected: TokenizerSettings) -> Tokenizer:
     diff |= {k: (v, None) for k, v in saved.items() if k not in diff and k not in expected.to_dict()}
     details = ", ".join(f"{k}: cached {a!r} vs requested {b!r}" for k, (a, b) in sorted(diff.items()))
     raise TokenizerMismatchError(
-        f"the cached tokenizer in {directory} was trained with different settings ({details}); "
-        f"delete {directory} to retrain it, or ask for the settings it was trained with")
+      f"the cached tokenizer in {directory} was trained with different settings ({details}); "
+      f"delete {directory} to retrain it, or ask for the settings it was trained with"
+    )
   tokenizer = Tokenizer(model_path.read_bytes(), expected)
   if tokenizer.vocab_size != expected.vocab_size:
     raise TokenizerMismatchError(
-        f"the cached tokenizer in {directory} has {tokenizer.vocab_size} pieces, not {expected.vocab_size}; delete it")
+      f"the cached tokenizer in {directory} has {tokenizer.vocab_size} pieces, not {expected.vocab_size}; delete it"
+    )
   return tokenizer
 
 
@@ -146,25 +148,41 @@ def train(documents: Iterable[str], settings: TokenizerSettings, corpus_name: st
   texts = take_bytes(documents, settings.train_bytes, too_long)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=texts, model_writer=model, model_type=settings.model_type,
-        vocab_size=settings.vocab_size, byte_fallback=settings.byte_fallback,
-        character_coverage=settings.character_coverage, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, user_defined_symbols=["\n"], max_sentence_length=MAX_SENTENCE_BYTES,
-        unk_surface="\u2047", num_threads=2, minloglevel=2)
+      sentence_iterator=texts,
+      model_writer=model,
+      model_type=settings.model_type,
+      vocab_size=settings.vocab_size,
+      byte_fallback=settings.byte_fallback,
+      character_coverage=settings.character_coverage,
+      normalization_rule_name="identity",
+      remove_extra_whitespaces=False,
+      user_defined_symbols=["\n"],
+      max_sentence_length=MAX_SENTENCE_BYTES,
+      unk_surface="\u2047",
+      num_threads=2,
+      minloglevel=2,
+    )
   except RuntimeError as e:
     if match := re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e)):
       raise ValueError(
-          f"{corpus_name} is too small for a {match[1]}-piece tokenizer: its training text supports at most "
-          f"{match[2]} pieces; lower data.vocab_size (and model.V) or use more training text") from None
+        f"{corpus_name} is too small for a {match[1]}-piece tokenizer: its training text supports at most "
+        f"{match[2]} pieces; lower data.vocab_size (and model.V) or use more training text"
+      ) from None
     if match := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e)):
       raise ValueError(
-          f"{corpus_name} has {match[2]} distinct characters (and special pieces), more than a {match[1]}-piece "
-          f"tokenizer holds; raise data.vocab_size (and model.V) to at least {match[2]}") from None
+        f"{corpus_name} has {match[2]} distinct characters (and special pieces), more than a {match[1]}-piece "
+        f"tokenizer holds; raise data.vocab_size (and model.V) to at least {match[2]}"
+      ) from None
     if "sentences_.empty()" in str(e):
       raise ValueError(f"{corpus_name} has no training text to train a tokenizer on") from e
     raise
   if too_long:
-    log.warning("%s: %d document(s) longer than %d bytes (the longest %d) were left out of tokenizer training, as "
-                "SentencePiece skips them; they are still tokenized and trained on", corpus_name, len(too_long),
-                MAX_SENTENCE_BYTES, max(too_long))
+    log.warning(
+      "%s: %d document(s) longer than %d bytes (the longest %d) were left out of tokenizer training, as "
+      "SentencePiece skips them; they are still tokenized and trained on",
+      corpus_name,
+      len(too_long),
+      MAX_SENTENCE_BYTES,
+      max(too_long),
+    )
   return Tokenizer(model.getvalue(), settings)

@@ -57,8 +57,12 @@ class Checkpointer:
     # Directories are created before save() returns: created in the background, two managers of one process (the
     # sweep's cells running side by side) saving the same step take each other's completion signal, and one
     # writes into a directory that does not exist yet (FileNotFoundError, Orbax 0.12.8).
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=False, cleanup_tmp_directories=True,
-                                           async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep,
+      create=False,
+      cleanup_tmp_directories=True,
+      async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+    )
     self._manager = ocp.CheckpointManager(self.directory, options=options)
     self._saving: tuple[str, int | None] = ("no checkpoint", None)  # the save in flight, and the bytes it needs
 
@@ -83,8 +87,11 @@ class Checkpointer:
       raise run_files.DiskFullError(run_files.full_disk_message(self._saving[0], self.directory, needs, free))
     with run_files.full_disk_named(self._saving[0], self.directory, self._saving[1]):
       self.directory.mkdir(parents=True, exist_ok=True)
-      self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                       data=ocp.args.JsonSave(data_state)), force=True)
+      self._manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)),
+        force=True,
+      )
 
   def restore(self, step: int, target: PyTree) -> tuple[PyTree, Any]:
     """Restores (state, data state) at `step` onto `target`'s shapes, dtypes and shardings; a checkpoint that cannot
@@ -93,14 +100,16 @@ class Checkpointer:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
     step_dir = self.directory / str(step)
     missing = [name for name in REQUIRED_FILES if not (step_dir / name).exists()]
-    problem = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else
-               integrity.check(step_dir))
+    problem = (
+      f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else integrity.check(step_dir)
+    )
     if not every_process(not problem):  # before Orbax's own collectives: every process restores this step, or none
       raise self.damaged(step, problem or "another process found a file of it damaged")
     quiet_aborted_reads()
     try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                     data=ocp.args.JsonRestore()))
+      restored = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore())
+      )
     except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
       raise self.damaged(step, read_error(e, os.fspath(step_dir))) from e
     return restored["state"], restored["data"]
@@ -120,22 +129,27 @@ class Checkpointer:
       return Restored(step, state, data_state, [(e.step, e.reason, self.move_aside(e.step)) for e in damaged])
     if damaged:
       raise DamagedCheckpointError(
-          f"no checkpoint in {self.directory} can be restored (steps {', '.join(str(e.step) for e in damaged)}; "
-          f"step {damaged[0].step}: {damaged[0].reason}); nothing was moved. Damage to every checkpoint usually means "
-          "the code that reads them changed: use that version, or start over in a new --workdir",
-          damaged[0].step, damaged[0].reason)
+        f"no checkpoint in {self.directory} can be restored (steps {', '.join(str(e.step) for e in damaged)}; "
+        f"step {damaged[0].step}: {damaged[0].reason}); nothing was moved. Damage to every checkpoint usually means "
+        "the code that reads them changed: use that version, or start over in a new --workdir",
+        damaged[0].step,
+        damaged[0].reason,
+      )
     return None
 
   def damaged(self, step: int, reason: str) -> DamagedCheckpointError:
     """The error for a checkpoint at `step` that cannot be read, naming the fix."""
     older = [s for s in self.all_steps() if s < step]
-    fix = (f"The newest other checkpoint is step {older[-1]}: to resume from it, re-run with "
-           f"--config.checkpoint.on_damaged=fallback (step {step} is then moved aside to {step}.damaged-<time>, "
-           "not deleted)" if older else
-           f"There is no older checkpoint: move {self.directory / str(step)} away to start over, or "
-           "use a new --workdir")
-    return DamagedCheckpointError(f"the checkpoint at step {step} in {self.directory} is damaged: {reason}. {fix}.",
-                                  step, reason)
+    fix = (
+      f"The newest other checkpoint is step {older[-1]}: to resume from it, re-run with "
+      f"--config.checkpoint.on_damaged=fallback (step {step} is then moved aside to {step}.damaged-<time>, "
+      "not deleted)"
+      if older
+      else f"There is no older checkpoint: move {self.directory / str(step)} away to start over, or use a new --workdir"
+    )
+    return DamagedCheckpointError(
+      f"the checkpoint at step {step} in {self.directory} is damaged: {reason}. {fix}.", step, reason
+    )
 
   def move_aside(self, step: int) -> str:
     """Renames the checkpoint at `step` to `<step>.damaged-<time>` (kept for inspection); returns the new path."""
@@ -157,9 +171,11 @@ class Checkpointer:
       except ValueError:  # truncated: restore() reports it as damage
         return
       if LEGACY_KEY in keys:
-        raise ValueError(f"the checkpoint at step {step} in {self.directory} was written by tapernorm_jax 0.1, whose "
-                         "norm parameters were named scale/scale_tilde/bias (now gamma/gamma_tilde/beta); this "
-                         "version cannot resume it. Start the run in a new --workdir.")
+        raise ValueError(
+          f"the checkpoint at step {step} in {self.directory} was written by tapernorm_jax 0.1, whose "
+          "norm parameters were named scale/scale_tilde/bias (now gamma/gamma_tilde/beta); this "
+          "version cannot resume it. Start the run in a new --workdir."
+        )
 
   def record_complete(self) -> None:
     """Waits for pending saves; then process 0 writes `<step>/manifest.json` (every file's size and SHA-256) for each

@@ -14,25 +14,35 @@ from typing import Any
 from tapernorm_jax import cpu_kernels
 from tapernorm_jax.cpu_kernels import autotune
 from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.model.transformer import Attend, Projection
+from tapernorm_jax.model.seams import Attend, Projection
 
 Paths = tuple[Projection, Attend | None]
 WHAT = "train_paths"  # the autotune cache's name for these choices
 
 
-def choose(model_cfg: ModelConfig, mesh: Any, forced: str | None, shape: dict[str, Any], label: str,
-           timed_step: Callable[[Paths], autotune.Run] | None) -> tuple[autotune.Choice, Paths]:
+def choose(
+  model_cfg: ModelConfig,
+  mesh: Any,
+  forced: str | None,
+  shape: dict[str, Any],
+  label: str,
+  timed_step: Callable[[Paths], autotune.Run] | None,
+) -> tuple[autotune.Choice, Paths]:
   """The choice and its (projection, attend) for a train step of `model_cfg` on `mesh` at `shape` (`label` in the
   log): `forced` unless auto, else cached, else timed through `timed_step` (a candidate's compiled step), or with
   `timed_step` None the model's own, untimed. A `forced` name that is no path is a ValueError naming the field."""
   candidates = cpu_kernels.training_paths(model_cfg, mesh)
   if autotune.requested(forced) != "auto" and autotune.requested(forced) not in cpu_kernels.TRAINING_PATHS:
     raise ValueError(f"train.cpu_paths={forced!r}: choose auto or one of {', '.join(cpu_kernels.TRAINING_PATHS)}")
-  builders = {name: (lambda pair=pair: timed_step(pair)) for name, pair in candidates.items()} if timed_step else {
-      name: None for name in candidates}
+  builders = (
+    {name: (lambda pair=pair: timed_step(pair)) for name, pair in candidates.items()}
+    if timed_step
+    else {name: None for name in candidates}
+  )
   try:
-    choice = autotune.choose(WHAT, label, shape, builders, prefer=cpu_kernels.XLA, forced=forced,
-                             measure=timed_step is not None)
+    choice = autotune.choose(
+      WHAT, label, shape, builders, prefer=cpu_kernels.XLA, forced=forced, measure=timed_step is not None
+    )
   except ValueError as e:
     raise ValueError(f"train.cpu_paths: {e}") from None
   return choice, candidates[choice.name]

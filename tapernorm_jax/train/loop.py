@@ -36,8 +36,8 @@ from tapernorm_jax.train.metrics import MetricsWriter
 from tapernorm_jax.train.run_dir import PATHS_FILE, RESULTS_SCHEMA, RunDir, log
 from tapernorm_jax.train.trainer import State, Trainer
 
-def restore_or_init(trainer: Trainer, ckpt: Checkpointer, cfg: ml_collections.ConfigDict
-                    ) -> tuple[State, int, Any]:
+
+def restore_or_init(trainer: Trainer, ckpt: Checkpointer, cfg: ml_collections.ConfigDict) -> tuple[State, int, Any]:
   """(state, step, data state) of the latest complete checkpoint, or a fresh state at step 0 (data state None):
   random, or the pretrained Hugging Face GPT-2 that `cfg.init_from` names."""
   fallback = cfg.checkpoint.get("on_damaged", "stop") == "fallback"
@@ -58,8 +58,9 @@ class StepReporter:
   """Step metrics read one step behind (step k is fetched once step k + 1 is dispatched), so the host never idles
   the device; writes every record, updates the progress bar, stops on a non-finite loss."""
 
-  def __init__(self, writer: MetricsWriter, ckpt: Checkpointer, bar: tqdm, tokens_per_step: int, log_every: int,
-               started: float):
+  def __init__(
+    self, writer: MetricsWriter, ckpt: Checkpointer, bar: tqdm, tokens_per_step: int, log_every: int, started: float
+  ):
     self.writer, self.ckpt, self.bar = writer, ckpt, bar
     self.tokens_per_step, self.log_every = tokens_per_step, log_every
     self.pending: list[tuple[int, dict]] = []
@@ -86,8 +87,12 @@ class StepReporter:
       self.first_step_s = now - self.started
       log(f"first step done {self.first_step_s:.1f} s after the start (compiling included)")
     elapsed, cpu = max(now - self.last_read, 1e-9), time.process_time()
-    rate = {"tokens_per_s": self.tokens_per_step / elapsed, "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
-            "host_rss_mb": hardware.resident_mb(), "host_cpu_s": cpu - self.last_cpu}
+    rate = {
+      "tokens_per_s": self.tokens_per_step / elapsed,
+      "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
+      "host_rss_mb": hardware.resident_mb(),
+      "host_cpu_s": cpu - self.last_cpu,
+    }
     self.last_read, self.last_cpu, self.data_wait_s = now, cpu, 0.0
     self.rates.append(rate["tokens_per_s"])
     loss = float(m["loss"])
@@ -96,13 +101,16 @@ class StepReporter:
       last = self.ckpt.latest_step()
       where = f"step {last} in {self.ckpt.directory}" if last else "none (no checkpoint was saved yet)"
       self.writer.flush()  # the records before this step, uploaded in a remote run directory
-      raise FloatingPointError(f"loss is {loss} at step {step}; stopping. Last good checkpoint: {where}. Lower "
-                               "--config.opt.lr or check the data, then re-run to resume.")
+      raise FloatingPointError(
+        f"loss is {loss} at step {step}; stopping. Last good checkpoint: {where}. Lower "
+        "--config.opt.lr or check the data, then re-run to resume."
+      )
     self.writer.write(step, {**m, **rate})
     self.bar.update(1)
     if (step + 1) % self.log_every == 0:
-      self.bar.set_postfix(loss=f"{loss:.4f}", gate=f"{float(m['gate']):.3f}",
-                           tok_s=f"{rate['tokens_per_s']:.0f}", refresh=False)
+      self.bar.set_postfix(
+        loss=f"{loss:.4f}", gate=f"{float(m['gate']):.3f}", tok_s=f"{rate['tokens_per_s']:.0f}", refresh=False
+      )
 
 
 class Profiler:
@@ -142,28 +150,41 @@ def evaluate(trainer: Trainer, state: State, sets: dict[str, list[jax.Array]]) -
   0 (the g = 0 model) once every gate is 0 for good, before that the gates the model trains at."""
   gate = trainer.eval_gate(int(jax.device_get(state["step"])))
   step_fn = trainer.eval_step if gate == 0.0 else trainer.eval_gated_step
-  return {"gate": gate, "losses": {name: float(np.mean(jax.device_get([step_fn(state, b) for b in batches])))
-                                   for name, batches in sets.items()}}
+  return {
+    "gate": gate,
+    "losses": {
+      name: float(np.mean(jax.device_get([step_fn(state, b) for b in batches]))) for name, batches in sets.items()
+    },
+  }
 
 
 def eval_metrics(evaluated: dict[str, Any]) -> dict[str, float]:
   """`val_loss` and `eval/<name>` for the other sets, and `val_gate`, the mean gate they were taken at."""
-  return {**{"val_loss" if name == "val" else f"eval/{name}": value for name, value in evaluated["losses"].items()},
-          "val_gate": evaluated["gate"]}
+  return {
+    **{"val_loss" if name == "val" else f"eval/{name}": value for name, value in evaluated["losses"].items()},
+    "val_gate": evaluated["gate"],
+  }
 
 
-def evaluation_batches(trainer: Trainer, cfg: ml_collections.ConfigDict, prepared: data.Prepared
-                       ) -> dict[str, list[jax.Array]]:
+def evaluation_batches(
+  trainer: Trainer, cfg: ml_collections.ConfigDict, prepared: data.Prepared
+) -> dict[str, list[jax.Array]]:
   """This process's rows of the fixed evaluation windows: `val` (the corpus's validation split), `tune` (the train
   stream's held-out tail, with data.tune_frac > 0) and each eval set."""
   B, T, n_eval = cfg.train.batch_size, cfg.model.T, cfg.train.eval_batches
   pi, pc = jax.process_index(), jax.process_count()
-  windows = {"val": data.eval_batches(prepared, B, T, n_eval),
-             **({"tune": data.eval_batches(prepared, B, T, n_eval, "tune")} if "tune" in prepared.streams else {}),
-             **{name: data.eval_windows(tokens, B, T, n_eval, name=name)
-                for name, tokens in data.eval_sets(cfg.data, prepared).items()}}
-  return {name: [global_batch(trainer, b[pi * (B // pc):(pi + 1) * (B // pc)]) for b in batches]
-          for name, batches in windows.items()}
+  windows = {
+    "val": data.eval_batches(prepared, B, T, n_eval),
+    **({"tune": data.eval_batches(prepared, B, T, n_eval, "tune")} if "tune" in prepared.streams else {}),
+    **{
+      name: data.eval_windows(tokens, B, T, n_eval, name=name)
+      for name, tokens in data.eval_sets(cfg.data, prepared).items()
+    },
+  }
+  return {
+    name: [global_batch(trainer, b[pi * (B // pc) : (pi + 1) * (B // pc)]) for b in batches]
+    for name, batches in windows.items()
+  }
 
 
 def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, evaluated: dict[str, Any]) -> dict[str, Any]:
@@ -171,12 +192,24 @@ def results_of(cfg: ml_collections.ConfigDict, corpus: str, state: State, evalua
   the gates have reached it: `val_gate`)."""
   losses = evaluated["losses"]
   B, T, done = cfg.train.batch_size, cfg.model.T, int(jax.device_get(state["step"]))
-  return {"schema": RESULTS_SCHEMA, "variant": cfg.variant, "size": cfg.size, "seed": cfg.seed, "corpus": corpus,
-          "scale_loss_weight": methods.scale_loss_weight(cfg), "steps": done, "tokens": done * B * T,
-          "final_val_loss": losses["val"], "eval_losses": losses, "val_gate": evaluated["gate"],
-          "val_tokens": cfg.train.eval_batches * B * T,
-          "params": param_count(state["params"]), "method": methods.name(cfg), "init_from": cfg.get("init_from", ""),
-          "complete": done >= cfg.train.steps}
+  return {
+    "schema": RESULTS_SCHEMA,
+    "variant": cfg.variant,
+    "size": cfg.size,
+    "seed": cfg.seed,
+    "corpus": corpus,
+    "scale_loss_weight": methods.scale_loss_weight(cfg),
+    "steps": done,
+    "tokens": done * B * T,
+    "final_val_loss": losses["val"],
+    "eval_losses": losses,
+    "val_gate": evaluated["gate"],
+    "val_tokens": cfg.train.eval_batches * B * T,
+    "params": param_count(state["params"]),
+    "method": methods.name(cfg),
+    "init_from": cfg.get("init_from", ""),
+    "complete": done >= cfg.train.steps,
+  }
 
 
 def throughput(cfg: ml_collections.ConfigDict, params: int, rates: list[float]) -> dict[str, Any]:
@@ -186,12 +219,25 @@ def throughput(cfg: ml_collections.ConfigDict, params: int, rates: list[float]) 
   tokens_per_s = float(np.median(steady)) if steady else None
   flops = costs.train_flops_per_token(params, cfg.model.L, cfg.model.D, cfg.model.T)
   peak = hardware.peak()
-  return {"tokens_per_s": tokens_per_s, "flops_per_token": flops, "peak_flops": peak and peak["flops"],
-          "peak_source": peak and peak["source"], "mfu": costs.mfu(tokens_per_s, flops, peak and peak["flops"])}
+  return {
+    "tokens_per_s": tokens_per_s,
+    "flops_per_token": flops,
+    "peak_flops": peak and peak["flops"],
+    "peak_source": peak and peak["source"],
+    "mfu": costs.mfu(tokens_per_s, flops, peak and peak["flops"]),
+  }
 
 
-def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_sets: dict[str, list[jax.Array]],
-                reporter: StepReporter, profiler: Profiler, stop_after: int | None) -> tuple[State, dict[str, Any]]:
+def train_steps(
+  trainer: Trainer,
+  state: State,
+  start: int,
+  train_it: Any,
+  eval_sets: dict[str, list[jax.Array]],
+  reporter: StepReporter,
+  profiler: Profiler,
+  stop_after: int | None,
+) -> tuple[State, dict[str, Any]]:
   """Steps `start`… to the end (or `stop_after`): evaluation and diagnostics every `train.diag_every`, checkpoints
   every `checkpoint.every` and at the end; returns the state and the last evaluation ({"step", "losses"})."""
   cfg, steps = trainer.cfg, trainer.cfg.train.steps
@@ -220,8 +266,13 @@ def train_steps(trainer: Trainer, state: State, start: int, train_it: Any, eval_
   return state, evaluated
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_after: int | None = None,
-        devices: list | None = None) -> dict[str, Any]:
+def run(
+  cfg: ml_collections.ConfigDict,
+  workdir: str | os.PathLike,
+  *,
+  stop_after: int | None = None,
+  devices: list | None = None,
+) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir`; returns the results also written to `results.json`."""
   t_start = time.time()
   rundir = RunDir(workdir)
@@ -240,8 +291,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike, *, stop_afte
       return train_run(cfg, rundir, trainer, mesh, stop_after, t_start)
 
 
-def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, mesh: jax.sharding.Mesh,
-              stop_after: int | None, t_start: float) -> dict[str, Any]:
+def train_run(
+  cfg: ml_collections.ConfigDict,
+  rundir: RunDir,
+  trainer: Trainer,
+  mesh: jax.sharding.Mesh,
+  stop_after: int | None,
+  t_start: float,
+) -> dict[str, Any]:
   """`run` once the run directory is held: restore or initialise, train, evaluate, write the results."""
   rundir.path.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(rundir.file("checkpoints"), keep=cfg.checkpoint.keep)
@@ -254,17 +311,25 @@ def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, 
   if data_state is not None:
     train_it.set_state(data_state)
   eval_sets = evaluation_batches(trainer, cfg, prepared)
-  reference = unigram.reference(prepared.tokens("train"), data.eval_batches(prepared, B, T, cfg.train.eval_batches),
-                                prepared.vocab_size)  # before training: unseen validation ids are named at the start
-  if warning := unigram.unseen_warning(reference, cfg.train.eval_batches * B * T, prepared.name,
-                                       prepared.vocab_size):
+  reference = unigram.reference(
+    prepared.tokens("train"), data.eval_batches(prepared, B, T, cfg.train.eval_batches), prepared.vocab_size
+  )  # before training: unseen validation ids are named at the start
+  if warning := unigram.unseen_warning(reference, cfg.train.eval_batches * B * T, prepared.name, prepared.vocab_size):
     log(f"warning: {warning}")
   rundir.truncate_metrics(start)
   writer = MetricsWriter(rundir.path, trackers=tracking.trackers(cfg, rundir.path) if jax.process_index() == 0 else ())
-  log(f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
-      f"{jax.default_backend()} devices, writing to {rundir.path}")
-  bar = tqdm(total=steps, initial=start, disable=jax.process_index() != 0, mininterval=1.0, dynamic_ncols=True,
-             desc=f"{cfg.variant} [{prepared.name}]")
+  log(
+    f"{cfg.variant} on {prepared.name}: {param_count(state['params']):,} parameters, {mesh.size} "
+    f"{jax.default_backend()} devices, writing to {rundir.path}"
+  )
+  bar = tqdm(
+    total=steps,
+    initial=start,
+    disable=jax.process_index() != 0,
+    mininterval=1.0,
+    dynamic_ncols=True,
+    desc=f"{cfg.variant} [{prepared.name}]",
+  )
   reporter = StepReporter(writer, ckpt, bar, B * T, cfg.train.log_every, t_start)
   profiler = Profiler(rundir.file("profile"), cfg.train.profile_start, cfg.train.profile_steps)
   state, evaluated = train_steps(trainer, state, start, train_it, eval_sets, reporter, profiler, stop_after)
@@ -275,13 +340,19 @@ def train_run(cfg: ml_collections.ConfigDict, rundir: RunDir, trainer: Trainer, 
   done = int(jax.device_get(state["step"]))
   if evaluated["step"] != done:
     evaluated = {"step": done, **evaluate(trainer, state, eval_sets)}
-  results = {**results_of(cfg, prepared.name, state, evaluated), "wall_time_s": time.time() - t_start,
-             **reference,
-             "resumed_from": start, "time_to_first_step_s": reporter.first_step_s, "devices": mesh.size,
-             "backend": jax.default_backend(),
-             "device_kind": mesh.devices.flat[0].device_kind, "cpu_paths": trainer.paths_choice.record(),
-             "malloc": allocator.in_effect(),
-             **throughput(cfg, param_count(state["params"]), reporter.rates)}
+  results = {
+    **results_of(cfg, prepared.name, state, evaluated),
+    "wall_time_s": time.time() - t_start,
+    **reference,
+    "resumed_from": start,
+    "time_to_first_step_s": reporter.first_step_s,
+    "devices": mesh.size,
+    "backend": jax.default_backend(),
+    "device_kind": mesh.devices.flat[0].device_kind,
+    "cpu_paths": trainer.paths_choice.record(),
+    "malloc": allocator.in_effect(),
+    **throughput(cfg, param_count(state["params"]), reporter.rates),
+  }
   if results["complete"]:
     rundir.write_results(results)
   return results

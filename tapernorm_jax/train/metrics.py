@@ -52,8 +52,13 @@ class MetricsWriter:
   """Appends `{"step": ..., **metrics}` to `metrics.jsonl` and hands the same scalars to TensorBoard and to each
   tracker."""
 
-  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, upload_every_s: float = 60.0,
-               trackers: Sequence[Tracker] = ()):
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    tensorboard: bool = True,
+    upload_every_s: float = 60.0,
+    trackers: Sequence[Tracker] = (),
+  ):
     self.active = jax.process_index() == 0
     self.trackers = list(trackers)  # the caller makes them on the first process only
     root = run_files.workdir_path(workdir)
@@ -82,8 +87,9 @@ class MetricsWriter:
     numbers = scalars(record)
     if self._tb is not None:
       values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
-      self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                         summary=summary_pb2.Summary(value=values)))
+      self._tb.add_event(
+        event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values))
+      )
     for tracker in self.trackers:
       tracker.log(int(step), numbers)
     if self._mirror and time.time() - self._uploaded_at >= self.upload_every_s:

@@ -47,8 +47,10 @@ _watchdog: "Watchdog | None" = None
 def check_timeout(value: Any) -> None:
   """Raises ValueError naming `mesh.peer_timeout_s` unless it is a finite number of seconds >= 1."""
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
-    raise ValueError(f"mesh.peer_timeout_s={value!r}: must be a finite number of seconds >= 1 (how long a silent "
-                     f"process may go unheard before the others stop; default {DEFAULT_TIMEOUT_S:g})")
+    raise ValueError(
+      f"mesh.peer_timeout_s={value!r}: must be a finite number of seconds >= 1 (how long a silent "
+      f"process may go unheard before the others stop; default {DEFAULT_TIMEOUT_S:g})"
+    )
 
 
 def jax_heartbeat_timeout_s(timeout_s: float) -> int:
@@ -62,8 +64,8 @@ def last_checkpoint(directory: epath.Path | None) -> str:
     return "no checkpoint directory yet (a relaunch starts over)"
   try:
     from orbax.checkpoint import step as ocp_step  # a path check, no collective
-    steps = [int(p.name) for p in directory.iterdir()
-             if re.fullmatch(r"\d+", p.name) and ocp_step.is_path_finalized(p)]
+
+    steps = [int(p.name) for p in directory.iterdir() if re.fullmatch(r"\d+", p.name) and ocp_step.is_path_finalized(p)]
   except Exception:  # noqa: BLE001 (no directory yet, or an unreadable one: the line says so)
     steps = []
   if not steps:
@@ -127,8 +129,9 @@ class Watchdog:
     now = time.monotonic()
     if now - self.answered > self.timeout_s:
       return ([], "") if self.exiting else ([0], "its coordination service stopped answering")
-    return [p for p, (_, moved) in self.seen.items() if now - moved > self.timeout_s], \
-        f"no heartbeat for {self.timeout_s:g} s"
+    return [
+      p for p, (_, moved) in self.seen.items() if now - moved > self.timeout_s
+    ], f"no heartbeat for {self.timeout_s:g} s"
 
   def heard_since(self, t: float) -> bool:
     """Whether every other process beat after monotonic time `t` (a counter read a full interval later was written
@@ -139,8 +142,10 @@ class Watchdog:
     """Writes the line naming the lost processes, why, the step and the checkpoint, and ends this process."""
     who = f"process {lost[0]} was" if len(lost) == 1 else f"processes {', '.join(map(str, lost))} were"
     step = "before the first step" if self.step is None else f"at step {self.step}"
-    line = (f"\nerror: {who} lost ({why}, mesh.peer_timeout_s={self.timeout_s:g}) {step} of process {self.index}; "
-            f"{last_checkpoint(self.checkpoints)}; relaunch every process with the same command to resume\n")
+    line = (
+      f"\nerror: {who} lost ({why}, mesh.peer_timeout_s={self.timeout_s:g}) {step} of process {self.index}; "
+      f"{last_checkpoint(self.checkpoints)}; relaunch every process with the same command to resume\n"
+    )
     os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock, blocked for good
     os._exit(EXIT_LOST)
 
@@ -149,6 +154,7 @@ def start(timeout_s: float) -> Watchdog | None:
   """Starts this process's watchdog once jax.distributed is initialized; None (and no thread) with one process."""
   global _watchdog
   from jax._src import distributed  # the client jax.distributed.initialize made: jax has no public accessor
+
   state = distributed.global_state
   if _watchdog is None and state.client is not None and (state.num_processes or 1) > 1:
     _watchdog = Watchdog(state.client, state.process_id, state.num_processes, timeout_s)

@@ -61,9 +61,11 @@ class RunDir:
       before, after = as_read(saved), as_read(now)
       differing = {k: (saved.get(k), now[k]) for k in now if before.get(k) != after.get(k)}
       if differing:
-        raise ValueError(f"--workdir={self.path} holds a run whose model config differs: "
-                         + ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in differing.items())
-                         + ". Use a new --workdir, or the saved config to resume.")
+        raise ValueError(
+          f"--workdir={self.path} holds a run whose model config differs: "
+          + ", ".join(f"model.{k}: saved {a!r} vs now {b!r}" for k, (a, b) in differing.items())
+          + ". Use a new --workdir, or the saved config to resume."
+        )
 
   def write_config(self, cfg: ml_collections.ConfigDict) -> None:
     """Saves the resolved config (an unchanged file is left as it is)."""
@@ -112,5 +114,4 @@ def check_directory(path: epath.Path, flag: str) -> None:
   while not parent.exists() and parent.parent != parent:
     parent = parent.parent
   if parent.is_file():
-    raise NotADirectoryError(f"{flag}={path}: {parent} is a file, so no directory can be made there; give another "
-                             "path")
+    raise NotADirectoryError(f"{flag}={path}: {parent} is a file, so no directory can be made there; give another path")

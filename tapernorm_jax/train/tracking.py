@@ -62,10 +62,10 @@ def wandb_records(path: str | os.PathLike) -> Iterator[bytes]:
     if left < 7:  # a block's tail too short for a chunk header is padding
       pos += left
       continue
-    length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+    length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
     if kind == 0 or pos + 7 + length > len(data):
       return
-    chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+    chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
     if kind == 1:
       yield chunk
     elif kind == 2:
@@ -111,18 +111,27 @@ class WandbTracker:
     try:
       import wandb
     except ImportError:
-      raise TrackerError("tracking.wandb_project is set but wandb is not installed: pip install "
-                         "'tapernorm-jax[wandb]'") from None
+      raise TrackerError(
+        "tracking.wandb_project is set but wandb is not installed: pip install 'tapernorm-jax[wandb]'"
+      ) from None
     rid = run_id(run_dir)  # W&B writes into <home>/wandb: the run directory, or a local cache for a URL
     home = os.path.join(run_files.cache_dir(), "wandb", rid) if run_files.is_url(run_dir) else os.fspath(run_dir)
     os.makedirs(home, exist_ok=True)
     held = last_logged_step(os.path.join(home, WANDB_DIR), rid)
     try:
       self.run = wandb.init(
-          project=project, entity=tracking.get("wandb_entity") or None, id=rid, resume="allow", mode=mode or None,
-          group=tracking.get("wandb_group") or None, tags=list(tracking.get("wandb_tags", ())) or None,
-          name=os.path.basename(os.fspath(run_dir).rstrip("/")), dir=home, config=dict(config),
-          settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_S))
+        project=project,
+        entity=tracking.get("wandb_entity") or None,
+        id=rid,
+        resume="allow",
+        mode=mode or None,
+        group=tracking.get("wandb_group") or None,
+        tags=list(tracking.get("wandb_tags", ())) or None,
+        name=os.path.basename(os.fspath(run_dir).rstrip("/")),
+        dir=home,
+        config=dict(config),
+        settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_S),
+      )
     except Exception as e:  # noqa: BLE001 - W&B raises its own kinds (no login, no network, refused)
       where = f"tracking.wandb_project={project!r}, mode={mode or 'W&B default'}"
       raise TrackerError(f"W&B could not start the run ({where}): {brief(e, 300)}") from None
@@ -152,8 +161,9 @@ class Guarded:
       getattr(self.tracker, method)(*args)
     except Exception as e:  # noqa: BLE001 - any failure of a tracker is reported the same way
       self.tracker = None
-      warn(f"{self.name} stopped ({type(e).__name__}: {brief(e, 200)}); training goes on, "
-           "metrics.jsonl has every record")
+      warn(
+        f"{self.name} stopped ({type(e).__name__}: {brief(e, 200)}); training goes on, metrics.jsonl has every record"
+      )
 
   def log(self, step: int, scalars: Mapping[str, float]) -> None:
     """Passes the step on."""

@@ -42,17 +42,19 @@ def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.
   """AdamW with global-norm clipping; weight decay (if any) only on matrices, never on gains or scalars."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
-      optax.clip_by_global_norm(cfg.opt.clip),
-      optax.adamw(lr, b1=cfg.opt.b1, b2=cfg.opt.b2, eps=cfg.opt.eps, weight_decay=cfg.opt.weight_decay,
-                  mask=decay_mask))
+    optax.clip_by_global_norm(cfg.opt.clip),
+    optax.adamw(lr, b1=cfg.opt.b1, b2=cfg.opt.b2, eps=cfg.opt.eps, weight_decay=cfg.opt.weight_decay, mask=decay_mask),
+  )
 
 
 def grad_norms_by_type(grads: PyTree, model_cfg: ModelConfig) -> dict[str, jax.Array]:
   """Gradient norm per weight type (QKV, attention out, MLP in, MLP out): per block, then averaged over blocks."""
   flat = traverse_util.flatten_dict(grads)
   sq = lambda paths: sum(jnp.sum(jnp.square(flat[p].astype(jnp.float32))) for p in paths)
-  return {f"grad_norm/{name}": jnp.mean(jnp.sqrt(jnp.stack([sq(paths) for paths in per_block])))
-          for name, per_block in param_paths.weight_paths(model_cfg).items()}
+  return {
+    f"grad_norm/{name}": jnp.mean(jnp.sqrt(jnp.stack([sq(paths) for paths in per_block])))
+    for name, per_block in param_paths.weight_paths(model_cfg).items()
+  }
 
 
 @dataclasses.dataclass
@@ -93,8 +95,13 @@ class Trainer:
     """`kernel_choice.choose` for this trainer: its requested paths, its shape, its compiled step as the timed
     candidate."""
     cfg, B = self.model_cfg, self.cfg.train.batch_size
-    shape = {"model": repr(cfg), "method": self.method.__class__.__name__, "B": B,
-             "microbatches": self.cfg.train.microbatches, "mesh": dict(self.mesh.shape)}
+    shape = {
+      "model": repr(cfg),
+      "method": self.method.__class__.__name__,
+      "B": B,
+      "microbatches": self.cfg.train.microbatches,
+      "mesh": dict(self.mesh.shape),
+    }
     label = f"{self.cfg.get('size', '?')} {self.cfg.get('variant', '?')} {B}×{cfg.T}"
     forced = self.cpu_paths if self.cpu_paths is not None else self.cfg.train.get("cpu_paths", "auto")
     return kernel_choice.choose(cfg, self.mesh, forced, shape, label, self._timed_step if timed else None)
@@ -103,8 +110,13 @@ class Trainer:
     """One train step through `candidate` (forward, backward, optimiser) on a fresh state mid-taper and a random
     batch, compiled; the state is not updated, so every call does the same work."""
     state, batch_BxT1 = self._timing_inputs
-    step = jax.jit(lambda s, b: self._train_step(s, b, False, candidate), in_shardings=(
-        self.state_shardings, self.batch_sharding)).lower(state, batch_BxT1).compile()
+    step = (
+      jax.jit(
+        lambda s, b: self._train_step(s, b, False, candidate), in_shardings=(self.state_shardings, self.batch_sharding)
+      )
+      .lower(state, batch_BxT1)
+      .compile()
+    )
     return lambda: jax.block_until_ready(step(state, batch_BxT1))
 
   @functools.cached_property
@@ -113,30 +125,41 @@ class Trainer:
     state = self.init_state(0)
     mid = (self.phases.taper_start + self.phases.taper_end) // 2
     state["step"] = jax.device_put(np.int32(mid), state["step"].sharding)
-    batch_BxT1 = np.random.default_rng(0).integers(0, self.model_cfg.V, (self.cfg.train.batch_size,
-                                                                       self.model_cfg.T + 1), dtype=np.int32)
+    batch_BxT1 = np.random.default_rng(0).integers(
+      0, self.model_cfg.V, (self.cfg.train.batch_size, self.model_cfg.T + 1), dtype=np.int32
+    )
     return state, jax.device_put(batch_BxT1, self.batch_sharding)
 
   def _jit_steps(self) -> None:
     """The jitted train, eval and diagnostics steps through the chosen paths."""
     replicated = sharding.replicated(self.mesh)
-    step = lambda fixed: jax.jit(lambda s, b: self._train_step(s, b, fixed),
-                                in_shardings=(self.state_shardings, self.batch_sharding),
-                                out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+    step = lambda fixed: jax.jit(
+      lambda s, b: self._train_step(s, b, fixed),
+      in_shardings=(self.state_shardings, self.batch_sharding),
+      out_shardings=(self.state_shardings, replicated),
+      donate_argnums=0,
+    )
     self.train_step, self.fixed_train_step = step(False), step(True)
-    self.eval_step = jax.jit(self._eval_step, in_shardings=(self.state_shardings, self.batch_sharding),
-                             out_shardings=replicated)
-    self.eval_gated_step = jax.jit(self._eval_gated_step, in_shardings=(self.state_shardings, self.batch_sharding),
-                                   out_shardings=replicated)
-    self.diagnostics = jax.jit(self._diagnostics, in_shardings=(self.state_shardings, self.batch_sharding),
-                               out_shardings=replicated)
+    self.eval_step = jax.jit(
+      self._eval_step, in_shardings=(self.state_shardings, self.batch_sharding), out_shardings=replicated
+    )
+    self.eval_gated_step = jax.jit(
+      self._eval_gated_step, in_shardings=(self.state_shardings, self.batch_sharding), out_shardings=replicated
+    )
+    self.diagnostics = jax.jit(
+      self._diagnostics, in_shardings=(self.state_shardings, self.batch_sharding), out_shardings=replicated
+    )
 
   def _boxed_state(self, rng: jax.Array) -> State:
     """A fresh state with parameters still boxed (for the logical sharding specs)."""
     variables = Transformer(self.model_cfg).init(rng, jnp.zeros((1, min(8, self.model_cfg.T)), jnp.int32))
     params = variables["params"]
-    return {"params": params, "opt_state": self.tx.init(params), "calib": variables[CALIB],
-            "step": jnp.zeros((), jnp.int32)}
+    return {
+      "params": params,
+      "opt_state": self.tx.init(params),
+      "calib": variables[CALIB],
+      "step": jnp.zeros((), jnp.int32),
+    }
 
   def init_state(self, seed: int) -> State:
     """A fresh, sharded state."""
@@ -154,8 +177,7 @@ class Trainer:
   def abstract_state(self) -> State:
     """Shapes, dtypes and shardings of the state (the restore target)."""
     shapes = jax.eval_shape(lambda rng: nn.unbox(self._boxed_state(rng)), jax.random.key(0))
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
-                        self.state_shardings)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, self.state_shardings)
 
   def model(self, model_cfg: ModelConfig, candidate: Paths | None = None) -> Transformer:
     """The model the steps apply: `model_cfg` with the chosen projection and attention (or a `candidate` pair being
@@ -167,19 +189,37 @@ class Trainer:
     """True once every gate is 0 for good and the g = 0 step can replace the gated one."""
     return self.has_fixed_step and step >= self.method.off_step
 
-  def _loss(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gates: Gates | jax.Array, step: jax.Array,
-            model_cfg: ModelConfig, record: bool, candidate: Paths | None = None) -> tuple[jax.Array, tuple]:
+  def _loss(
+    self,
+    params: PyTree,
+    calib: PyTree,
+    batch_BxT1: jax.Array,
+    gates: Gates | jax.Array,
+    step: jax.Array,
+    model_cfg: ModelConfig,
+    record: bool,
+    candidate: Paths | None = None,
+  ) -> tuple[jax.Array, tuple]:
     """CE + λ·(scale loss) on a batch of windows; returns (loss, (ce, scale loss, this batch's calib stats))."""
     inputs_BxT, targets_BxT = batch_BxT1[:, :-1], batch_BxT1[:, 1:]
     (logits_BxTxV, h_BxTxD), mutated = self.model(model_cfg, candidate).apply(
-        {"params": params, CALIB: calib}, inputs_BxT, gates, return_hidden=True,
-        mutable=[CALIB_STATS] if record else [])
+      {"params": params, CALIB: calib}, inputs_BxT, gates, return_hidden=True, mutable=[CALIB_STATS] if record else []
+    )
     ce = losses.cross_entropy(logits_BxTxV, targets_BxT)
     weight, scale_loss = self.method.scale_loss_terms(h_BxTxD, calib, step, inputs_BxT)
     return ce + weight * scale_loss, (ce, scale_loss, mutated.get(CALIB_STATS, {}))
 
-  def _grads(self, params: PyTree, calib: PyTree, batch_BxT1: jax.Array, gates: Gates | jax.Array, step: jax.Array,
-             model_cfg: ModelConfig, record: bool, candidate: Paths | None = None) -> tuple[tuple, PyTree]:
+  def _grads(
+    self,
+    params: PyTree,
+    calib: PyTree,
+    batch_BxT1: jax.Array,
+    gates: Gates | jax.Array,
+    step: jax.Array,
+    model_cfg: ModelConfig,
+    record: bool,
+    candidate: Paths | None = None,
+  ) -> tuple[tuple, PyTree]:
     """((loss, (ce, scale loss, stats)), grads), accumulated over `train.microbatches` microbatches: row j of every
     group of k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
     loss_fn = lambda p, batch: self._loss(p, calib, batch, gates, step, model_cfg, record, candidate)
@@ -203,8 +243,9 @@ class Trainer:
     B, T1 = batch_BxT1.shape
     return jnp.swapaxes(batch_BxT1.reshape(B // k, k, T1), 0, 1)
 
-  def _train_step(self, state: State, batch_BxT1: jax.Array, fixed: bool,
-                  candidate: Paths | None = None) -> tuple[State, dict]:
+  def _train_step(
+    self, state: State, batch_BxT1: jax.Array, fixed: bool, candidate: Paths | None = None
+  ) -> tuple[State, dict]:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run
     (through a `candidate` pair of paths while they are timed, `kernel_choice.py`)."""
     step, params, calib = state["step"], state["params"], state["calib"]
@@ -212,28 +253,42 @@ class Trainer:
     if not fixed:
       params, calib = self.method.calibrate(params, calib, step)
     model_cfg = self.fixed_cfg if fixed else self.model_cfg
-    (loss, (ce, scale_loss, stats)), grads = self._grads(params, calib, batch_BxT1, gates, step, model_cfg, not fixed,
-                                                  candidate)
+    (loss, (ce, scale_loss, stats)), grads = self._grads(
+      params, calib, batch_BxT1, gates, step, model_cfg, not fixed, candidate
+    )
     if not fixed:
       calib = calibration.ema_update(calib, stats, self.method.mu, active=self.method.stats_active(step))
     updates, opt_state = self.tx.update(grads, state["opt_state"], params)
-    new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state, "calib": calib,
-                 "step": step + 1}
-    metrics = {"loss": loss, "ce": ce, "scale_loss": scale_loss, "gate": gates.mean(), "lr": self.lr(step),
-               "grad_norm": optax.tree.norm(grads), **grad_norms_by_type(grads, self.model_cfg)}
+    new_state = {
+      "params": optax.apply_updates(params, updates),
+      "opt_state": opt_state,
+      "calib": calib,
+      "step": step + 1,
+    }
+    metrics = {
+      "loss": loss,
+      "ce": ce,
+      "scale_loss": scale_loss,
+      "gate": gates.mean(),
+      "lr": self.lr(step),
+      "grad_norm": optax.tree.norm(grads),
+      **grad_norms_by_type(grads, self.model_cfg),
+    }
     return new_state, metrics
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there), one microbatch at a time."""
-    ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, jnp.float32(0.0),
-                                          state["step"], self.fixed_cfg, False)[1][0]
+    ce_of = lambda micro_MxT1: self._loss(
+      state["params"], state["calib"], micro_MxT1, jnp.float32(0.0), state["step"], self.fixed_cfg, False
+    )[1][0]
     return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
 
   def _eval_gated_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at the gates of the state's step (before they reach 0), one microbatch at a time."""
     gates = self.method.gates(state["step"])
-    ce_of = lambda micro_MxT1: self._loss(state["params"], state["calib"], micro_MxT1, gates, state["step"],
-                                          self.model_cfg, False)[1][0]
+    ce_of = lambda micro_MxT1: self._loss(
+      state["params"], state["calib"], micro_MxT1, gates, state["step"], self.model_cfg, False
+    )[1][0]
     return jnp.mean(jax.lax.map(ce_of, self.microbatches(batch_BxT1)))
 
   def eval_gate(self, step: int) -> float:
@@ -258,7 +313,10 @@ class Trainer:
       return jnp.sum(ce_BxT) + ce_BxT.size * weight * scale_loss, logits_BxTxV
 
     grad_BxTxD, logits_BxTxV = jax.grad(summed_token_losses, has_aux=True)(h_BxTxD)
-    return {"logit_norm": losses.logit_norm(logits_BxTxV),
-            "s_mean": jnp.mean(losses.pre_logit_scale(h_BxTxD, cfg.norm_kind, cfg.eps)),
-            "s_tgt": calibration.s_target(calib), "radial_grad": losses.radial_gradient(grad_BxTxD, h_BxTxD),
-            **{f"c/{k}": v for k, v in calibration.norm_scalars(calib, self.calibrated_norms, param_paths.C).items()}}
+    return {
+      "logit_norm": losses.logit_norm(logits_BxTxV),
+      "s_mean": jnp.mean(losses.pre_logit_scale(h_BxTxD, cfg.norm_kind, cfg.eps)),
+      "s_tgt": calibration.s_target(calib),
+      "radial_grad": losses.radial_gradient(grad_BxTxD, h_BxTxD),
+      **{f"c/{k}": v for k, v in calibration.norm_scalars(calib, self.calibrated_norms, param_paths.C).items()},
+    }

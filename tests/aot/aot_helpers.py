@@ -11,8 +11,9 @@ from tapernorm_jax.aot import topology
 from tapernorm_jax.model import abstract_variables
 from tapernorm_jax.train import run_config
 
-needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                  reason=f"the TPU compiler is not installed: {topology.INSTALL}")
+needs_libtpu = pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None, reason=f"the TPU compiler is not installed: {topology.INSTALL}"
+)
 
 
 def small_config(fsdp: int, batch: int, **model):

@@ -15,13 +15,23 @@ pytestmark = [needs_libtpu, pytest.mark.slow]
 
 def compile_check(*args: str) -> subprocess.CompletedProcess:
   """The entry point in a fresh process from the checkout."""
-  return subprocess.run([sys.executable, "-m", "experiments.compile_check", "--topology=v5e:2x2", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=1200)
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.compile_check", "--topology=v5e:2x2", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+  )
 
 
 def test_the_check_writes_its_table_and_ranks_other_splits(tmp_path):
-  done = compile_check("--config=configs/all_taper.py:size=cpu", "--programs=train_step,eval_step", "--suggest",
-                       "--suggest_limit=2", f"--out={tmp_path}")
+  done = compile_check(
+    "--config=configs/all_taper.py:size=cpu",
+    "--programs=train_step,eval_step",
+    "--suggest",
+    "--suggest_limit=2",
+    f"--out={tmp_path}",
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads((tmp_path / "results.json").read_text())
   assert [p["program"] for p in results["programs"]] == ["train_step", "eval_step"]
@@ -33,10 +43,18 @@ def test_the_check_writes_its_table_and_ranks_other_splits(tmp_path):
 
 
 def test_a_run_that_does_not_fit_ends_in_one_line_and_keeps_its_report(tmp_path):
-  done = compile_check("--config=configs/all_taper.py:size=cpu", "--config.model.T=512", "--config.model.D=128",
-                       "--config.model.H=1", "--config.model.V=32768", "--config.model.L=1",
-                       "--config.train.batch_size=2048", "--config.mesh.fsdp=4", "--suggest_limit=1",
-                       f"--out={tmp_path}")
+  done = compile_check(
+    "--config=configs/all_taper.py:size=cpu",
+    "--config.model.T=512",
+    "--config.model.D=128",
+    "--config.model.H=1",
+    "--config.model.V=32768",
+    "--config.model.L=1",
+    "--config.train.batch_size=2048",
+    "--config.mesh.fsdp=4",
+    "--suggest_limit=1",
+    f"--out={tmp_path}",
+  )
   assert done.returncode == 2, done.stderr[-3000:]
   last = done.stderr.strip().splitlines()[-1]
   assert last.startswith("error: train_step does not fit: it needs ") and "a v5e chip has 15.75 GiB" in last

@@ -21,8 +21,9 @@ def compiled(fn, *args):
 
 
 def test_a_matrix_product_counts_two_flops_per_multiply_add_like_xla():
-  module, cost = compiled(lambda x, w: x @ w, jax.ShapeDtypeStruct((24, 40), jnp.float32),
-                          jax.ShapeDtypeStruct((40, 56), jnp.float32))
+  module, cost = compiled(
+    lambda x, w: x @ w, jax.ShapeDtypeStruct((24, 40), jnp.float32), jax.ShapeDtypeStruct((40, 56), jnp.float32)
+  )
   counts = hlo.Counts.of(module)
   assert hlo.product_flops(module, counts.runs) == 2 * 24 * 40 * 56 == cost["flops"]
   assert hlo.hbm_bytes(module, counts, counts.runs) == 4 * (24 * 40 + 40 * 56 + 24 * 56) == cost["bytes accessed"]
@@ -33,8 +34,9 @@ def test_a_scanned_product_counts_once_per_trip_where_xla_counts_it_once(trips):
   def scanned(x, w):
     return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=trips)[0]
 
-  module, cost = compiled(scanned, jax.ShapeDtypeStruct((16, 32), jnp.float32), jax.ShapeDtypeStruct((32, 32),
-                                                                                                     jnp.float32))
+  module, cost = compiled(
+    scanned, jax.ShapeDtypeStruct((16, 32), jnp.float32), jax.ShapeDtypeStruct((32, 32), jnp.float32)
+  )
   counts = hlo.Counts.of(module)
   one = 2 * 16 * 32 * 32
   assert counts.unknown_loops == 0
@@ -43,21 +45,27 @@ def test_a_scanned_product_counts_once_per_trip_where_xla_counts_it_once(trips):
   assert hlo.product_flops(module, counts.repeats()) == (trips - 1) * one  # what the compile check adds to it
 
 
-@pytest.mark.parametrize("window,stride,padding,lhs_dilation,rhs_dilation", [
+@pytest.mark.parametrize(
+  "window,stride,padding,lhs_dilation,rhs_dilation",
+  [
     ((3, 4), (1, 1), ((2, 2), (3, 3)), (1, 1), (1, 1)),  # how the TPU compiler writes a product: taps on padding
     ((16, 1), (15, 1), ((0, 0), (0, 0)), (16, 1), (1, 1)),  # a batched product: one tap per output on a dilated axis
     ((3, 2), (2, 1), ((1, 0), (0, 1)), (1, 2), (2, 1)),
-])
+  ],
+)
 def test_convolution_flops_count_only_taps_that_land_on_input(window, stride, padding, lhs_dilation, rhs_dilation):
   """Against XLA itself: convolving all-ones gives, at each output, the number of taps on real input times the
   input features, so twice the output's sum is the multiply-adds that count."""
   B, H, W, I, O = 2, 5, 16, 3, 4
   lhs, rhs = jnp.ones((B, H, W, I)), jnp.ones(window + (I, O))
-  out = jax.lax.conv_general_dilated(lhs, rhs, stride, padding, lhs_dilation, rhs_dilation,
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  hlo_window = (f"size={window[0]}x{window[1]} stride={stride[0]}x{stride[1]} "
-                f"pad={padding[0][0]}_{padding[0][1]}x{padding[1][0]}_{padding[1][1]} "
-                f"lhs_dilate={lhs_dilation[0]}x{lhs_dilation[1]} rhs_dilate={rhs_dilation[0]}x{rhs_dilation[1]}")
+  out = jax.lax.conv_general_dilated(
+    lhs, rhs, stride, padding, lhs_dilation, rhs_dilation, dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+  hlo_window = (
+    f"size={window[0]}x{window[1]} stride={stride[0]}x{stride[1]} "
+    f"pad={padding[0][0]}_{padding[0][1]}x{padding[1][0]}_{padding[1][1]} "
+    f"lhs_dilate={lhs_dilation[0]}x{lhs_dilation[1]} rhs_dilate={rhs_dilation[0]}x{rhs_dilation[1]}"
+  )
   want = 2 * float(jnp.sum(out))
   attributes = f"window={{{hlo_window}}}, dim_labels=b01f_01io->b01f"
   assert hlo._convolution_flops(list(lhs.shape), list(rhs.shape), list(out.shape), attributes) == want
@@ -95,8 +103,14 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 }
 """
   module = hlo.parse(text)
-  assert [i.opcode for i in module.computations["body"]] == ["parameter", "get-tuple-element", "custom-call", "dot",
-                                                             "get-tuple-element", "tuple"]
+  assert [i.opcode for i in module.computations["body"]] == [
+    "parameter",
+    "get-tuple-element",
+    "custom-call",
+    "dot",
+    "get-tuple-element",
+    "tuple",
+  ]
   counts = hlo.Counts.of(module)
   assert counts.runs["body"] == 5 and counts.runs["cond"] == 6 and counts.unknown_loops == 0
   assert hlo.product_flops(module, counts.runs) == 5 * 2 * 16
@@ -137,7 +151,9 @@ ENTRY %main (a: f32[4]) -> f32[4] {{
   assert hlo.Counts.of(hlo.parse(text)).runs["body"] == trips
 
 
-@pytest.mark.parametrize("attributes,groups", [
+@pytest.mark.parametrize(
+  "attributes,groups",
+  [
     ("replica_groups={{0,2},{1,3}}, dimensions={0}", [[0, 2], [1, 3]]),
     ("replica_groups=[2,4]<=[8]", [[0, 1, 2, 3], [4, 5, 6, 7]]),
     ("replica_groups=[4,2]<=[2,4]T(1,0)", [[0, 4], [1, 5], [2, 6], [3, 7]]),
@@ -145,7 +161,8 @@ ENTRY %main (a: f32[4]) -> f32[4] {{
     ("replica_groups=mesh['a'=2,'b'=4] {'b'}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
     ("source_target_pairs={{0,1},{1,0}}", [[0, 1], [1, 0]]),
     ("replica_groups={}", [list(range(8))]),
-])
+  ],
+)
 def test_replica_groups_in_every_spelling(attributes, groups):
   assert hlo.replica_groups(attributes, 8) == groups
 
@@ -158,8 +175,12 @@ def test_a_reduction_across_slices_is_counted_as_crossing_them():
   slices = [0] * 4 + [1] * 4  # the mesh's first axis runs across slices
 
   def total(axis):
-    return jax.shard_map(functools.partial(jax.lax.psum, axis_name=axis), mesh=mesh, in_specs=P("across", "within"),
-                         out_specs=P("across", "within"))
+    return jax.shard_map(
+      functools.partial(jax.lax.psum, axis_name=axis),
+      mesh=mesh,
+      in_specs=P("across", "within"),
+      out_specs=P("across", "within"),
+    )
 
   x = jax.ShapeDtypeStruct((2 * 64, 4 * 32), jnp.float32)
   for axis, n, crosses in (("across", 2, True), ("within", 4, False)):

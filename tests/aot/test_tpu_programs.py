@@ -65,8 +65,11 @@ def test_decoding_for_a_tpu_mesh_keeps_bf16_and_no_cpu_kernel():
   for name in ("prefill", "decode_step"):
     figures_, module = by_name[name]
     assert figures_.fits and not any(k.startswith("tapernorm_") for k in figures_.kernels)
-    cache_keys = [i.shape for i in module.computations[module.entry] if i.opcode == "parameter"
-                  and re.match(r"\w+\[2,128,256\]", i.shape)]  # each chip's 4·2/4 rows of K × 256 slots
+    cache_keys = [
+      i.shape
+      for i in module.computations[module.entry]
+      if i.opcode == "parameter" and re.match(r"\w+\[2,128,256\]", i.shape)
+    ]  # each chip's 4·2/4 rows of K × 256 slots
     assert cache_keys and all(shape.startswith("bf16") for shape in cache_keys)
   assert bf16_share(by_name["prefill"][1]) > 0.9
   assert any("splash" in k for k in by_name["prefill"][0].kernels)  # 128-token prompts tile
@@ -100,8 +103,9 @@ def test_a_run_that_does_not_fit_is_named_in_one_line():
   results = check.check(cfg, check.Target("v5e:2x2"), None, progress=lambda _: None)
   assert [p["program"] for p in results["programs"]] == ["train_step"]  # stops at the first that does not fit
   line = check.verdict(results)
-  assert re.fullmatch(r"train_step does not fit: it needs \d+\.\d\d GiB per chip, a v5e chip has 15\.75 GiB; .+",
-                      line), line
+  assert re.fullmatch(
+    r"train_step does not fit: it needs \d+\.\d\d GiB per chip, a v5e chip has 15\.75 GiB; .+", line
+  ), line
   assert "\n" not in line
 
 
@@ -112,8 +116,14 @@ def test_without_libtpu_the_check_says_how_to_install_it(monkeypatch):
     topology.devices("v5e:2x2")
 
 
-@pytest.mark.parametrize("name,problem", [("v9z:2x2", "unknown TPU generation 'v9z'"),
-                                          ("v5e", "give GENERATION:SHAPE"), ("v5e:2xx2", "give GENERATION:SHAPE")])
+@pytest.mark.parametrize(
+  "name,problem",
+  [
+    ("v9z:2x2", "unknown TPU generation 'v9z'"),
+    ("v5e", "give GENERATION:SHAPE"),
+    ("v5e:2xx2", "give GENERATION:SHAPE"),
+  ],
+)
 def test_a_bad_topology_is_named(name, problem):
   with pytest.raises(ValueError, match=re.escape(problem)):
     topology.parse(name)

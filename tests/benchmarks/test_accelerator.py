@@ -12,12 +12,16 @@ from tapernorm_jax.benchmarks import accelerator
 from locations import ROOT, run_without_checkout
 
 
-
 @pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_smoke_run_writes_the_report_with_tests_and_benchmarks(tmp_path):
   out = tmp_path / "check"
-  proc = subprocess.run([sys.executable, "-m", "experiments.accelerator_check", "--smoke", f"--out={out}"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.accelerator_check", "--smoke", f"--out={out}"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert results["tests"]["passed"] == results["tests"]["tests"] > 0 and not results["tests"]["failed"]
@@ -48,8 +52,14 @@ def recorded_devices(tmp_path, **env: str | None) -> list[dict]:
       changed.pop(key, None)
     else:
       changed[key] = value
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                         *accelerator.SMOKE_TESTS], cwd=ROOT, env=changed, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *accelerator.SMOKE_TESTS],
+    cwd=ROOT,
+    env=changed,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:]
   return accelerator.read_device_records(str(devices_dir))
 
@@ -68,9 +78,14 @@ def test_tests_on_another_platform_than_the_benchmarks_fail_the_check(tmp_path):
   assert tests["returncode"] == 0 and accelerator.placement_problems("cpu", tests) == []
   [problem] = accelerator.placement_problems("gpu", tests)  # as if the benchmarks had run on a GPU
   assert "ran on cpu" in problem and "the benchmarks on gpu" in problem
-  results = {"date": "2026-12-01", "platform": "gpu", "placement_problems": [problem], "tests": tests,
-             "hardware": {"backend": "gpu", "device": "NVIDIA H200", "device_count": 1, "jax": "0", "python": "3"},
-             "attention": {"auto_bf16_T512": "cudnn"}}
+  results = {
+    "date": "2026-12-01",
+    "platform": "gpu",
+    "placement_problems": [problem],
+    "tests": tests,
+    "hardware": {"backend": "gpu", "device": "NVIDIA H200", "device_count": 1, "jax": "0", "python": "3"},
+    "attention": {"auto_bf16_T512": "cudnn"},
+  }
   assert not accelerator.ok(results)
   assert "TESTS RAN ON ANOTHER PLATFORM THAN THE BENCHMARKS" in accelerator.markdown(results)
   assert accelerator.placement_problems("cpu", {**tests, "processes": []})  # no record: nothing is proven
@@ -78,12 +93,14 @@ def test_tests_on_another_platform_than_the_benchmarks_fail_the_check(tmp_path):
 
 def test_without_a_checkout_the_check_runs_its_benchmarks_and_says_why_the_tests_did_not(tmp_path):
   # As from a wheel in an empty directory: configs/ and experiments/ unimportable, no tests/ beside the package.
-  script = ("from tapernorm_jax.benchmarks import accelerator\n"
-            f"accelerator.ROOT = {str(tmp_path)!r}\n"
-            "s = accelerator.Settings(smoke=True, train=False, inference=False)\n"
-            "results = accelerator.run(s, 'out')\n"
-            "print(accelerator.ok(results), results['tests'], results['peer'])\n"
-            "print(accelerator.markdown(results))\n")
+  script = (
+    "from tapernorm_jax.benchmarks import accelerator\n"
+    f"accelerator.ROOT = {str(tmp_path)!r}\n"
+    "s = accelerator.Settings(smoke=True, train=False, inference=False)\n"
+    "results = accelerator.run(s, 'out')\n"
+    "print(accelerator.ok(results), results['tests'], results['peer'])\n"
+    "print(accelerator.markdown(results))\n"
+  )
   done = run_without_checkout(script, tmp_path)
   assert "\nTrue {'not_run': 'no checkout" in done.stdout, done.stdout
   assert f"Tests: not run: {accelerator.NO_CHECKOUT}." in done.stdout

@@ -10,7 +10,9 @@ from tapernorm_jax.benchmarks import step_profile
 BLOCK = "jit(<lambda>)/transpose(jvp(Transformer))/Transformer.hidden/Transformer.block/block_3"
 
 
-@pytest.mark.parametrize("name,op,expected", [
+@pytest.mark.parametrize(
+  "name,op,expected",
+  [
     ("copy_bitcast_fusion.3", f"{BLOCK}/mlp/jit(silu)", "layout copies"),
     ("ynn_fusion.7", f"{BLOCK}/attn/bld,blthk->dthk/dot_general", "attention projections (qkv, out)"),
     ("ynn_fusion.8", f"{BLOCK}/attn/attn.project_out/bthk,hkd->btd/dot_general", "attention projections (qkv, out)"),
@@ -20,11 +22,15 @@ BLOCK = "jit(<lambda>)/transpose(jvp(Transformer))/Transformer.hidden/Transforme
     ("ynn_fusion.9", f"{BLOCK}/mlp/btd,df->btf/dot_general", "MLP products"),
     ("fusion.5", f"{BLOCK}/mlp/mul", "MLP activations"),
     ("fusion.6", f"{BLOCK}/attn_norm/rsqrt", "norms"),
-    ("ynn_fusion.1", "jit(<lambda>)/jvp(Transformer)/Transformer.logits/bld,vd->blv/dot_general",
-     "logits (head / tied embedding)"),
+    (
+      "ynn_fusion.1",
+      "jit(<lambda>)/jvp(Transformer)/Transformer.logits/bld,vd->blv/dot_general",
+      "logits (head / tied embedding)",
+    ),
     ("fusion.7", "jit(<lambda>)/jvp()/exp", "loss (softmax cross-entropy)"),
     ("fusion.8", "jit(<lambda>)/div", "optimiser, clipping, metrics"),
-])
+  ],
+)
 def test_ops_are_sorted_into_the_parts_of_a_step(name, op, expected):
   assert step_profile.part(name, op) == expected
 
@@ -39,7 +45,7 @@ def test_warm_up_stops_once_three_calls_in_a_row_make_no_page_faults():
   def touch_fresh_pages(calls_that_fault: int) -> None:  # 64 fresh pages on each of the first calls, then none
     if len(regions) < calls_that_fault:
       regions.append(mmap.mmap(-1, 64 * mmap.PAGESIZE))
-      regions[-1][::mmap.PAGESIZE] = b"x" * 64
+      regions[-1][:: mmap.PAGESIZE] = b"x" * 64
 
   assert step_profile.warm_up(lambda: touch_fresh_pages(3), max_calls=10) == 6  # three that fault, three quiet
   regions.clear()

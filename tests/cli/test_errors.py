@@ -25,14 +25,25 @@ from tapernorm_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
 from tapernorm_jax.train.trainer import Trainer
 from locations import ROOT
 
-TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
-        "train.batch_size": 8, "checkpoint.every": 6, "taper.gate_warmup_frac": 0.25, "taper.taper_end": 18}
+TINY = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 2,
+  "model.T": 32,
+  "model.V": 512,
+  "train.steps": 24,
+  "train.batch_size": 8,
+  "checkpoint.every": 6,
+  "taper.gate_warmup_frac": 0.25,
+  "taper.taper_end": 18,
+}
 
 
 def run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
   """`python -m experiments.<module> ARGS` from the repository root."""
-  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, "-m", f"experiments.{module}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
 
 
 def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
@@ -68,19 +79,36 @@ def run_dir(tmp_path) -> str:
   return str(path)
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["--config.train.stepz=10"], ["--config.train.stepz=10: config.train has no field 'stepz'",
-                                   "did you mean --config.train.steps?"]),
-    (["--config=configs/all_tapr.py"], ["--config=configs/all_tapr.py: no such file",
-                                        "did you mean --config=configs/all_taper.py?"]),
+@pytest.mark.parametrize(
+  "args,fragments",
+  [
+    (
+      ["--config.train.stepz=10"],
+      ["--config.train.stepz=10: config.train has no field 'stepz'", "did you mean --config.train.steps?"],
+    ),
+    (
+      ["--config=configs/all_tapr.py"],
+      ["--config=configs/all_tapr.py: no such file", "did you mean --config=configs/all_taper.py?"],
+    ),
     (["--config=configs/all_taper.py:size=2m"], ["--config=configs/all_taper.py:size=2m: size='2m' is not one of"]),
-    (["--config.model.T=64", "--config.data.seq_len=32"], ["--config.model.T=64 and --config.data.seq_len=32",
-                                                             "one shared value", "give only one"]),
+    (
+      ["--config.model.T=64", "--config.data.seq_len=32"],
+      ["--config.model.T=64 and --config.data.seq_len=32", "one shared value", "give only one"],
+    ),
     (["--config.model.H=5"], ["model.H=5: the number of heads must divide model.D=64"]),
     (["--workdr=x"], ["--workdr: no such flag; did you mean --workdir?"]),
     (["--config.mesh.process_id=1"], ["mesh.process_id=1 without mesh.distributed=True"]),
-], ids=["unknown-field", "missing-file", "bad-file-argument", "shared-field-twice", "invalid-value", "unknown-flag",
-        "multi-host-field-alone"])
+  ],
+  ids=[
+    "unknown-field",
+    "missing-file",
+    "bad-file-argument",
+    "shared-field-twice",
+    "invalid-value",
+    "unknown-flag",
+    "multi-host-field-alone",
+  ],
+)
 def test_config_and_flag_mistakes_are_one_line_naming_the_flag(run_dir, args, fragments):
   before = snapshot(run_dir)
   line = one_line_error(run_cli("tinystories", *args, f"--workdir={run_dir}"))
@@ -94,7 +122,8 @@ def test_the_gpt2_demo_names_its_flag_mistakes_before_training(tmp_path):
   line = one_line_error(run_cli("gpt2_demo", "--filter_eval_text", f"--workdir={workdir}"))
   assert "--filter_eval_text filters --eval_text's windows; give --eval_text=PATH too" in line
   assert "--seeds=0,x: give comma-separated non-negative integers" in one_line_error(
-      run_cli("gpt2_demo", "--seeds=0,x", f"--workdir={workdir}"))
+    run_cli("gpt2_demo", "--seeds=0,x", f"--workdir={workdir}")
+  )
   assert not workdir.exists()
   (workdir / "pretrain").mkdir(parents=True)  # a finished pretraining run, evaluated on its validation split only
   (workdir / "pretrain" / "results.json").write_text('{"eval_losses": {"val": 0.8}, "final_val_loss": 0.8}')
@@ -122,13 +151,20 @@ def tiny_export(tmp_path_factory) -> str:
   return str(export.save(tmp_path_factory.mktemp("export") / "tiny", init(cfg, jax.random.key(0)), cfg))
 
 
-@pytest.mark.parametrize("args,expected", [
+@pytest.mark.parametrize(
+  "args,expected",
+  [
     (["--tokens=1,2,3", "--temperature=-1"], "error: --temperature=-1.0: must be a finite number >= 0"),
     (["--tokens=1,2,3", "--temperature=0.8", "--top_k=65"], "error: --top_k=65: must be an integer in [0, 64]"),
-    (["--tokens=" + ",".join(["5"] * 17)], "error: prompt 1 has 17 tokens, more than model.T=16, the context this "
-                                          "RoPE model was trained on; shorten it, or keep its last 16 tokens "
-                                          "(--truncate_prompts)"),
-], ids=["negative-temperature", "top-k-past-the-vocabulary", "prompt-past-the-context"])
+    (
+      ["--tokens=" + ",".join(["5"] * 17)],
+      "error: prompt 1 has 17 tokens, more than model.T=16, the context this "
+      "RoPE model was trained on; shorten it, or keep its last 16 tokens "
+      "(--truncate_prompts)",
+    ),
+  ],
+  ids=["negative-temperature", "top-k-past-the-vocabulary", "prompt-past-the-context"],
+)
 def test_generate_refuses_sampling_and_prompt_mistakes_by_flag(tiny_export, args, expected):
   before = snapshot(tiny_export)
   line = one_line_error(run_cli("generate", f"--workdir={tiny_export}", *args))
@@ -173,9 +209,11 @@ def test_a_damaged_latest_checkpoint_is_named_with_the_fallback_and_nothing_chan
   before = snapshot(workdir)
   line = one_line_error(run_cli("tinystories", f"--workdir={workdir}", *tiny_flags(saved_run[1])))
   assert line.startswith(f"error: the checkpoint at step 12 in {workdir}/checkpoints is damaged: ")
-  assert line.endswith("The newest other checkpoint is step 6: to resume from it, re-run with "
-                       "--config.checkpoint.on_damaged=fallback (step 12 is then moved aside to 12.damaged-<time>, "
-                       "not deleted).")
+  assert line.endswith(
+    "The newest other checkpoint is step 6: to resume from it, re-run with "
+    "--config.checkpoint.on_damaged=fallback (step 12 is then moved aside to 12.damaged-<time>, "
+    "not deleted)."
+  )
   assert len(line) < 600 and "tensorstore_spec" not in line
   assert snapshot(workdir) == before
 
@@ -207,8 +245,11 @@ def test_when_no_checkpoint_restores_nothing_is_moved(saved_run, tmp_path):
   os.remove(os.path.join(workdir, "checkpoints", "12", "state", "_METADATA"))
   os.remove(os.path.join(workdir, "checkpoints", "6", "data", "metadata"))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
-  with pytest.raises(DamagedCheckpointError, match=r"no checkpoint .* can be restored \(steps 12, 6; step 12: "
-                                                   r"state/_METADATA is missing\); nothing was moved"):
+  with pytest.raises(
+    DamagedCheckpointError,
+    match=r"no checkpoint .* can be restored \(steps 12, 6; step 12: "
+    r"state/_METADATA is missing\); nothing was moved",
+  ):
     ckpt.restore_latest({"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=None)}, fallback=True)
   assert ckpt.all_steps() == [6, 12]
   ckpt.close()
@@ -218,6 +259,7 @@ def test_user_errors_exit_2_bugs_keep_their_traceback_and_a_nan_stop_exits_1(cap
   def fails(error):
     def main(argv):
       raise error
+
     return cli.guard(main)
 
   with pytest.raises(SystemExit) as stop:
@@ -279,13 +321,17 @@ def test_the_cache_refuses_writes_past_its_end_and_gpt2_past_its_positions():
   with pytest.raises(ValueError, match=past_the_end):
     decode.decode_step(variables, cfg, tokens_B, jnp.asarray([4], jnp.int32), cache)
   with pytest.raises(ValueError, match=r"tokens_BxQ has 5 tokens per row but the cache has only 4 slots"):  # traced
-    jax.jit(lambda p, n: decode.prefill(variables, cfg, p, n, cache))(jnp.ones((1, 5), jnp.int32),
-                                                                      jnp.asarray([5], jnp.int32))
+    jax.jit(lambda p, n: decode.prefill(variables, cfg, p, n, cache))(
+      jnp.ones((1, 5), jnp.int32), jnp.asarray([5], jnp.int32)
+    )
   gpt2_vars, gpt2 = _llama(family="gpt2")
   with pytest.raises(ValueError, match=r"the cache has 9 slots but a gpt2 model has model\.T=8 learned positions"):
     decode.decode_step(gpt2_vars, gpt2, tokens_B, jnp.asarray([0], jnp.int32), decode.init_cache(gpt2, 1, 9))
-  with pytest.raises(ValueError, match=r"max_new_tokens=4: a prompt of 6 tokens \+ max_new_tokens − 1 = 9 exceeds "
-                                       r"model\.T=8"):
+  with pytest.raises(
+    ValueError,
+    match=r"max_new_tokens=4: a prompt of 6 tokens \+ max_new_tokens − 1 = 9 exceeds "
+    r"model\.T=8",
+  ):
     decode.generate(gpt2_vars, gpt2, *decode.pad_prompts([[1] * 6]), jax.random.key(0), max_new_tokens=4)
   with pytest.raises(ValueError, match=r"gate=\[1\.5\]: must lie in \[0, 1\]"):
     Transformer(cfg).apply(variables, jnp.ones((1, 3), jnp.int32), gate=[1.5])
@@ -303,8 +349,11 @@ def test_an_llama_request_past_its_context_is_served_with_one_warning(caplog):
 
 def test_prompts_past_the_context_are_refused_or_cut_with_counts():
   _, cfg = _llama()
-  with pytest.raises(ValueError, match=r"prompt 2 has 10 tokens, more than model\.T=8, the context this RoPE model "
-                                       r"was trained on \(2 prompts are too long\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"prompt 2 has 10 tokens, more than model\.T=8, the context this RoPE model "
+    r"was trained on \(2 prompts are too long\)",
+  ):
     prompts.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4)
   cut, note = prompts.fit_prompts([[1], [2] * 10, [3] * 9], cfg, max_new_tokens=4, truncate=True)
   assert cut == [[1], [2] * 8, [3] * 8]
@@ -339,11 +388,22 @@ def test_documents_too_long_for_tokenizer_training_are_counted(monkeypatch, capl
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is not None, reason="lm-eval is installed here")
 def test_the_harness_without_lm_eval_says_so_in_one_line():
-  out = subprocess.run([sys.executable, "-m", "tapernorm_jax.harness", "--tasks", "lambada"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 2 and out.stdout == "" and out.stderr.strip().splitlines() == [
+  out = subprocess.run(
+    [sys.executable, "-m", "tapernorm_jax.harness", "--tasks", "lambada"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert (
+    out.returncode == 2
+    and out.stdout == ""
+    and out.stderr.strip().splitlines()
+    == [
       "error: python -m tapernorm_jax.harness needs lm-eval: lm_eval is not installed; "
-      "pip install 'tapernorm-jax[eval]'"]
+      "pip install 'tapernorm-jax[eval]'"
+    ]
+  )
 
 
 @pytest.mark.parametrize("where", ["missing", "not_a_clone"])
@@ -352,28 +412,49 @@ def test_an_accelerator_check_checkout_that_is_not_a_clone_is_named(tmp_path, wh
   if where == "not_a_clone":
     directory.mkdir()
   line = one_line_error(run_cli("accelerator_check", f"--checkout={directory}", f"--out={tmp_path / 'out'}"))
-  assert line.startswith(f"error: --checkout={directory}: ") and ("does not exist" if where == "missing"
-                                                                  else "is not a clone") in line
+  assert (
+    line.startswith(f"error: --checkout={directory}: ")
+    and ("does not exist" if where == "missing" else "is not a clone") in line
+  )
   assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flag, fragment", [
+@pytest.mark.parametrize(
+  "flag, fragment",
+  [
     ("--decode_batch=-1", "--decode_batch=-1: must be >= 0"),
     ("--prompt_len=-2", "--prompt_len=-2: must be >= 0"),
-    ("--prompt_len=32", "--prompt_len=32: the KV cache holds model.T = 32 positions and the decode step needs one "
-                        "after the prompt; use at most 31"),
-    ("--suggest_limit=-3", "--suggest_limit=-3: must be >= 0")])
+    (
+      "--prompt_len=32",
+      "--prompt_len=32: the KV cache holds model.T = 32 positions and the decode step needs one "
+      "after the prompt; use at most 31",
+    ),
+    ("--suggest_limit=-3", "--suggest_limit=-3: must be >= 0"),
+  ],
+)
 def test_compile_check_flags_out_of_range_are_one_line_before_compiling(tmp_path, flag, fragment):
-  line = one_line_error(run_cli("compile_check", "--topology=v5e:2x2", "--config=configs/all_taper.py:size=cpu",
-                                "--config.model.T=32", flag, f"--out={tmp_path / 'out'}"))
+  line = one_line_error(
+    run_cli(
+      "compile_check",
+      "--topology=v5e:2x2",
+      "--config=configs/all_taper.py:size=cpu",
+      "--config.model.T=32",
+      flag,
+      f"--out={tmp_path / 'out'}",
+    )
+  )
   assert line.startswith(f"error: {fragment}") and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("override, fragment", [
+@pytest.mark.parametrize(
+  "override, fragment",
+  [
     ("--config.taper.mu=5", "error: taper.mu=5.0: the EMA weight μ must lie in (0, 1]"),
     ("--config.taper.taper_end=99999", "error: taper.taper_end=99999: must be -1 (the last step) or in (0, "),
     ("--config.train.batch_size=12", "error: train.batch_size=12: must be divisible by the data-parallel size (8"),
-    ("--config.data.tune_frac=0.6", "error: data.tune_frac=0.6: must lie in [0, 0.5) (the share of the train stream")])
+    ("--config.data.tune_frac=0.6", "error: data.tune_frac=0.6: must lie in [0, 0.5) (the share of the train stream"),
+  ],
+)
 def test_check_only_checks_the_values_a_run_would_refuse(tmp_path, override, fragment):
   args = ["--config=configs/all_taper.py:size=cpu", override, f"--workdir={tmp_path / 'run'}", "--check_only"]
   if "batch_size" in override:  # the split over devices is checked where the mesh says how many
@@ -383,51 +464,79 @@ def test_check_only_checks_the_values_a_run_would_refuse(tmp_path, override, fra
 
 
 def test_a_method_setting_the_variant_does_not_read_is_one_warning_line(tmp_path):
-  done = run_cli("tinystories", "--config=configs/all_taper.py:size=cpu", "--config.fakeln.start=50",
-                 f"--workdir={tmp_path / 'run'}", "--check_only")
+  done = run_cli(
+    "tinystories",
+    "--config=configs/all_taper.py:size=cpu",
+    "--config.fakeln.start=50",
+    f"--workdir={tmp_path / 'run'}",
+    "--check_only",
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   warned = [line for line in done.stderr.splitlines() if "does nothing" in line]
   assert len(warned) == 1 and warned[0] == (  # the whole line: no absl prefix (time, thread id, source line)
-      "warning: fakeln.start=50 does nothing for variant 'all_taper': it trains with method='taper', which reads no "
-      "fakeln.* field (drop it, or choose the fakeln variant)")
+    "warning: fakeln.start=50 does nothing for variant 'all_taper': it trains with method='taper', which reads no "
+    "fakeln.* field (drop it, or choose the fakeln variant)"
+  )
 
 
-@pytest.mark.parametrize("line, fragment", [
+@pytest.mark.parametrize(
+  "line, fragment",
+  [
     ("c.fakeln.mu = None", "error: fakeln.mu=None: must be a float, as its default 0.01 is"),
-    ("c.taper.calibration_step = 150", "error: taper.calibration_step: config.taper has no field "
-                                       "'calibration_step'; no run reads it; did you mean "
-                                       "taper.min_calibration_step?"),
-    ("c.fakeln.gap_atn = 4", "error: fakeln.gap_atn: config.fakeln has no field 'gap_atn'; no run reads it; did you "
-                             "mean fakeln.gap_attn?"),
-    ("c.fakeln.aux_weight = 0.2", "error: fakeln.aux_weight: this field is now fakeln.scale_loss_weight; set that "
-                                  "one")])
+    (
+      "c.taper.calibration_step = 150",
+      "error: taper.calibration_step: config.taper has no field "
+      "'calibration_step'; no run reads it; did you mean "
+      "taper.min_calibration_step?",
+    ),
+    (
+      "c.fakeln.gap_atn = 4",
+      "error: fakeln.gap_atn: config.fakeln has no field 'gap_atn'; no run reads it; did you mean fakeln.gap_attn?",
+    ),
+    ("c.fakeln.aux_weight = 0.2", "error: fakeln.aux_weight: this field is now fakeln.scale_loss_weight; set that one"),
+  ],
+)
 def test_a_config_file_s_field_of_the_wrong_type_or_name_is_one_line(tmp_path, line, fragment):
   config = tmp_path / "mine.py"  # a user's own config file, built on a shipped one (ConfigDicts take None and new
-  config.write_text(f"from configs import fakeln\n\ndef get_config():\n  c = fakeln.get_config('size=cpu')\n"
-                    f"  {line}\n  return c\n")  # fields without a word: the check is ours)
+  config.write_text(
+    f"from configs import fakeln\n\ndef get_config():\n  c = fakeln.get_config('size=cpu')\n  {line}\n  return c\n"
+  )  # fields without a word: the check is ours)
   result = run_cli("tinystories", f"--config={config}", f"--workdir={tmp_path / 'run'}", "--check_only")
   assert one_line_error(result) == fragment and not (tmp_path / "run").exists()
 
 
 def test_a_calibration_before_the_residual_stream_settles_is_one_warning_line(tmp_path):
-  done = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", "--config.train.steps=40",
-                 f"--workdir={tmp_path / 'run'}", "--check_only")
+  done = run_cli(
+    "tinystories",
+    "--config=configs/all_taper.py:size=1m",
+    "--config.train.steps=40",
+    f"--workdir={tmp_path / 'run'}",
+    "--check_only",
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   warned = [line for line in done.stderr.splitlines() if "calibration at step" in line]
   assert len(warned) == 1 and warned[0].startswith(  # round(0.05 · 40) = 2: the 40-step run that diverged
-      "warning: calibration at step 2 of 40 (taper.gate_warmup_frac=0.05; taper.min_calibration_step=100 applies "
-      "only up to half the run), early in training: calibrations this early")
-  paper = run_cli("tinystories", "--config=configs/all_taper.py:size=1m", f"--workdir={tmp_path / 'run'}",
-                  "--check_only")  # step 25,000 of the paper's 500,000
+    "warning: calibration at step 2 of 40 (taper.gate_warmup_frac=0.05; taper.min_calibration_step=100 applies "
+    "only up to half the run), early in training: calibrations this early"
+  )
+  paper = run_cli(
+    "tinystories", "--config=configs/all_taper.py:size=1m", f"--workdir={tmp_path / 'run'}", "--check_only"
+  )  # step 25,000 of the paper's 500,000
   assert paper.returncode == 0 and "calibration at step" not in paper.stderr
-  floored = run_cli("tinystories", "--config=configs/all_taper.py:size=cpu", f"--workdir={tmp_path / 'run'}",
-                    "--check_only")  # 300 steps: 5% is step 15, the floor moves it to step 100
+  floored = run_cli(
+    "tinystories", "--config=configs/all_taper.py:size=cpu", f"--workdir={tmp_path / 'run'}", "--check_only"
+  )  # 300 steps: 5% is step 15, the floor moves it to step 100
   assert floored.returncode == 0 and "calibration at step" not in floored.stderr
 
 
-@pytest.mark.parametrize("flag, fragment", [("--studies=0", "--studies=0: must be >= 1"),
-                                            ("--resamples=5", "--resamples=5: must be >= 20"),
-                                            ("--noise=1.5", "--noise=1.5: must lie in (0, 1)")])
+@pytest.mark.parametrize(
+  "flag, fragment",
+  [
+    ("--studies=0", "--studies=0: must be >= 1"),
+    ("--resamples=5", "--resamples=5: must be >= 20"),
+    ("--noise=1.5", "--noise=1.5: must lie in (0, 1)"),
+  ],
+)
 def test_fit_coverage_flags_out_of_range_are_one_line(tmp_path, flag, fragment):
   line = one_line_error(run_cli("fit_coverage", flag, f"--out={tmp_path / 'c.json'}"))
   assert line.startswith(f"error: {fragment}") and not (tmp_path / "c.json").exists()

@@ -7,5 +7,6 @@ import shutil
 import pytest
 
 COMPILER = os.environ.get("CXX", "c++")
-needs_compiler = pytest.mark.skipif(shutil.which(COMPILER) is None,
-                                    reason=f"no C++ compiler ({COMPILER!r}): the CPU kernels cannot be built here")
+needs_compiler = pytest.mark.skipif(
+  shutil.which(COMPILER) is None, reason=f"no C++ compiler ({COMPILER!r}): the CPU kernels cannot be built here"
+)

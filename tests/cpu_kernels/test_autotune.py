@@ -19,9 +19,21 @@ from tapernorm_jax.model import ModelConfig, Transformer, sharding
 from tapernorm_jax.train import loop, run_dir
 from tapernorm_jax.train.trainer import Trainer
 
-TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
-        "train.steps": 12, "train.log_every": 4, "train.diag_every": 6, "train.eval_batches": 1, "checkpoint.every": 6,
-        "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}
+TINY = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 2,
+  "model.T": 32,
+  "model.V": 512,
+  "train.batch_size": 8,
+  "train.steps": 12,
+  "train.log_every": 4,
+  "train.diag_every": 6,
+  "train.eval_batches": 1,
+  "checkpoint.every": 6,
+  "data.synthetic_train_stories": 200,
+  "data.synthetic_valid_stories": 40,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -33,18 +45,23 @@ def auto(monkeypatch, tmp_path):
 
 def sleeper(seconds: float, built: list[str], name: str):
   """A candidate builder whose calls take `seconds`; records that it was built."""
+
   def build():
     built.append(name)
     run = lambda: time.sleep(seconds)
     run.seconds = seconds  # what a call takes, for tests that replace the timing
     return run
+
   return build
 
 
 def test_the_fastest_candidate_is_chosen_and_cached_for_this_host_and_shape():
   built = []
-  candidates = {"xla": sleeper(0.02, built, "xla"), "fast": sleeper(0.002, built, "fast"),
-                "slow": sleeper(0.05, built, "slow")}
+  candidates = {
+    "xla": sleeper(0.02, built, "xla"),
+    "fast": sleeper(0.002, built, "fast"),
+    "slow": sleeper(0.05, built, "slow"),
+  }
   choice = autotune.choose("t", "tiny", {"D": 8}, candidates, prefer="xla")
   assert (choice.name, choice.how) == ("fast", "measured") and sorted(built) == ["fast", "slow", "xla"]
   assert choice.seconds["fast"] < choice.seconds["xla"] < choice.seconds["slow"]
@@ -69,17 +86,23 @@ def test_noise_decides_nothing_a_real_lead_decides_after_the_least_rounds(monkey
   monkeypatch.setattr(autotune, "cache_file", lambda what, shape: autotune.Path(os.devnull) / "x")  # never cached
   switched = 0
   for trial in range(300):
-    choice = autotune.timed("t", "tie", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.01, [], "kernels")},
-                              prefer="xla")
+    choice = autotune.timed(
+      "t", "tie", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.01, [], "kernels")}, prefer="xla"
+    )
     switched += choice.name != "xla"
   # a tie leaves the preferred candidate unless every sample of the other beats every one of its own over 5 rounds
   # (chance 2/C(10,5) = 0.8%) and its median by 3%; once samples overlap they overlap for good
   assert switched <= 0.02 * 300
-  lead = autotune.timed("t", "lead", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.008, [], "kernels")},
-                          prefer="xla")
+  lead = autotune.timed(
+    "t", "lead", {"xla": sleeper(0.01, [], "xla"), "kernels": sleeper(0.008, [], "kernels")}, prefer="xla"
+  )
   assert (lead.name, lead.rounds, lead.tied) == ("kernels", autotune.MIN_ROUNDS, ("kernels",))
-  tie = autotune.timed("t", "tie", {"xla": sleeper(0.01, [], "xla"), "k1": sleeper(0.008, [], "k1"),
-                                      "k2": sleeper(0.008, [], "k2")}, prefer="xla")
+  tie = autotune.timed(
+    "t",
+    "tie",
+    {"xla": sleeper(0.01, [], "xla"), "k1": sleeper(0.008, [], "k1"), "k2": sleeper(0.008, [], "k2")},
+    prefer="xla",
+  )
   # two kernels tied with each other, both clearly ahead of xla: the first offered wins, after every round
   assert tie.name == "k1" and tie.rounds == autotune.MAX_ROUNDS and "xla" not in tie.tied
 
@@ -134,8 +157,11 @@ def slowed(paths):
 
 def test_a_trainer_whose_kernels_lose_here_trains_through_xla_without_being_told(monkeypatch, tmp_path):
   offered = cpu_kernels.training_paths
-  monkeypatch.setattr(cpu_kernels, "training_paths", lambda cfg, mesh=None: {
-      "xla": offered(cfg, mesh)["xla"], "kernels": slowed(offered(cfg, mesh)["xla"])})
+  monkeypatch.setattr(
+    cpu_kernels,
+    "training_paths",
+    lambda cfg, mesh=None: {"xla": offered(cfg, mesh)["xla"], "kernels": slowed(offered(cfg, mesh)["xla"])},
+  )
   trainer = Trainer(config(tmp_path), sharding.make_mesh())
   assert trainer.paths_choice == autotune.Choice("xla", "untimed")  # building a Trainer times nothing
   choice = trainer.choose_paths()
@@ -190,8 +216,15 @@ def test_two_fresh_processes_choose_the_same_train_path(tmp_path):
   for i in range(2):
     env = {**os.environ, "TAPERNORM_CACHE": str(tmp_path / f"cache{i}"), autotune.ENV: "auto"}
     code = f"TINY = {TINY!r}\nDATA = {str(tmp_path / 'data')!r}\n" + CHOOSE_PATHS
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))), check=True).stdout
+    out = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=600,
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+      check=True,
+    ).stdout
     described.append(out.strip().splitlines()[-1])
     names.append(described[-1].split(" ")[0])
   assert names[0] == names[1], described  # each in its own cache: measured twice, chosen alike
@@ -199,8 +232,11 @@ def test_two_fresh_processes_choose_the_same_train_path(tmp_path):
 
 def test_a_kernel_chosen_after_building_is_the_one_the_train_step_traces(monkeypatch, tmp_path):
   offered = cpu_kernels.training_paths
-  monkeypatch.setattr(cpu_kernels, "training_paths", lambda cfg, mesh=None: {
-      "xla": slowed(offered(cfg, mesh)["xla"]), "kernels": offered(cfg, mesh)["xla"]})  # here XLA's own loses
+  monkeypatch.setattr(
+    cpu_kernels,
+    "training_paths",
+    lambda cfg, mesh=None: {"xla": slowed(offered(cfg, mesh)["xla"]), "kernels": offered(cfg, mesh)["xla"]},
+  )  # here XLA's own loses
   trainer = Trainer(config(tmp_path), sharding.make_mesh())
   state = trainer.init_state(0)
   batch = jax.device_put(np.zeros((8, 33), np.int32), trainer.batch_sharding)

@@ -17,7 +17,7 @@ def test_a_damaged_or_unrecorded_library_is_built_again_never_loaded(tmp_path, m
   record = built.with_name(built.name + ".sha256")
   assert record.read_text().strip() == hashlib.sha256(built.read_bytes()).hexdigest()
   size = built.stat().st_size
-  built.write_bytes(built.read_bytes()[:size // 2])  # truncated, as by a full disk or a killed copy
+  built.write_bytes(built.read_bytes()[: size // 2])  # truncated, as by a full disk or a killed copy
   assert not build.intact(built)
   assert build.library(matvec.SOURCE) == built and build.intact(built) and built.stat().st_size == size
   assert "does not match the hash its build recorded" in caplog.text

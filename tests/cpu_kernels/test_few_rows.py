@@ -9,11 +9,9 @@ import pytest
 from tapernorm_jax.inference import decode
 from tapernorm_jax.cpu_kernels import few_rows, matvec
 from tapernorm_jax.model import ModelConfig
-from tapernorm_jax.model.transformer import einsum
+from tapernorm_jax.model.seams import einsum
 from kernels import needs_compiler
 from model_helpers import perturbed_variables
-
-
 
 
 @needs_compiler
@@ -27,8 +25,10 @@ def test_rows_equal_a_float64_product(R, K, O):
   np.testing.assert_allclose(got_RxO, expected_RxO, rtol=0, atol=1e-5 * np.abs(expected_RxO).max())
 
 
-@pytest.mark.parametrize("x_shape,w_shape,dtype", [((9, 8), (4, 8), jnp.float32), ((2, 8), (4, 7), jnp.float32),
-                                                   ((2, 8), (4, 8), jnp.bfloat16)])
+@pytest.mark.parametrize(
+  "x_shape,w_shape,dtype",
+  [((9, 8), (4, 8), jnp.float32), ((2, 8), (4, 7), jnp.float32), ((2, 8), (4, 8), jnp.bfloat16)],
+)
 def test_rows_name_what_they_cannot_take(x_shape, w_shape, dtype):
   with pytest.raises(ValueError, match=r"matvec\.rows: x .* needs 1 to 8 float32 rows"):
     matvec.rows(jnp.ones(x_shape, dtype), jnp.ones(w_shape, dtype))
@@ -57,10 +57,20 @@ def _assert_same_steps(got: list, want: list) -> None:
 
 
 CONFIGS = {  # tied head, remat'ed blocks; untied head with biases
-    "llama": ModelConfig(V=83, D=48, H=4, L=2, T=32, init_std=0.2, remat=True, internal_norm="taper",
-                         final_norm="taper"),
-    "gpt2": ModelConfig(family="gpt2", V=83, D=48, H=4, L=2, T=32, init_std=0.2, tie_embeddings=False,
-                        internal_norm="taper", final_norm="taper")}
+  "llama": ModelConfig(V=83, D=48, H=4, L=2, T=32, init_std=0.2, remat=True, internal_norm="taper", final_norm="taper"),
+  "gpt2": ModelConfig(
+    family="gpt2",
+    V=83,
+    D=48,
+    H=4,
+    L=2,
+    T=32,
+    init_std=0.2,
+    tie_embeddings=False,
+    internal_norm="taper",
+    final_norm="taper",
+  ),
+}
 
 
 @needs_compiler
@@ -72,19 +82,19 @@ def test_decode_with_the_kernel_matches_the_model_s_einsum(family):
   assert projection is few_rows.kernel_projection
   _assert_same_steps(_decode(with_kernel, cfg, 4, projection), _decode(variables, cfg, 4))
   # Every projection of a decode step goes through the kernel: 4 per block (llama: 5) and the head.
-  step = jax.make_jaxpr(lambda v, c: decode.decode_step(v, cfg, jnp.zeros(4, jnp.int32), jnp.ones(4, jnp.int32),
-                                                        c, projection=projection))(with_kernel,
-                                                                                   decode.init_cache(cfg, 4, 16))
+  step = jax.make_jaxpr(
+    lambda v, c: decode.decode_step(v, cfg, jnp.zeros(4, jnp.int32), jnp.ones(4, jnp.int32), c, projection=projection)
+  )(with_kernel, decode.init_cache(cfg, 4, 16))
   calls = str(step).count(matvec.TARGET)
   assert calls == cfg.L * (5 if family == "llama" else 4) + 1
-  prefill = jax.make_jaxpr(lambda v, c: decode.prefill(v, cfg, jnp.zeros((4, 6), jnp.int32), jnp.full(4, 6), c,
-                                                       projection=projection))(with_kernel,
-                                                                               decode.init_cache(cfg, 4, 16))
+  prefill = jax.make_jaxpr(
+    lambda v, c: decode.prefill(v, cfg, jnp.zeros((4, 6), jnp.int32), jnp.full(4, 6), c, projection=projection)
+  )(with_kernel, decode.init_cache(cfg, 4, 16))
   assert str(prefill).count(matvec.TARGET) == 1  # 24 rows go to XLA; only the head's 4 last positions
   # The model itself never calls the kernel: the same variables through its own projection run no custom call.
-  plain_step = jax.make_jaxpr(lambda v, c: decode.decode_step(v, cfg, jnp.zeros(4, jnp.int32),
-                                                              jnp.ones(4, jnp.int32), c))(with_kernel,
-                                                                                          decode.init_cache(cfg, 4, 16))
+  plain_step = jax.make_jaxpr(
+    lambda v, c: decode.decode_step(v, cfg, jnp.zeros(4, jnp.int32), jnp.ones(4, jnp.int32), c)
+  )(with_kernel, decode.init_cache(cfg, 4, 16))
   assert matvec.TARGET not in str(plain_step)
 
 
@@ -103,8 +113,9 @@ def test_the_copies_are_each_projection_as_output_by_input():
   params = variables["params"]
   qkv_3xHKxD = np.asarray(params["block_0"]["attn"]["qkv"]).reshape(48, 3, 48).transpose(1, 2, 0)
   np.testing.assert_array_equal(copies["block_0"]["attn"]["qkv"], qkv_3xHKxD)
-  np.testing.assert_array_equal(copies["block_0"]["attn"]["out"],
-                                np.asarray(params["block_0"]["attn"]["out"]).reshape(48, 48).T)
+  np.testing.assert_array_equal(
+    copies["block_0"]["attn"]["out"], np.asarray(params["block_0"]["attn"]["out"]).reshape(48, 48).T
+  )
   np.testing.assert_array_equal(copies["block_0"]["mlp"]["wi_0"], np.asarray(params["block_0"]["mlp"]["wi_0"]).T)
   np.testing.assert_array_equal(copies["embed"], params["embed"])  # the tied head's table, as it is
 
@@ -122,8 +133,11 @@ def test_without_the_kernel_a_few_rows_go_one_at_a_time(reload_kernels, monkeypa
 def test_a_missing_compiler_is_a_reason_not_a_crash(reload_kernels, monkeypatch, tmp_path):
   monkeypatch.setenv("CXX", "no-such-compiler")
   monkeypatch.setenv("TAPERNORM_CACHE", str(tmp_path))
-  with pytest.warns(RuntimeWarning, match=r"the CPU kernel matvec_rows.cc is off \(no C\+\+ compiler .*\); batched "
-                    "decoding reads the weights once per row instead, more slowly"):
+  with pytest.warns(
+    RuntimeWarning,
+    match=r"the CPU kernel matvec_rows.cc is off \(no C\+\+ compiler .*\); batched "
+    "decoding reads the weights once per row instead, more slowly",
+  ):
     assert not matvec.available()
   assert "no C++ compiler ('no-such-compiler' is not on PATH; set CXX)" in matvec.reason()
 

@@ -16,13 +16,22 @@ from tapernorm_jax.train.trainer import Trainer
 from kernels import needs_compiler
 
 
-
-
 @needs_compiler
 # narrow heads (K = 4, 6: sums along keys) and wide ones (K = 16…64: along features, 8 or 4 query rows at a time),
 # with T below, at and past a multiple of those rows
-@pytest.mark.parametrize("B,T,H,K", [(2, 64, 4, 4), (1, 37, 2, 16), (3, 20, 1, 6), (1, 130, 2, 32), (1, 1, 1, 4),
-                                     (2, 3, 3, 16), (2, 45, 2, 64), (1, 19, 3, 48)])
+@pytest.mark.parametrize(
+  "B,T,H,K",
+  [
+    (2, 64, 4, 4),
+    (1, 37, 2, 16),
+    (3, 20, 1, 6),
+    (1, 130, 2, 32),
+    (1, 1, 1, 4),
+    (2, 3, 3, 16),
+    (2, 45, 2, 64),
+    (1, 19, 3, 48),
+  ],
+)
 def test_outputs_and_gradients_match_the_reference(B, T, H, K):
   rng = np.random.default_rng(B * T + H * K)
   q, k, v, w = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(4))
@@ -39,8 +48,9 @@ def test_a_query_sees_only_itself_and_earlier_keys():
   q, k, v = (rng.standard_normal((1, 40, 2, 8)).astype(np.float32) for _ in range(3))
   changed = v.copy()
   changed[:, 25:] += 10.0  # later values must not move earlier outputs
-  out, out2 = (np.asarray(kernel.causal_attention(*(jnp.asarray(x) for x in (q, k, values))))
-               for values in (v, changed))
+  out, out2 = (
+    np.asarray(kernel.causal_attention(*(jnp.asarray(x) for x in (q, k, values)))) for values in (v, changed)
+  )
   np.testing.assert_array_equal(out[:, :25], out2[:, :25])
   assert not np.allclose(out[:, 25:], out2[:, 25:])
 
@@ -51,10 +61,18 @@ def test_float32_only_and_unavailable_kernels_are_named():
 
 
 @needs_compiler
-@pytest.mark.parametrize("changes,selected", [
-    ({}, True), ({"platform": "cpu"}, True), ({"attention_impl": "blocked"}, False),
-    ({"attention_impl": "xla"}, False), ({"dtype": "bfloat16"}, False),
-    ({"platform": "tpu", "dtype": "float32"}, False), ({"platform": "gpu", "dtype": "float32"}, False)])
+@pytest.mark.parametrize(
+  "changes,selected",
+  [
+    ({}, True),
+    ({"platform": "cpu"}, True),
+    ({"attention_impl": "blocked"}, False),
+    ({"attention_impl": "xla"}, False),
+    ({"dtype": "bfloat16"}, False),
+    ({"platform": "tpu", "dtype": "float32"}, False),
+    ({"platform": "gpu", "dtype": "float32"}, False),
+  ],
+)
 def test_the_seam_selects_the_kernel_only_for_auto_float32_for_a_cpu_target(changes, selected):
   cfg = ModelConfig(V=16, D=16, H=2, L=1, T=8, **changes)
   assert (cpu_kernels.attention_for(cfg) is kernel.causal_attention) == selected
@@ -72,10 +90,12 @@ def step_of(attention_impl: str) -> tuple[Trainer, dict, dict]:
   cfg.model.T, cfg.train.batch_size, cfg.model.attention_impl = 32, 8, attention_impl
   trainer = Trainer(cfg, sharding.make_mesh())
   state = trainer.init_state(0)
-  state["step"] = jax.device_put(jnp.int32((trainer.phases.taper_start + trainer.phases.taper_end) // 2),
-                                 state["step"].sharding)
-  batch = jax.device_put(np.random.default_rng(0).integers(0, cfg.model.V, (8, 33), dtype=np.int32),
-                         trainer.batch_sharding)
+  state["step"] = jax.device_put(
+    jnp.int32((trainer.phases.taper_start + trainer.phases.taper_end) // 2), state["step"].sharding
+  )
+  batch = jax.device_put(
+    np.random.default_rng(0).integers(0, cfg.model.V, (8, 33), dtype=np.int32), trainer.batch_sharding
+  )
   hlo = trainer.train_step.lower(state, batch).as_text()
   new_state, metrics = trainer.train_step(state, batch)
   return trainer, jax.device_get(new_state), {**jax.device_get(metrics), "hlo": hlo}

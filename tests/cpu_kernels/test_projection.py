@@ -11,25 +11,34 @@ from tapernorm_jax import cpu_kernels
 from tapernorm_jax.cpu_kernels.projection import matrix_form, matrix_product
 from tapernorm_jax.model import ModelConfig, Transformer, init
 from tapernorm_jax.model.gates import Gates
-from tapernorm_jax.model.transformer import einsum
+from tapernorm_jax.model.seams import einsum
 
 
-@pytest.mark.parametrize("family,tie,value_gates", [("llama", True, False), ("llama", False, False),
-                                                    ("gpt2", True, False), ("gpt2", True, True)])
+@pytest.mark.parametrize(
+  "family,tie,value_gates",
+  [("llama", True, False), ("llama", False, False), ("gpt2", True, False), ("gpt2", True, True)],
+)
 def test_gradients_of_every_product_equal_the_model_einsums(family, tie, value_gates):
-  cfg = ModelConfig(family=family, V=50, D=32, H=4, L=2, T=16, tie_embeddings=tie, internal_norm="taper",
-                    final_norm="taper")
+  cfg = ModelConfig(
+    family=family, V=50, D=32, H=4, L=2, T=16, tie_embeddings=tie, internal_norm="taper", final_norm="taper"
+  )
   variables = init(cfg, jax.random.key(0))
   tokens_BxT = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.V)
   w_BxTxV = jax.random.normal(jax.random.key(2), (2, 16, cfg.V))
   # one gate per norm, then one per block for the value path: queries and keys, and values, from two projections
   values = jnp.linspace(0.2, 0.8, 3 * cfg.L + 1)
-  gate = Gates(attn=values[:cfg.L], mlp=values[cfg.L:2 * cfg.L], final=values[2 * cfg.L],
-               attn_value=values[2 * cfg.L + 1:]) if value_gates else jnp.float32(0.5)
+  gate = (
+    Gates(
+      attn=values[: cfg.L], mlp=values[cfg.L : 2 * cfg.L], final=values[2 * cfg.L], attn_value=values[2 * cfg.L + 1 :]
+    )
+    if value_gates
+    else jnp.float32(0.5)
+  )
 
   def loss_and_grads(projection):
-    loss = lambda params: jnp.sum(w_BxTxV * Transformer(cfg, projection=projection).apply(
-        {**variables, "params": params}, tokens_BxT, gate))
+    loss = lambda params: jnp.sum(
+      w_BxTxV * Transformer(cfg, projection=projection).apply({**variables, "params": params}, tokens_BxT, gate)
+    )
     return jax.jit(jax.value_and_grad(loss))(variables["params"])
 
   (loss, grads), (expected_loss, expected_grads) = loss_and_grads(matrix_product), loss_and_grads(einsum)
@@ -43,9 +52,14 @@ def test_training_on_cpu_is_offered_the_written_out_backward():
   assert jax.default_backend() == "cpu" and paths == {"xla": (einsum, None), "kernels": (matrix_product, None)}
 
 
-@pytest.mark.parametrize("spec,form", [("bld,dthk->blthk", (6, 4, 36, True, (2, 3, 3, 3, 4))),
-                                       ("bthk,hkd->btd", (6, 12, 5, True, (2, 3, 5))),
-                                       ("bld,vd->blv", (6, 4, 7, False, (2, 3, 7)))])
+@pytest.mark.parametrize(
+  "spec,form",
+  [
+    ("bld,dthk->blthk", (6, 4, 36, True, (2, 3, 3, 3, 4))),
+    ("bthk,hkd->btd", (6, 12, 5, True, (2, 3, 5))),
+    ("bld,vd->blv", (6, 4, 7, False, (2, 3, 7))),
+  ],
+)
 def test_matrix_form_of_the_models_specs(spec, form):
   shapes = {"b": 2, "l": 3, "t": 3, "d": 4, "h": 3, "k": 4, "v": 7}
   shapes = {**shapes, "d": 5} if spec.startswith("bthk") else shapes

@@ -14,8 +14,17 @@ SEP = "<|endoftext|>"
 
 def small(tmp_path: Path, **overrides) -> dict:
   """A small synthetic-corpus `cfg.data`."""
-  return dict(source="synthetic", data_dir=str(tmp_path / "cache"), synthetic_train_stories=300,
-              synthetic_valid_stories=30, vocab_size=500, seq_len=32) | overrides
+  return (
+    dict(
+      source="synthetic",
+      data_dir=str(tmp_path / "cache"),
+      synthetic_train_stories=300,
+      synthetic_valid_stories=30,
+      vocab_size=500,
+      seq_len=32,
+    )
+    | overrides
+  )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +51,13 @@ def framed(tokenizer, docs: list[str]) -> list[int]:
 def test_parse():
   assert evaluation_sets.parse("") == {}
   assert evaluation_sets.parse(" wiki = /d/w.txt , books=/d/b/*.txt,") == {"wiki": "/d/w.txt", "books": "/d/b/*.txt"}
-  for bad, match in (("wiki", "not name=path_or_glob"), ("=x.txt", "not name=path_or_glob"),
-                     ("a b=x.txt", "not name=path_or_glob"), ("val=x.txt", "reserved"), ("a=x,a=y", "twice")):
+  for bad, match in (
+    ("wiki", "not name=path_or_glob"),
+    ("=x.txt", "not name=path_or_glob"),
+    ("a b=x.txt", "not name=path_or_glob"),
+    ("val=x.txt", "reserved"),
+    ("a=x,a=y", "twice"),
+  ):
     with pytest.raises(ValueError, match=match):
       evaluation_sets.parse(bad)
 
@@ -76,8 +90,11 @@ def test_cached_and_keyed_by_files_and_tokenizer(root, prepared, monkeypatch):
 
 def test_too_short_set_names_itself_and_its_tokens(root, prepared):
   cfg = small(root, eval_sets=f"news={root}/news.txt,tiny={root}/tiny.txt")
-  with pytest.raises(ValueError, match=r"eval set 'tiny' \(.*tiny.txt\) has \d+ tokens, fewer than one window of "
-                                       r"seq_len \+ 1 = 33"):
+  with pytest.raises(
+    ValueError,
+    match=r"eval set 'tiny' \(.*tiny.txt\) has \d+ tokens, fewer than one window of "
+    r"seq_len \+ 1 = 33",
+  ):
     data.eval_sets(cfg, prepared)
   with pytest.raises(FileNotFoundError, match="eval set 'gone': no file matches"):
     data.eval_sets(small(root, eval_sets=f"gone={root}/gone/*.txt"), prepared)
@@ -100,12 +117,13 @@ def test_filtered_keeps_exactly_the_evaluated_windows_whose_tokens_the_training_
   train, stream = rng.integers(0, 12, 40), rng.integers(0, 16, 4 * 9 + 5)  # ids 12…15 never occur in training
   seen_V = evaluation_sets.seen_tokens(train, 16)
   assert seen_V.tolist() == [i in set(train.tolist()) for i in range(16)]
-  assert evaluation_sets.seen_tokens(train, 16, sample_tokens=5).tolist() == [i in set(train[:5].tolist())
-                                                                             for i in range(16)]
+  assert evaluation_sets.seen_tokens(train, 16, sample_tokens=5).tolist() == [
+    i in set(train[:5].tolist()) for i in range(16)
+  ]
   expected = []  # by hand: the windows evaluation reads (non-overlapping, 9 tokens each), kept when all ids are seen
   for start in range(0, len(stream) - 8, 9):
-    if all(seen_V[t] for t in stream[start:start + 9]):
-      expected += stream[start:start + 9].tolist()
+    if all(seen_V[t] for t in stream[start : start + 9]):
+      expected += stream[start : start + 9].tolist()
   got = evaluation_sets.filtered(stream, seen_V, seq_len=8)
   assert got.tolist() == expected and 0 < len(expected) < 36
   windows = next(data.eval_windows(got, len(expected) // 9, 8, 1, "the filtered set"))
@@ -113,13 +131,20 @@ def test_filtered_keeps_exactly_the_evaluated_windows_whose_tokens_the_training_
 
 
 def test_filtered_eval_sets_are_evaluated_beside_their_sets(root, prepared):
-  cfg = small(root, eval_sets=f"books={root}/books/*.txt,news={root}/news.txt", filtered_eval_sets="books",
-              filter_sample_tokens=2000)
+  cfg = small(
+    root,
+    eval_sets=f"books={root}/books/*.txt,news={root}/news.txt",
+    filtered_eval_sets="books",
+    filter_sample_tokens=2000,
+  )
   sets = data.eval_sets(cfg, prepared)
   assert list(sets) == ["books", "news", "books_filtered"]
   seen_V = evaluation_sets.seen_tokens(prepared.tokens("train")[:2000], prepared.tokenizer.vocab_size)
   np.testing.assert_array_equal(sets["books_filtered"], evaluation_sets.filtered(sets["books"], seen_V, 32))
   assert 0 < sets["books_filtered"].size < sets["books"].size  # a small sample leaves some ids unseen
-  with pytest.raises(ValueError, match="data.filtered_eval_sets names 'wiki', which is not in data.eval_sets "
-                                       r"\(books\); name one of those"):
+  with pytest.raises(
+    ValueError,
+    match="data.filtered_eval_sets names 'wiki', which is not in data.eval_sets "
+    r"\(books\); name one of those",
+  ):
     data.eval_sets(small(root, eval_sets=f"books={root}/books/*.txt", filtered_eval_sets="wiki"), prepared)

@@ -30,9 +30,19 @@ def write_corpus(directory: Path) -> tuple[list[str], list[str]]:
 
 def text_cfg(tmp_path: Path, **overrides) -> dict:
   """A `cfg.data` for the small text corpus, with GPT-2's tokenizer."""
-  return dict(source="text", data_dir=str(tmp_path / "cache"), text_train=str(tmp_path / "corpus" / "train.txt"),
-              text_valid=str(tmp_path / "corpus" / "valid.txt"), tokenizer="gpt2", tokenizer_dir=str(GPT2_DIR),
-              vocab_size=50257, seq_len=32) | overrides
+  return (
+    dict(
+      source="text",
+      data_dir=str(tmp_path / "cache"),
+      text_train=str(tmp_path / "corpus" / "train.txt"),
+      text_valid=str(tmp_path / "corpus" / "valid.txt"),
+      tokenizer="gpt2",
+      tokenizer_dir=str(GPT2_DIR),
+      vocab_size=50257,
+      seq_len=32,
+    )
+    | overrides
+  )
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +73,8 @@ def test_streams_are_doc_then_eot_without_bos(prepared, corpus):
     assert len(eot) == len(docs) == prepared.meta["splits"][split]["num_documents"]
     assert eot[-1] == len(tokens) - 1 and tokens[0] != tok.eos_id  # EOT after every document, none before the first
     bounds = zip([-1, *eot[:-1]], eot)
-    assert [tok.decode(tokens[a + 1:b]) for a, b in bounds] == docs
-    assert tokens[:eot[0]].tolist() == tok.encode(docs[0])
+    assert [tok.decode(tokens[a + 1 : b]) for a, b in bounds] == docs
+    assert tokens[: eot[0]].tolist() == tok.encode(docs[0])
   assert prepared.meta["tokenizer"] == dict(kind="gpt2", files_sha256=gpt2_bpe.files_digest(GPT2_DIR))
 
 
@@ -111,8 +121,9 @@ def test_changed_tokenizer_files_in_the_cache_are_a_clear_error(corpus, tmp_path
 
 
 def test_bad_tokenizer_fields_are_clear_errors(tmp_path):
-  base = dict(source="synthetic", data_dir=str(tmp_path), synthetic_train_stories=50, synthetic_valid_stories=5,
-              vocab_size=300)
+  base = dict(
+    source="synthetic", data_dir=str(tmp_path), synthetic_train_stories=50, synthetic_valid_stories=5, vocab_size=300
+  )
   with pytest.raises(ValueError, match=r"data.tokenizer must be one of \('sentencepiece', 'gpt2'\), got 'bpe'"):
     data.prepare(base | dict(tokenizer="bpe"))
   with pytest.raises(ValueError, match="needs data.tokenizer_dir"):

@@ -28,7 +28,7 @@ def write_shards(directory: Path, docs: list[str], per_shard: int, layout: str =
   (directory / layout).mkdir(parents=True, exist_ok=True)
   paths = []
   for k, start in enumerate(range(0, len(docs), per_shard)):
-    rows = docs[start:start + per_shard]
+    rows = docs[start : start + per_shard]
     table = pa.table({"text": rows, "id": list(range(start, start + len(rows)))})
     paths.append(directory / layout / f"{k:04d}.parquet")
     pq.write_table(table, paths[-1], row_group_size=7)
@@ -37,8 +37,10 @@ def write_shards(directory: Path, docs: list[str], per_shard: int, layout: str =
 
 def owt_cfg(tmp_path: Path, **overrides) -> dict:
   """A small openwebtext `cfg.data`: a 5% held-out share so a few hundred documents give a validation split."""
-  return dict(source="openwebtext", data_dir=str(tmp_path / "cache"), validation_fraction=0.05, vocab_size=500,
-              seq_len=32) | overrides
+  return (
+    dict(source="openwebtext", data_dir=str(tmp_path / "cache"), validation_fraction=0.05, vocab_size=500, seq_len=32)
+    | overrides
+  )
 
 
 class FakeHub:
@@ -109,7 +111,7 @@ def test_prepare_from_a_manual_dir(tmp_path):
   expected = list(owt.split_documents(docs, "validation", 0.05, corpora.DEFAULTS["validation_seed"], 8))
   tok, tokens = prepared.tokenizer, np.asarray(prepared.tokens("validation"))
   bos, eos = np.flatnonzero(tokens == tok.bos_id), np.flatnonzero(tokens == tok.eos_id)
-  assert [tok.decode(tokens[b + 1:e]) for b, e in zip(bos, eos)] == expected
+  assert [tok.decode(tokens[b + 1 : e]) for b, e in zip(bos, eos)] == expected
   full = data.prepare(cfg | dict(max_documents=0))
   assert full.name == "openwebtext" and full.path != prepared.path
   assert full.meta["splits"]["train"]["num_documents"] + full.meta["splits"]["validation"]["num_documents"] == 400
@@ -126,7 +128,7 @@ def test_hub_path_downloads_only_the_shards_it_reads(tmp_path, hub, monkeypatch)
   assert manifest["revision"] == "refs/convert/parquet"
   assert manifest["files"] == [f"{TRAIN_LAYOUT}/{k:04d}.parquet" for k in range(6)]
   assert hub.listed == ["refs/convert/parquet"]
-  assert hub.downloaded and hub.downloaded == manifest["files"][:len(hub.downloaded)] and len(hub.downloaded) < 6
+  assert hub.downloaded and hub.downloaded == manifest["files"][: len(hub.downloaded)] and len(hub.downloaded) < 6
   assert prepared.meta["splits"]["train"]["num_documents"] == 50
   hub.listed.clear()
   full = data.prepare(owt_cfg(tmp_path))  # the manifest is reused; downloaded shards are kept
@@ -135,11 +137,14 @@ def test_hub_path_downloads_only_the_shards_it_reads(tmp_path, hub, monkeypatch)
 
 
 def test_hub_falls_back_to_a_partial_conversion(tmp_path, hub, caplog):
-  write_shards(tmp_path / "hub" / "refs_convert_parquet", documents(40), per_shard=20,
-               layout="plain_text/partial-train")
+  write_shards(
+    tmp_path / "hub" / "refs_convert_parquet", documents(40), per_shard=20, layout="plain_text/partial-train"
+  )
   revision, names = owt.hub_shards(tmp_path / "downloads")
-  assert revision == "refs/convert/parquet" and names == ["plain_text/partial-train/0000.parquet",
-                                                          "plain_text/partial-train/0001.parquet"]
+  assert revision == "refs/convert/parquet" and names == [
+    "plain_text/partial-train/0000.parquet",
+    "plain_text/partial-train/0001.parquet",
+  ]
   assert hub.listed == ["refs/convert/parquet", "main"] and "partial parquet conversion" in caplog.text
 
 
@@ -153,9 +158,14 @@ def test_offline_error_names_the_repo_the_files_and_manual_dir(tmp_path, monkeyp
   with pytest.raises(RuntimeError) as info:
     data.prepare(owt_cfg(tmp_path))
   message = str(info.value)
-  for needle in ("Skylion007/openwebtext", "plain_text/train/*.parquet at revision refs/convert/parquet",
-                 "plain_text/partial-train/*.parquet", "OfflineModeIsEnabled", "--config.data.manual_dir=DIR",
-                 "hf download Skylion007/openwebtext --repo-type dataset --revision refs/convert/parquet"):
+  for needle in (
+    "Skylion007/openwebtext",
+    "plain_text/train/*.parquet at revision refs/convert/parquet",
+    "plain_text/partial-train/*.parquet",
+    "OfflineModeIsEnabled",
+    "--config.data.manual_dir=DIR",
+    "hf download Skylion007/openwebtext --repo-type dataset --revision refs/convert/parquet",
+  ):
     assert needle in message
   assert not (tmp_path / "cache" / "downloads" / "openwebtext" / owt.MANIFEST).exists()
 
@@ -190,8 +200,16 @@ GPT2_DIR = SHARED_DATA / "gpt2"
 def test_gpt2_tokens_put_one_eot_after_each_document(tmp_path):
   docs = [*documents(60), "A page quoting <|endoftext|> as text."]
   write_shards(tmp_path / "owt", docs, per_shard=30)
-  prepared = data.prepare(owt_cfg(tmp_path, manual_dir=str(tmp_path / "owt"), tokenizer="gpt2",
-                                  tokenizer_dir=str(GPT2_DIR), vocab_size=50257, validation_fraction=0.2))
+  prepared = data.prepare(
+    owt_cfg(
+      tmp_path,
+      manual_dir=str(tmp_path / "owt"),
+      tokenizer="gpt2",
+      tokenizer_dir=str(GPT2_DIR),
+      vocab_size=50257,
+      validation_fraction=0.2,
+    )
+  )
   tok = prepared.tokenizer
   train = list(owt.split_documents(docs, "train", 0.2, corpora.DEFAULTS["validation_seed"], None))
   assert docs[-1] in train  # its literal `<|endoftext|>` is text: no EOT inside it

@@ -106,8 +106,15 @@ def test_eval_batches_repeat_windows_when_the_split_is_short():
 
 
 def test_real_prepared_windows_are_stream_slices(tmp_path):
-  prepared = data.prepare(dict(source="synthetic", data_dir=str(tmp_path), synthetic_train_stories=100,
-                               synthetic_valid_stories=20, vocab_size=400))
+  prepared = data.prepare(
+    dict(
+      source="synthetic",
+      data_dir=str(tmp_path),
+      synthetic_train_stories=100,
+      synthetic_valid_stories=20,
+      vocab_size=400,
+    )
+  )
   tokens = np.asarray(prepared.tokens("train")).astype(np.int32)
   windows = np.lib.stride_tricks.sliding_window_view(tokens, 33)
   batch = next(data.train_iterator(prepared, 4, 32, seed=0, process_index=0, process_count=1))

@@ -15,8 +15,18 @@ from tapernorm_jax.tokenizers import sentencepiece as tokenizer_lib
 
 def small(tmp_path, **overrides) -> dict:
   """A small synthetic-corpus `cfg.data`."""
-  return dict(source="synthetic", data_dir=str(tmp_path), synthetic_train_stories=300, synthetic_valid_stories=30,
-              synthetic_seed=0, vocab_size=500, seq_len=64) | overrides
+  return (
+    dict(
+      source="synthetic",
+      data_dir=str(tmp_path),
+      synthetic_train_stories=300,
+      synthetic_valid_stories=30,
+      synthetic_seed=0,
+      vocab_size=500,
+      seq_len=64,
+    )
+    | overrides
+  )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +55,7 @@ def test_streams_are_bos_doc_eos_per_document(prepared):
   eos = np.flatnonzero(tokens == tok.eos_id)
   assert len(bos) == len(eos) == 30 and bos[0] == 0 and eos[-1] == len(tokens) - 1
   docs = list(stories.generate(30, seed=0, split="validation"))
-  assert [tok.decode(tokens[b + 1:e]) for b, e in zip(bos, eos)] == docs
+  assert [tok.decode(tokens[b + 1 : e]) for b, e in zip(bos, eos)] == docs
 
 
 def test_tune_frac_holds_out_the_train_streams_last_whole_documents(cache_dir, prepared):
@@ -57,7 +67,7 @@ def test_tune_frac_holds_out_the_train_streams_last_whole_documents(cache_dir, p
   assert train[-1] == tok.eos_id and tune[0] == tok.bos_id  # cut between documents
   docs = list(stories.generate(300, seed=0, split="train"))  # the tune split is the corpus's last stories
   n_tune = int((tune == tok.bos_id).sum())
-  assert tok.decode(tune[1:np.flatnonzero(tune == tok.eos_id)[0]]) == docs[-n_tune]
+  assert tok.decode(tune[1 : np.flatnonzero(tune == tok.eos_id)[0]]) == docs[-n_tune]
   longest = np.diff(np.flatnonzero(whole == tok.bos_id)).max()  # the cut is the first document start past 90%
   assert 0 <= 0.1 * len(whole) - len(tune) < longest + 1
   np.testing.assert_array_equal(held.tokens("validation"), prepared.tokens("validation"))  # the reported split
@@ -162,8 +172,13 @@ def test_text_source(tmp_path):
   for i in range(3):
     (tmp_path / "train" / f"part{i}.txt").write_text(" ## ".join(docs[i::3]))
   (tmp_path / "valid.txt").write_bytes(" ## ".join(stories.generate(20, split="validation")).encode() + b" \xff ## x")
-  cfg = small(tmp_path, source="text", text_train=str(tmp_path / "train" / "*.txt"),
-              text_valid=str(tmp_path / "valid.txt"), text_separator="##")
+  cfg = small(
+    tmp_path,
+    source="text",
+    text_train=str(tmp_path / "train" / "*.txt"),
+    text_valid=str(tmp_path / "valid.txt"),
+    text_separator="##",
+  )
   prepared = data.prepare(cfg)
   assert prepared.name == f"text(train={tmp_path}/train/*.txt,valid={tmp_path}/valid.txt)"
   assert prepared.meta["splits"]["train"]["num_documents"] == 300

@@ -89,8 +89,15 @@ def test_offline_without_manual_dir_names_everything(tmp_path, monkeypatch):
     ts.ensure_prepared(tmp_path / "cache", "")
   message = str(info.value)
   downloads = str(tmp_path / "cache" / "downloads" / "tinystories")
-  for needle in (ts.BASE_URL + TRAIN, downloads, "data.manual_dir is not set", "data.manual_dir=DIR", TRAIN, VALID,
-                 "source=synthetic"):
+  for needle in (
+    ts.BASE_URL + TRAIN,
+    downloads,
+    "data.manual_dir is not set",
+    "data.manual_dir=DIR",
+    TRAIN,
+    VALID,
+    "source=synthetic",
+  ):
     assert needle in message
   assert not (tmp_path / "cache" / "tfds" / ts.NAME / "1.0.0").exists()
 

@@ -60,12 +60,14 @@ def training_points(name: str, steps: int, every: int, count: int = 2) -> list[t
 def training_ready(workdirs: Sequence[str], kind: str, step: int, every: int) -> Callable[[], bool]:
   """True once any of `workdirs` reached `step` (kind 'step'), or once a save after it is in flight (kind 'save'; after
   one more checkpoint interval if no save was seen)."""
+
   def ready() -> bool:
     for workdir in workdirs:
       reached = last_step(workdir)
       if reached >= step and (kind == "step" or saving(workdir) or reached >= step + every):
         return True
     return False
+
   return ready
 
 

@@ -31,11 +31,12 @@ def small_disk(tmp_path):
   """A 8 MB tmpfs mounted for the test (root only); skipped, with the reason, where it cannot be mounted."""
   mount = tmp_path / "disk"
   mount.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True,
-                        text=True)
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True)
   if done.returncode:
-    pytest.skip(f"cannot mount a small tmpfs to fill here ({(done.stderr or 'mount failed').strip()}); the test "
-                "needs root (or CAP_SYS_ADMIN)")
+    pytest.skip(
+      f"cannot mount a small tmpfs to fill here ({(done.stderr or 'mount failed').strip()}); the test "
+      "needs root (or CAP_SYS_ADMIN)"
+    )
   yield mount
   subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -64,8 +65,9 @@ def config(data_dir: str):
 
 
 @pytest.mark.slow  # three short runs
-def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_resumes_bit_exact(small_disk, tmp_path,
-                                                                                              reference):
+def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_resumes_bit_exact(
+  small_disk, tmp_path, reference
+):
   cfg = lambda: config(str(tmp_path / "data"))
   reference_dir, reference = reference
   workdir = str(small_disk / "run")
@@ -93,8 +95,9 @@ def test_a_checkpoint_save_that_fills_the_disk_stops_in_one_line_and_the_run_res
 
 
 @pytest.mark.slow  # two short runs
-def test_a_disk_that_fills_mid_save_is_one_line_and_orbax_s_tracebacks_go_to_a_file(small_disk, tmp_path, monkeypatch,
-                                                                                    capfd):
+def test_a_disk_that_fills_mid_save_is_one_line_and_orbax_s_tracebacks_go_to_a_file(
+  small_disk, tmp_path, monkeypatch, capfd
+):
   cfg = lambda: config(str(tmp_path / "data"))
   workdir = str(small_disk / "run")
   loop.run(cfg(), workdir, stop_after=8)

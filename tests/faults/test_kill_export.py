@@ -26,11 +26,31 @@ def writing(out: str, stage: str):
 @pytest.mark.slow  # a training run and five exports
 def test_an_export_killed_anywhere_is_written_again_whole(tmp_path):
   run = str(tmp_path / "run")
-  kills.run([sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py", f"--workdir={run}",
-             *(f"--config.{k}={v}" for k, v in {
-                 **MODEL, "train.steps": 4, "train.batch_size": 4, "train.eval_batches": 1, "checkpoint.every": 4,
-                 "taper.taper_end": 3, "taper.gate_warmup_frac": 0.25, "data.data_dir": tmp_path / "data",
-                 "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 30}.items())], env=ENV)
+  kills.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.tinystories",
+      "--config=configs/all_taper.py",
+      f"--workdir={run}",
+      *(
+        f"--config.{k}={v}"
+        for k, v in {
+          **MODEL,
+          "train.steps": 4,
+          "train.batch_size": 4,
+          "train.eval_batches": 1,
+          "checkpoint.every": 4,
+          "taper.taper_end": 3,
+          "taper.gate_warmup_frac": 0.25,
+          "data.data_dir": tmp_path / "data",
+          "data.synthetic_train_stories": 200,
+          "data.synthetic_valid_stories": 30,
+        }.items()
+      ),
+    ],
+    env=ENV,
+  )
   generate = [sys.executable, "-m", "experiments.generate", f"--workdir={run}", "--tokens=1", "--max_new_tokens=1"]
   reference, out = str(tmp_path / "reference"), str(tmp_path / "killed")
   kills.run([*generate, f"--export_dir={reference}"], env=ENV)
@@ -53,6 +73,8 @@ def test_an_export_killed_anywhere_is_written_again_whole(tmp_path):
     assert got.info == expected.info and got.model_cfg == expected.model_cfg, where
     assert jax.tree.structure(got.variables) == jax.tree.structure(expected.variables), where
     jax.tree.map(np.testing.assert_array_equal, got.variables, expected.variables)
-  with open(os.path.join(reference, export.SAFETENSORS_FILE), "rb") as f, open(
-      os.path.join(out, export.SAFETENSORS_FILE), "rb") as g:
+  with (
+    open(os.path.join(reference, export.SAFETENSORS_FILE), "rb") as f,
+    open(os.path.join(out, export.SAFETENSORS_FILE), "rb") as g,
+  ):
     assert f.read() == g.read(), where

@@ -13,19 +13,27 @@ import kills
 
 STEPS, EVERY = 24, 6
 CELLS = ("baseline-cpu-aux0-seed0", "all_taper-cpu-aux1-seed0")
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
-       "SOURCE_DATE_EPOCH": "1767225600"}  # reports stamped with one time, whenever their minute
+ENV = {
+  **os.environ,
+  "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+  "SOURCE_DATE_EPOCH": "1767225600",
+}  # reports stamped with one time, whenever their minute
 
 
 def sweep_file(tmp_path) -> str:
   """A two-cell sweep of a tiny model."""
-  sweep = {"name": "tiny", "seeds": (0,), "grids": [dict(variants=["baseline", "all_taper"], sizes=["cpu"])],
-           "overrides": {"model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
-                         "train": {"steps": STEPS, "batch_size": 4, "log_every": 3, "diag_every": 6,
-                                   "eval_batches": 1},
-                         "checkpoint": {"every": EVERY, "keep": 100}, "taper": {"gate_warmup_frac": 0.25},
-                         "data": {"synthetic_train_stories": 200, "synthetic_valid_stories": 30,
-                                  "data_dir": str(tmp_path / "data")}}}
+  sweep = {
+    "name": "tiny",
+    "seeds": (0,),
+    "grids": [dict(variants=["baseline", "all_taper"], sizes=["cpu"])],
+    "overrides": {
+      "model": {"D": 32, "H": 4, "L": 1, "T": 32, "V": 512},
+      "train": {"steps": STEPS, "batch_size": 4, "log_every": 3, "diag_every": 6, "eval_batches": 1},
+      "checkpoint": {"every": EVERY, "keep": 100},
+      "taper": {"gate_warmup_frac": 0.25},
+      "data": {"synthetic_train_stories": 200, "synthetic_valid_stories": 30, "data_dir": str(tmp_path / "data")},
+    },
+  }
   path = tmp_path / "tiny.py"
   path.write_text(f"import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({sweep!r})\n")
   return str(path)
@@ -34,10 +42,12 @@ def sweep_file(tmp_path) -> str:
 def sweep_ready(study: str, kind: str, steps: int):
   """True once the cells' steps add up to `steps` (kind 'step'), and a save is in flight in one (kind 'save'; or
   once they add up to one interval more)."""
+
   def ready() -> bool:
     dirs = [os.path.join(study, cell) for cell in CELLS]
     reached = sum(kills.last_step(d) for d in dirs)
     return reached >= steps and (kind == "step" or any(kills.saving(d) for d in dirs) or reached >= steps + EVERY)
+
   return ready
 
 
@@ -52,8 +62,9 @@ def test_a_sweep_and_its_report_killed_anywhere_end_as_if_they_never_were(tmp_pa
   reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")
   kills.run([*sweep, f"--workdir={reference}"], env=ENV)
   draw = kills.rng("sweep")
-  points = [("step", 1)] + sorted(((kind, draw.randrange(EVERY, 2 * STEPS - 2)) for kind in ("step", "save")),
-                                  key=lambda point: point[1])
+  points = [("step", 1)] + sorted(
+    ((kind, draw.randrange(EVERY, 2 * STEPS - 2)) for kind in ("step", "save")), key=lambda point: point[1]
+  )
   history = []
   for kind, steps in points:
     proc = kills.start([*sweep, f"--workdir={killed}"], env=ENV)

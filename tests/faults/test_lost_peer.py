@@ -21,9 +21,11 @@ from tapernorm_jax.train import peers, run_config
 STEPS, EVERY, TIMEOUT_S = 12, 4, 5
 MARGIN_S = 10  # detection takes TIMEOUT_S + one heartbeat interval (0.5 s); the rest is for 2 busy cores
 CHANGES = {"train.steps": STEPS, "checkpoint.every": EVERY, "checkpoint.keep": 100, "mesh.peer_timeout_s": TIMEOUT_S}
-LINE = re.compile(r"error: process 1 was lost \(no heartbeat for 5 s, mesh\.peer_timeout_s=5\) at step (\d+) of "
-                  r"process 0; (?:the last complete checkpoint is step (\d+) in \S+|no complete checkpoint in \S+ "
-                  r"\(a relaunch starts over\)); relaunch every process with the same command to resume")
+LINE = re.compile(
+  r"error: process 1 was lost \(no heartbeat for 5 s, mesh\.peer_timeout_s=5\) at step (\d+) of "
+  r"process 0; (?:the last complete checkpoint is step (\d+) in \S+|no complete checkpoint in \S+ "
+  r"\(a relaunch starts over\)); relaunch every process with the same command to resume"
+)
 
 
 @pytest.mark.slow  # three 2-process runs
@@ -81,8 +83,16 @@ def test_a_process_blocked_for_good_is_stopped_when_the_other_is_lost(tmp_path, 
   for name in ("3", "6", "9.orbax-checkpoint-tmp-1"):  # 9: a save in flight, not complete
     (checkpoints / name).mkdir(parents=True)
   port, logs = free_port(), [tmp_path / f"stderr{i}" for i in range(2)]
-  procs = [subprocess.Popen([sys.executable, "-c", BLOCKED, str(port), str(i), str(checkpoints)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=open(logs[i], "w"), text=True) for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", BLOCKED, str(port), str(i), str(checkpoints)],
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=open(logs[i], "w"),
+      text=True,
+    )
+    for i in range(2)
+  ]
   try:
     assert [p.stdout.readline() for p in procs] == ["blocked\n"] * 2, [log.read_text() for log in logs]
     procs[lost].send_signal(signal.SIGKILL)
@@ -95,9 +105,11 @@ def test_a_process_blocked_for_good_is_stopped_when_the_other_is_lost(tmp_path, 
       p.wait()
   if lost == 1:
     assert survivor.returncode == peers.EXIT_LOST and 2 <= stopped_s < 2 + 10, (stopped_s, stderr[-3000:])
-    assert (f"\nerror: process 1 was lost (no heartbeat for 2 s, mesh.peer_timeout_s=2) at step 7 of process 0; the "
-            f"last complete checkpoint is step 6 in {checkpoints}; relaunch every process with the same command to "
-            "resume\n") in stderr
+    assert (
+      f"\nerror: process 1 was lost (no heartbeat for 2 s, mesh.peer_timeout_s=2) at step 7 of process 0; the "
+      f"last complete checkpoint is step 6 in {checkpoints}; relaunch every process with the same command to "
+      "resume\n"
+    ) in stderr
   else:
     assert survivor.returncode == -signal.SIGABRT and stopped_s < 2, (stopped_s, stderr[-3000:])
     assert "Terminating process because the JAX distributed service detected fatal errors" in stderr

@@ -39,19 +39,33 @@ def offline(monkeypatch, tmp_path):
 def run_dir(tmp_path_factory) -> str:
   """A tiny all_taper run on the synthetic corpus (SentencePiece), trained past its taper so the gate is 0."""
   root = tmp_path_factory.mktemp("harness")
-  cfg = run_config.override(run_config.get_config("all_taper", "size=cpu"), {
-      "model.D": 32, "model.H": 4, "model.L": 1, "model.T": 64, "model.V": 512, "train.steps": 8,
-      "train.batch_size": 8, "train.eval_batches": 1, "checkpoint.every": 4, "taper.gate_warmup_frac": 0.25,
+  cfg = run_config.override(
+    run_config.get_config("all_taper", "size=cpu"),
+    {
+      "model.D": 32,
+      "model.H": 4,
+      "model.L": 1,
+      "model.T": 64,
+      "model.V": 512,
+      "train.steps": 8,
+      "train.batch_size": 8,
+      "train.eval_batches": 1,
+      "checkpoint.every": 4,
+      "taper.gate_warmup_frac": 0.25,
       "data.data_dir": str(root / "data"),
-      "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 30})
+      "data.synthetic_train_stories": 200,
+      "data.synthetic_valid_stories": 30,
+    },
+  )
   loop.run(cfg, str(root / "run"), devices=jax.devices()[:4])
   return str(root / "run")
 
 
 def evaluate(lm: TaperNormLM, tasks: list[str]) -> dict:
   """The harness on the local tasks, with every request's response kept."""
-  return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=str(HERE)),
-                                 log_samples=True, verbosity="WARNING")
+  return lm_eval.simple_evaluate(
+    model=lm, tasks=tasks, task_manager=TaskManager(include_path=str(HERE)), log_samples=True, verbosity="WARNING"
+  )
 
 
 def log_likelihoods(sample: dict) -> list[float]:
@@ -70,7 +84,7 @@ def direct_log_probs(path: str, tokens: list[int]) -> np.ndarray:
 def continuation_log_prob(lm: TaperNormLM, path: str, context: str, continuation: str) -> float:
   """The harness's split of context and continuation into tokens, scored by `direct_log_probs`."""
   whole, head = lm.tok_encode(context + continuation), lm.tok_encode(context)
-  return float(direct_log_probs(path, whole)[len(head) - 1:].sum())
+  return float(direct_log_probs(path, whole)[len(head) - 1 :].sum())
 
 
 def test_log_likelihoods_equal_the_models_own_forward_and_the_forms_agree(run_dir):
@@ -89,7 +103,8 @@ def test_log_likelihoods_equal_the_models_own_forward_and_the_forms_agree(run_di
     for a, b in pairs:
       assert log_likelihoods(a) == pytest.approx(log_likelihoods(b), abs=1e-3)
   assert folded["results"]["tapernorm_tiny_choice"]["acc,none"] == pytest.approx(
-      unfolded["results"]["tapernorm_tiny_choice"]["acc,none"])
+    unfolded["results"]["tapernorm_tiny_choice"]["acc,none"]
+  )
 
 
 def test_generation_is_the_greedy_continuation_cut_at_the_stop_sequences(run_dir):
@@ -102,12 +117,12 @@ def test_generation_is_the_greedy_continuation_cut_at_the_stop_sequences(run_dir
     new = []
     for _ in range(12):  # greedy by full forwards, no cache: a second path to the same tokens (causal: the zeros
       padded_1xT = np.zeros((1, loaded.model_cfg.T), np.int32)  # after the sequence change nothing before them)
-      padded_1xT[0, :len(tokens) + len(new)] = tokens + new
+      padded_1xT[0, : len(tokens) + len(new)] = tokens + new
       new.append(int(np.argmax(forward(padded_1xT)[0, len(tokens) + len(new) - 1])))
       if new[-1] == lm.eot_token_id:
         break
     text = lm.tok_decode(new)
-    cut = min((text[:text.index(s)] for s in (".", "\n") if s in text), key=len, default=text)
+    cut = min((text[: text.index(s)] for s in (".", "\n") if s in text), key=len, default=text)
     assert sample["resps"][0][0] == cut and "." not in cut and "\n" not in cut
 
 
@@ -126,13 +141,31 @@ def test_a_gpt2_export_with_its_bpe_tokenizer_is_scored_the_same_way(tmp_path):
 
 
 def test_the_command_line_is_lm_evals_own_with_the_model_registered(run_dir, tmp_path):
-  done = subprocess.run([sys.executable, "-m", "tapernorm_jax.harness", "--model", "tapernorm", "--model_args",
-                         f"path={run_dir},form=folded", "--tasks", TASKS[0], "--include_path", str(HERE),
-                         "--output_path", str(tmp_path / "out")], cwd=tmp_path, capture_output=True, text=True,
-                        timeout=600)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "tapernorm_jax.harness",
+      "--model",
+      "tapernorm",
+      "--model_args",
+      f"path={run_dir},form=folded",
+      "--tasks",
+      TASKS[0],
+      "--include_path",
+      str(HERE),
+      "--output_path",
+      str(tmp_path / "out"),
+    ],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
-  (written,) = [os.path.join(d, f) for d, _, names in os.walk(tmp_path / "out") for f in names
-                if f.startswith("results")]
+  (written,) = [
+    os.path.join(d, f) for d, _, names in os.walk(tmp_path / "out") for f in names if f.startswith("results")
+  ]
   with open(written) as f:
     acc = json.load(f)["results"][TASKS[0]]["acc,none"]
   assert acc == evaluate(TaperNormLM(run_dir), TASKS[:1])["results"][TASKS[0]]["acc,none"]

@@ -22,9 +22,14 @@ from locations import SHARED_DATA, FIXTURES
 FIXTURE = FIXTURES / "tiny_gpt2"  # made by scripts/make_gpt2_fixture.py
 GPT2_DATA = SHARED_DATA / "gpt2"  # GPT-2's real vocab.json, merges.txt
 needs_gpt2_data = pytest.mark.skipif(not (GPT2_DATA / "vocab.json").is_file(), reason=f"no {GPT2_DATA}")
-TEXTS = ["Hello world", "Once upon a time, there was a little cat.\nIt liked milk.\n\n",
-         "  leading and trailing spaces  ", "unicode: héllo wörld — naïve café, 日本語, emoji 🙂", "tabs\tand\r\nCRLF",
-         "a literal <|endoftext|> stays text"]
+TEXTS = [
+  "Hello world",
+  "Once upon a time, there was a little cat.\nIt liked milk.\n\n",
+  "  leading and trailing spaces  ",
+  "unicode: héllo wörld — naïve café, 日本語, emoji 🙂",
+  "tabs\tand\r\nCRLF",
+  "a literal <|endoftext|> stays text",
+]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +76,13 @@ def test_logits_match_pytorch_reference(loaded):
 def test_model_config_reproduces_config_json(loaded, hf_config):
   _, cfg = loaded
   assert (cfg.family, cfg.V, cfg.D, cfg.H, cfg.L, cfg.T) == (
-      "gpt2", hf_config["vocab_size"], hf_config["n_embd"], hf_config["n_head"], hf_config["n_layer"],
-      hf_config["n_positions"])
+    "gpt2",
+    hf_config["vocab_size"],
+    hf_config["n_embd"],
+    hf_config["n_head"],
+    hf_config["n_layer"],
+    hf_config["n_positions"],
+  )
   assert cfg.F == cfg.mlp_dim == (hf_config["n_inner"] or 4 * hf_config["n_embd"])
   assert cfg.eps == hf_config["layer_norm_epsilon"]
   assert (cfg.internal_norm, cfg.final_norm, cfg.tie_embeddings, cfg.logits_bias) == ("plain", "plain", True, False)
@@ -107,7 +117,7 @@ def test_qkv_and_heads_split_order(loaded, hf_tensors):
       np.testing.assert_array_equal(attn[param_paths.QKV][:, s, h], c_attn_Dx3D[:, cols])
       np.testing.assert_array_equal(attn[param_paths.QKV_BIAS][s, h], c_attn_3D[cols])
   for h in range(cfg.H):
-    np.testing.assert_array_equal(attn[param_paths.ATTN_OUT][h], c_proj_DxD[h * K:(h + 1) * K])
+    np.testing.assert_array_equal(attn[param_paths.ATTN_OUT][h], c_proj_DxD[h * K : (h + 1) * K])
 
 
 def test_buffers_and_tied_head_are_ignored_and_prefix_is_optional(tmp_path, loaded, hf_tensors):
@@ -120,15 +130,24 @@ def test_buffers_and_tied_head_are_ignored_and_prefix_is_optional(tmp_path, load
   jax.tree.map(np.testing.assert_array_equal, again, variables)
 
 
-@pytest.mark.parametrize("change, message", [
+@pytest.mark.parametrize(
+  "change, message",
+  [
     (lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"), r"h\.1\.mlp\.c_fc\.bias is missing \(expected shape \(256,\)"),
-    (lambda t: t.update({"transformer.h.2.mlp.c_fc.weight": np.zeros((64, 250), np.float32)}),
-     r"h\.2\.mlp\.c_fc\.weight has shape \(64, 250\), expected \(64, 256\) from config.json n_embd=64"),
-    (lambda t: t.update({"transformer.h.0.attn.c_attn.weight": np.zeros((64, 64), np.float32)}),
-     r"h\.0\.attn\.c_attn\.weight has shape \(64, 64\), expected \(64, 192\)"),
-    (lambda t: t.update({"transformer.h.3.ln_1.weight": np.ones(64, np.float32)}),
-     r"unexpected tensor\(s\) h\.3\.ln_1\.weight \(config.json n_layer=3"),
-])
+    (
+      lambda t: t.update({"transformer.h.2.mlp.c_fc.weight": np.zeros((64, 250), np.float32)}),
+      r"h\.2\.mlp\.c_fc\.weight has shape \(64, 250\), expected \(64, 256\) from config.json n_embd=64",
+    ),
+    (
+      lambda t: t.update({"transformer.h.0.attn.c_attn.weight": np.zeros((64, 64), np.float32)}),
+      r"h\.0\.attn\.c_attn\.weight has shape \(64, 64\), expected \(64, 192\)",
+    ),
+    (
+      lambda t: t.update({"transformer.h.3.ln_1.weight": np.ones(64, np.float32)}),
+      r"unexpected tensor\(s\) h\.3\.ln_1\.weight \(config.json n_layer=3",
+    ),
+  ],
+)
 def test_mismatched_checkpoint_names_the_tensor(tmp_path, hf_tensors, change, message):
   tensors = dict(hf_tensors)
   change(tensors)
@@ -136,19 +155,22 @@ def test_mismatched_checkpoint_names_the_tensor(tmp_path, hf_tensors, change, me
     gpt2.load_gpt2(str(_copy_fixture(tmp_path, tensors=tensors)))
 
 
-@pytest.mark.parametrize("field, value, message", [
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
     ("activation_function", "relu", r"activation_function=\"relu\""),
     ("n_layer", 4, r"h\.3\.ln_1\.weight is missing"),
     ("n_embd", None, r"n_embd=null: missing"),
     ("model_type", "llama", r"model_type=\"llama\""),
     ("scale_attn_by_inverse_layer_idx", True, r"scale_attn_by_inverse_layer_idx=true"),
-])
+  ],
+)
 def test_unsupported_config_names_the_field(tmp_path, hf_config, field, value, message):
   with pytest.raises(ValueError, match=message):
     gpt2.load_gpt2(str(_copy_fixture(tmp_path, config={**hf_config, field: value})))
 
 
-@pytest.mark.parametrize("cut", [lambda data: data[:len(data) // 2], lambda data: data[:20], lambda data: b"x" * 100])
+@pytest.mark.parametrize("cut", [lambda data: data[: len(data) // 2], lambda data: data[:20], lambda data: b"x" * 100])
 def test_corrupted_safetensors_is_reported_with_its_path(tmp_path, cut):
   directory = _copy_fixture(tmp_path)
   weights = directory / gpt2.WEIGHTS_FILE
@@ -165,8 +187,9 @@ def test_missing_files_and_bad_sources(tmp_path):
     gpt2.load_gpt2(str(tmp_path / "no" / "such" / "dir"))
 
 
-@pytest.mark.parametrize("load, files", [(gpt2.load_gpt2, "config.json model.safetensors"),
-                                         (GPT2Tokenizer, "vocab.json merges.txt")])
+@pytest.mark.parametrize(
+  "load, files", [(gpt2.load_gpt2, "config.json model.safetensors"), (GPT2Tokenizer, "vocab.json merges.txt")]
+)
 def test_offline_hub_name_says_how_to_pass_a_directory(tmp_path, monkeypatch, load, files):
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
   monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -199,23 +222,36 @@ def test_save_round_trip_and_hf_layout(tmp_path, loaded, hf_config, hf_tensors):
   config = json.loads((out / gpt2.CONFIG_FILE).read_text())
   assert config["model_type"] == "gpt2" and config["architectures"] == ["GPT2LMHeadModel"]
   assert config["tie_word_embeddings"] is True
-  for field in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer", "n_inner", "layer_norm_epsilon",
-                "activation_function"):
+  for field in (
+    "vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_head",
+    "n_layer",
+    "n_inner",
+    "layer_norm_epsilon",
+    "activation_function",
+  ):
     assert config[field] == hf_config[field], field
 
 
-@pytest.mark.parametrize("changes, message", [
+@pytest.mark.parametrize(
+  "changes, message",
+  [
     (dict(internal_norm="taper"), "model.internal_norm='taper': a tapered norm"),
     (dict(final_norm="fixed"), "model.final_norm='fixed': a tapered norm"),
     (dict(internal_norm="dyt"), "model.internal_norm='dyt': this norm is not a LayerNorm"),
     (dict(final_norm="repbn"), "model.final_norm='repbn': this norm is not a LayerNorm"),
     (dict(internal_norm="identity"), "model.internal_norm='identity': Hugging Face GPT-2 has no identity-norm"),
-    (dict(internal_norm="identity", final_norm="identity", tie_embeddings=False, logits_bias=True),  # as fold makes
-     "model.internal_norm='identity': Hugging Face GPT-2 has no identity-norm"),
+    (
+      dict(internal_norm="identity", final_norm="identity", tie_embeddings=False, logits_bias=True),  # as fold makes
+      "model.internal_norm='identity': Hugging Face GPT-2 has no identity-norm",
+    ),
     (dict(tie_embeddings=False), "ties lm_head to wte"),
     (dict(tie_embeddings=False, logits_bias=True), "no separate head bias"),
     (dict(family="llama"), "only gpt2-family"),
-])
+  ],
+)
 def test_save_refuses_what_gpt2_cannot_express(tmp_path, loaded, changes, message):
   variables, cfg = loaded
   with pytest.raises(ValueError, match=message):

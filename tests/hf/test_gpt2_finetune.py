@@ -23,9 +23,15 @@ from locations import FIXTURES, ROOT, run_without_checkout
 FIXTURE = FIXTURES / "tiny_gpt2"
 
 
-@pytest.mark.parametrize("size,D,H,L,steps,warmup,start,end,aux", [
-    ("s", 768, 12, 12, 300, 25, 25, 100, 0.1), ("m", 1024, 16, 24, 500, 10, 20, 200, 0.1),
-    ("l", 1280, 20, 36, 600, 30, 30, 500, 0.1), ("xl", 1600, 25, 48, 800, 20, 50, 700, 0.01)])
+@pytest.mark.parametrize(
+  "size,D,H,L,steps,warmup,start,end,aux",
+  [
+    ("s", 768, 12, 12, 300, 25, 25, 100, 0.1),
+    ("m", 1024, 16, 24, 500, 10, 20, 200, 0.1),
+    ("l", 1280, 20, 36, 600, 30, 30, 500, 0.1),
+    ("xl", 1600, 25, 48, 800, 20, 50, 700, 0.01),
+  ],
+)
 @pytest.mark.parametrize("variant", list(gpt2.VARIANTS))
 def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, aux, variant):
   cfg = gpt2.get_config(f"model={size},variant={variant}")
@@ -47,10 +53,16 @@ def test_presets_are_the_papers_setup(size, D, H, L, steps, warmup, start, end, 
 # The FakeLN authors' presets, copied by hand from removing-layer-norm's config.py at 583a9e6 (make_gpt2_standard(_aux),
 # make_gpt2_medium_fasttune(_aux), make_gpt2_large(_aux), make_gpt2_xl(_aux)): (start_ln2, gap_ln2, gap_ln1qk,
 # gap_ln1v, aux_loss_weight, start_lnf), start_lnf worked out by hand from their formulas.
-AUTHORS = {("s", "0"): (20, 2, 2, 3, 0.0, 104), ("s", "1"): (20, 2, 2, 3, 0.1, 104),
-           ("m", "0"): (20, 2, 2, 3, 0.0, 188), ("m", "1"): (20, 2, 2, 3, 0.1, 188),
-           ("l", "0"): (30, 4, 4, 6, 0.0, 534), ("l", "1"): (30, 4, 4, 6, 0.03, 534),
-           ("xl", "0"): (20, 2, 2, 3, 0.0, 356), ("xl", "1"): (50, 4, 4, 6, 0.01, 722)}
+AUTHORS = {
+  ("s", "0"): (20, 2, 2, 3, 0.0, 104),
+  ("s", "1"): (20, 2, 2, 3, 0.1, 104),
+  ("m", "0"): (20, 2, 2, 3, 0.0, 188),
+  ("m", "1"): (20, 2, 2, 3, 0.1, 188),
+  ("l", "0"): (30, 4, 4, 6, 0.0, 534),
+  ("l", "1"): (30, 4, 4, 6, 0.03, 534),
+  ("xl", "0"): (20, 2, 2, 3, 0.0, 356),
+  ("xl", "1"): (50, 4, 4, 6, 0.01, 722),
+}
 
 
 @pytest.mark.parametrize("size,aux", list(AUTHORS))
@@ -58,8 +70,13 @@ def test_fakeln_presets_are_its_authors_schedules(size, aux):
   cfg = gpt2.get_config(f"model={size},variant=fakeln,aux={aux}")
   start, gap_ln2, gap_ln1qk, gap_ln1v, weight, start_lnf = AUTHORS[size, aux]
   f = cfg.fakeln
-  assert ((f.start, f.gap_mlp, f.gap_attn, f.gap_attn_v, f.scale_loss_weight)
-          == (start, gap_ln2, gap_ln1qk, gap_ln1v, weight))
+  assert (f.start, f.gap_mlp, f.gap_attn, f.gap_attn_v, f.scale_loss_weight) == (
+    start,
+    gap_ln2,
+    gap_ln1qk,
+    gap_ln1v,
+    weight,
+  )
   assert f.eot_id == 50256 and cfg.taper.scale_loss_weight == 0.0  # GPT-2's <|endoftext|>; FakeLN's own scale loss only
   removal, _ = methods.removal_steps(ModelConfig.from_config(cfg.model), f)
   assert removal[("final_norm",)] == start_lnf < cfg.train.steps
@@ -68,8 +85,10 @@ def test_fakeln_presets_are_its_authors_schedules(size, aux):
 @pytest.mark.parametrize("variant", ["all_taper", "prepbn"])
 def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one(variant):
   variables, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
-  cfg = base.override(gpt2.get_config(f"model=demo,variant={variant}"), {
-      "model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2})
+  cfg = base.override(
+    gpt2.get_config(f"model=demo,variant={variant}"),
+    {"model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2},
+  )
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   pretrained.check_fits(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
   state = trainer.state_from_params(variables["params"])
@@ -80,8 +99,9 @@ def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one(varian
     assert (trainer.method.warm_end, trainer.method.off_step) == MODELS["demo"]["taper"]
     assert not np.any(norm["bn_gamma"]) and float(trainer.method.gates(trainer.method.warm_end + 1).mlp[0]) < 1
   reference = np.load(FIXTURE / "reference_logits.npz")
-  logits = Transformer(trainer.model_cfg).apply({"params": state["params"], "calib": state["calib"]},
-                                                reference["ids"], 1.0)
+  logits = Transformer(trainer.model_cfg).apply(
+    {"params": state["params"], "calib": state["calib"]}, reference["ids"], 1.0
+  )
   np.testing.assert_allclose(logits, reference["logits"], atol=1e-5 * np.abs(reference["logits"]).max())
 
 
@@ -94,19 +114,52 @@ def test_a_pretrained_model_that_does_not_fit_the_config_is_named():
 
 @pytest.mark.slow  # three training subprocesses, ~1 minute
 def test_demo_pretrain_save_load_and_fine_tune(tmp_path):
-  small = [f"--config.{k}={v}" for k, v in {
-      "model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
-      "train.eval_batches": 2, "checkpoint.every": 10, "data.data_dir": tmp_path / "data",
-      "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60}.items()]
+  small = [
+    f"--config.{k}={v}"
+    for k, v in {
+      "model.D": 32,
+      "model.H": 4,
+      "model.L": 2,
+      "model.T": 32,
+      "model.V": 512,
+      "train.batch_size": 8,
+      "train.eval_batches": 2,
+      "checkpoint.every": 10,
+      "data.data_dir": tmp_path / "data",
+      "data.synthetic_train_stories": 400,
+      "data.synthetic_valid_stories": 60,
+    }.items()
+  ]
   run = lambda arg, workdir, *extra: subprocess.run(
-      [sys.executable, "-m", "experiments.gpt2_finetune", f"--config=configs/gpt2.py:{arg}", f"--workdir={workdir}",
-       *small, *extra], cwd=ROOT, check=True, capture_output=True, timeout=600)
-  run("model=demo,variant=baseline,pretrain=1", tmp_path / "pre", "--config.train.steps=20",
-      "--config.taper.taper_end=10")
+    [
+      sys.executable,
+      "-m",
+      "experiments.gpt2_finetune",
+      f"--config=configs/gpt2.py:{arg}",
+      f"--workdir={workdir}",
+      *small,
+      *extra,
+    ],
+    cwd=ROOT,
+    check=True,
+    capture_output=True,
+    timeout=600,
+  )
+  run(
+    "model=demo,variant=baseline,pretrain=1", tmp_path / "pre", "--config.train.steps=20", "--config.taper.taper_end=10"
+  )
   assert hf_gpt2.load_gpt2(str(tmp_path / "pre" / "hf"))[1].D == 32
-  run("model=demo,variant=fakeln", tmp_path / "fake", f"--config.init_from={tmp_path / 'pre' / 'hf'}",
-      "--config.train.steps=16", "--config.taper.taper_end=12", "--config.fakeln.start=2",
-      "--config.fakeln.gap_mlp=1", "--config.fakeln.gap_attn=1", "--config.fakeln.gap_final=1")
+  run(
+    "model=demo,variant=fakeln",
+    tmp_path / "fake",
+    f"--config.init_from={tmp_path / 'pre' / 'hf'}",
+    "--config.train.steps=16",
+    "--config.taper.taper_end=12",
+    "--config.fakeln.start=2",
+    "--config.fakeln.gap_mlp=1",
+    "--config.fakeln.gap_attn=1",
+    "--config.fakeln.gap_final=1",
+  )
   results = json.loads((tmp_path / "fake" / "results.json").read_text())
   assert results["method"] == "fakeln" and results["complete"] and np.isfinite(results["final_val_loss"])
   gates = [json.loads(line)["gate"] for line in open(tmp_path / "fake" / "metrics.jsonl")]
@@ -118,21 +171,34 @@ def test_a_fine_tune_runs_from_the_package_alone(tmp_path):
   # As from an installed wheel outside a checkout (configs/ and experiments/ unimportable): GPT-2 configs from the
   # package, the demo's starting model trained and written as a Hugging Face directory, then fine-tuned with TaperLN,
   # every step through the library (the loop, loading, the GPT-2 writer).
-  small = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.batch_size": 8,
-           "train.eval_batches": 2, "checkpoint.every": 10, "data.data_dir": str(tmp_path / "data"),
-           "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60, "train.steps": 12,
-           "taper.taper_end": 9}
+  small = {
+    "model.D": 32,
+    "model.H": 4,
+    "model.L": 2,
+    "model.T": 32,
+    "model.V": 512,
+    "train.batch_size": 8,
+    "train.eval_batches": 2,
+    "checkpoint.every": 10,
+    "data.data_dir": str(tmp_path / "data"),
+    "data.synthetic_train_stories": 400,
+    "data.synthetic_valid_stories": 60,
+    "train.steps": 12,
+    "taper.taper_end": 9,
+  }
   pre, fine = str(tmp_path / "pre"), str(tmp_path / "fine")
-  script = ("import json\n"
-            "from tapernorm_jax.hf import gpt2\n"
-            "from tapernorm_jax.inference import loading\n"
-            "from tapernorm_jax.train import gpt2_config, loop, run_config\n"
-            "config = lambda arg, changes: run_config.override(gpt2_config.get_config(arg), changes)\n"
-            f"loop.run(config('model=demo,variant=baseline,pretrain=1', {small!r}), {pre!r})\n"
-            f"loaded = loading.load({pre!r})\n"
-            f"hf = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, {pre!r} + '/hf')\n"
-            f"changes = {{**{small!r}, 'init_from': str(hf)}}\n"
-            f"print(json.dumps(loop.run(config('model=demo,variant=internal_taper', changes), {fine!r})))")
+  script = (
+    "import json\n"
+    "from tapernorm_jax.hf import gpt2\n"
+    "from tapernorm_jax.inference import loading\n"
+    "from tapernorm_jax.train import gpt2_config, loop, run_config\n"
+    "config = lambda arg, changes: run_config.override(gpt2_config.get_config(arg), changes)\n"
+    f"loop.run(config('model=demo,variant=baseline,pretrain=1', {small!r}), {pre!r})\n"
+    f"loaded = loading.load({pre!r})\n"
+    f"hf = gpt2.save_gpt2(loaded.variables, loaded.model_cfg, {pre!r} + '/hf')\n"
+    f"changes = {{**{small!r}, 'init_from': str(hf)}}\n"
+    f"print(json.dumps(loop.run(config('model=demo,variant=internal_taper', changes), {fine!r})))"
+  )
   done = run_without_checkout(script, tmp_path, timeout=600)
   results = json.loads(done.stdout.strip().splitlines()[-1])
   assert results["complete"] and results["variant"] == "internal_taper" and results["init_from"].endswith("hf")

@@ -64,8 +64,7 @@ def hf_llama_logits(tensors: dict[str, np.ndarray], config: dict, tokens_T: np.n
 @pytest.fixture(scope="module")
 def baseline() -> tuple[dict, ModelConfig]:
   """The baseline form (plain RMSNorms) of calibrated-looking internal_taper weights."""
-  make = lambda key: forms.perturbed(init(TAPERED, key), jax.random.fold_in(key, 1), c_range=(0.5, 2.0),
-                                        spread=0.2)
+  make = lambda key: forms.perturbed(init(TAPERED, key), jax.random.fold_in(key, 1), c_range=(0.5, 2.0), spread=0.2)
   variables = unoptimized(make, jax.random.key(0))
   return forms.forms(variables, TAPERED)["baseline"]
 
@@ -82,8 +81,14 @@ def test_numpy_llama_from_the_file_gives_the_model_logits(tmp_path, baseline, ti
   tensors = safetensors.numpy.load_file(str(tmp_path / WEIGHTS_FILE))
   assert ("lm_head.weight" in tensors) == (not tie)
   assert len(tensors) == 2 + 9 * cfg.L + (not tie)
-  assert (config["model_type"], config["hidden_size"], config["intermediate_size"], config["num_key_value_heads"],
-          config["max_position_embeddings"], config["eos_token_id"]) == ("llama", cfg.D, cfg.mlp_dim, cfg.H, cfg.T, 3)
+  assert (
+    config["model_type"],
+    config["hidden_size"],
+    config["intermediate_size"],
+    config["num_key_value_heads"],
+    config["max_position_embeddings"],
+    config["eos_token_id"],
+  ) == ("llama", cfg.D, cfg.mlp_dim, cfg.H, cfg.T, 3)
   assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (cfg.D, cfg.D)
   assert tensors["model.layers.1.mlp.gate_proj.weight"].shape == (cfg.mlp_dim, cfg.D)
   tokens_T = np.random.default_rng(0).integers(0, cfg.V, cfg.T)
@@ -92,12 +97,17 @@ def test_numpy_llama_from_the_file_gives_the_model_logits(tmp_path, baseline, ti
   assert np.abs(logits_TxV - expected_TxV).max() <= 1e-5 * np.abs(expected_TxV).max()
 
 
-@pytest.mark.parametrize("form, message", [("fixed", "internal_norm='fixed'"), ("folded", "internal_norm='identity'"),
-                                           ("gpt2", "family='gpt2'")])
+@pytest.mark.parametrize(
+  "form, message",
+  [("fixed", "internal_norm='fixed'"), ("folded", "internal_norm='identity'"), ("gpt2", "family='gpt2'")],
+)
 def test_save_refuses_what_llama_cannot_express(tmp_path, baseline, form, message):
   variables, cfg = baseline
-  cfg = {"fixed": TAPERED.fixed_form(), "folded": cfg.replace(internal_norm="identity"),
-         "gpt2": cfg.replace(family="gpt2")}[form]
+  cfg = {
+    "fixed": TAPERED.fixed_form(),
+    "folded": cfg.replace(internal_norm="identity"),
+    "gpt2": cfg.replace(family="gpt2"),
+  }[form]
   with pytest.raises(ValueError, match=message):
     llama.save_llama(variables, cfg, tmp_path)
   assert not (tmp_path / WEIGHTS_FILE).exists()

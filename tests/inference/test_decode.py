@@ -9,6 +9,7 @@ import pytest
 
 from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as bench
+from tapernorm_jax.benchmarks import decode_tables
 from tapernorm_jax.benchmarks.timing import read_bandwidth
 from tapernorm_jax.inference import decode
 from tapernorm_jax.inference import forms as forms_lib
@@ -22,8 +23,23 @@ FORMS = ("baseline", "fixed", "folded", "dyt", "derf")  # the point-wise norms h
 def _model(family: str, form: str, **changes) -> tuple[dict, ModelConfig]:
   """Variables and config of a small model whose outputs depend on every parameter (γ̃, β, c ≠ defaults)."""
   norm = {"baseline": "plain", "fixed": "fixed", "folded": "taper"}.get(form, form)
-  cfg = ModelConfig(**{**dict(family=family, V=61, D=32, H=4, L=2, T=24, internal_norm=norm, final_norm=norm,
-                              init_std=0.2, tie_embeddings=False), **changes})  # untied: less copying
+  cfg = ModelConfig(
+    **{
+      **dict(
+        family=family,
+        V=61,
+        D=32,
+        H=4,
+        L=2,
+        T=24,
+        internal_norm=norm,
+        final_norm=norm,
+        init_std=0.2,
+        tie_embeddings=False,
+      ),
+      **changes,
+    }
+  )  # untied: less copying
   variables = perturbed_variables(cfg)
   return fold(variables, cfg) if form == "folded" else (variables, cfg)
 
@@ -73,9 +89,11 @@ def test_decoding_on_a_mesh_matches_one_device(data, fsdp):
 
   def run(variables, mesh, cache):
     first_BxV, cache = jax.jit(functools.partial(decode.prefill, cfg=cfg, mesh=mesh))(
-        variables, prompt_BxP=prompt_BxP, lengths_B=lengths_B, cache=cache)
+      variables, prompt_BxP=prompt_BxP, lengths_B=lengths_B, cache=cache
+    )
     second_BxV, _ = jax.jit(functools.partial(decode.decode_step, cfg=cfg, mesh=mesh))(
-        variables, tokens_B=jnp.arange(8, dtype=jnp.int32), index_B=jnp.asarray(lengths_B), cache=cache)
+      variables, tokens_B=jnp.arange(8, dtype=jnp.int32), index_B=jnp.asarray(lengths_B), cache=cache
+    )
     return first_BxV, second_BxV
 
   cache = decode.init_cache(cfg, 8, 12)
@@ -92,9 +110,9 @@ def _greedy_by_full_forward(variables, cfg, prompts, n):
     seq = list(p)
     for _ in range(n):
       padded = np.zeros((1, cfg.T), np.int32)
-      padded[0, :len(seq)] = seq
+      padded[0, : len(seq)] = seq
       seq.append(int(jnp.argmax(forward(padded)[0, len(seq) - 1])))
-    out.append(seq[len(p):])
+    out.append(seq[len(p) :])
   return out
 
 
@@ -113,24 +131,27 @@ def test_eos_stops_a_row_and_everything_after_it_is_eos():
   prompt_BxP, lengths_B = decode.pad_prompts([[3, 1, 4, 1], [2, 7]])
   free = np.asarray(decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=8))
   eos = int(free[0, 2])
-  stopped = np.asarray(decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=8,
-                                       eos_id=eos))
+  stopped = np.asarray(
+    decode.generate(variables, cfg, prompt_BxP, lengths_B, jax.random.key(0), max_new_tokens=8, eos_id=eos)
+  )
   for row_free, row, kept in zip(free, stopped, decode.trim(stopped, eos)):
     first = list(row_free).index(eos) if eos in row_free else len(row_free)
-    np.testing.assert_array_equal(row[:first + 1], row_free[:first + 1])
-    assert (row[first:] == eos).all() and kept == list(row_free[:first + 1])
+    np.testing.assert_array_equal(row[: first + 1], row_free[: first + 1])
+    assert (row[first:] == eos).all() and kept == list(row_free[: first + 1])
 
 
 def test_generation_is_one_compiled_while_loop():
   variables, cfg = _model("llama", "folded")
-  run = lambda prompt: decode.generate(variables, cfg, *decode.pad_prompts(prompt), jax.random.key(0),
-                                       max_new_tokens=5, temperature=0.8, top_k=5)
+  run = lambda prompt: decode.generate(
+    variables, cfg, *decode.pad_prompts(prompt), jax.random.key(0), max_new_tokens=5, temperature=0.8, top_k=5
+  )
   before = decode.generate._cache_size()
   run([[1, 2, 3], [4, 5, 6]])
   run([[7, 8, 9], [1]])
   assert decode.generate._cache_size() == before + 1
   jaxpr = jax.make_jaxpr(lambda v, t, n: decode.generate(v, cfg, t, n, jax.random.key(0), max_new_tokens=5))(
-      variables, *decode.pad_prompts([[1, 2]]))
+    variables, *decode.pad_prompts([[1, 2]])
+  )
   assert "while" in str(jaxpr)
 
 
@@ -152,8 +173,10 @@ def test_remat_model_decodes_like_the_plain_one():
   variables, cfg = _model("llama", "fixed")
   prompt_BxP, lengths_B = decode.pad_prompts([[1, 2, 3, 4]])
   args = (prompt_BxP, lengths_B, jax.random.key(0))
-  np.testing.assert_array_equal(decode.generate(variables, cfg, *args, max_new_tokens=4),
-                                decode.generate(variables, cfg.replace(remat=True), *args, max_new_tokens=4))
+  np.testing.assert_array_equal(
+    decode.generate(variables, cfg, *args, max_new_tokens=4),
+    decode.generate(variables, cfg.replace(remat=True), *args, max_new_tokens=4),
+  )
 
 
 def test_requests_past_the_learned_positions_are_refused():
@@ -175,14 +198,33 @@ def test_decode_benchmark_runs_every_form_on_the_same_weights():
   assert all(np.array_equal(e, embeds[0]) for e in embeds)  # one set of weights; only the norms differ
   assert forms["identity"][1].internal_norm == forms["folded"][1].internal_norm == "identity"
   assert forms["dyt"][1].internal_norm == forms["dyt"][1].final_norm == "dyt"
-  s = bench.Settings(size="cpu", variant="internal_taper", batches=(1,), lengths=(16,), decode_batches=(2,), prompt=8,
-                     new_tokens=4, repeats=1, warmup=1, min_sample_s=0.0, dtype="float32", seed=0, pointwise=("dyt",))
-  results = {"date": "today", "hardware": hardware.describe(), "settings": vars(s), "params": 1,
-             "bandwidth": read_bandwidth(1 << 20, repeats=1), "forward": bench.bench_forward(forms, s),
-             "decode": bench.bench_decode(forms, s)}
+  s = bench.Settings(
+    size="cpu",
+    variant="internal_taper",
+    batches=(1,),
+    lengths=(16,),
+    decode_batches=(2,),
+    prompt=8,
+    new_tokens=4,
+    repeats=1,
+    warmup=1,
+    min_sample_s=0.0,
+    dtype="float32",
+    seed=0,
+    pointwise=("dyt",),
+  )
+  results = {
+    "date": "today",
+    "hardware": hardware.describe(),
+    "settings": vars(s),
+    "params": 1,
+    "bandwidth": read_bandwidth(1 << 20, repeats=1),
+    "forward": bench.bench_forward(forms, s),
+    "decode": bench.bench_decode(forms, s),
+  }
   step = results["decode"][0]["forms"]["folded"]["bytes_per_step"]
   assert step["cache"] == 2 * cfg.L * 2 * cfg.D * (8 + 4 - 1) * 4  # k and v, B = 2 rows, P + N − 1 slots, fp32
-  table = bench.markdown(results)
+  table = decode_tables.markdown(results)
   assert "| 1 | 16 |" in table and "| 2 | 8 | 4 |" in table
   assert table.count("| identity | dyt |") == 2  # a column in the forward and the decode table
 
@@ -190,6 +232,7 @@ def test_decode_benchmark_runs_every_form_on_the_same_weights():
 def test_benchmark_flags_come_from_the_settings_dataclass():
   from absl import flags
   from tapernorm_jax import cli
+
   flag_values = flags.FlagValues()
   holders = cli.define_flags(bench.Settings, {f: "help" for f in bench.Settings.__dataclass_fields__}, flag_values)
   flag_values(["prog", "--batches=2,8", "--size=9m", "--min_sample_s=0.5", "--dtype=float32"])

@@ -25,24 +25,52 @@ from tapernorm_jax.tokenizers.sentencepiece import SentencePiece
 from model_helpers import init_variables, logits_at, perturbed_variables
 from locations import ROOT
 
-TEXT = ["Once upon a time there was a little cat named Tom.", "Tom liked to play in the park with his red ball.",
-        "One day the ball rolled away and Tom was sad.", "His friend Lily found the ball and they were happy."]
+TEXT = [
+  "Once upon a time there was a little cat named Tom.",
+  "Tom liked to play in the park with his red ball.",
+  "One day the ball rolled away and Tom was sad.",
+  "His friend Lily found the ball and they were happy.",
+]
 V = 80
 # Imports an export-only process must not need: the training code, the optimiser and the data pipeline.
-TRAINING_ONLY = ["optax", "grain", "tensorflow_datasets", "tapernorm_jax.train", "tapernorm_jax.data",
-                 "tapernorm_jax.taper.calibration", "tapernorm_jax.taper.losses", "tapernorm_jax.taper.schedules"]
+TRAINING_ONLY = [
+  "optax",
+  "grain",
+  "tensorflow_datasets",
+  "tapernorm_jax.train",
+  "tapernorm_jax.data",
+  "tapernorm_jax.taper.calibration",
+  "tapernorm_jax.taper.losses",
+  "tapernorm_jax.taper.schedules",
+]
 
 
 def _cfg(family: str = "llama", **changes) -> ModelConfig:
-  return ModelConfig(**{**dict(family=family, V=V, D=32, H=4, L=2, T=32, internal_norm="taper", final_norm="taper",
-                               init_std=0.2, tie_embeddings=False), **changes})
+  return ModelConfig(
+    **{
+      **dict(
+        family=family,
+        V=V,
+        D=32,
+        H=4,
+        L=2,
+        T=32,
+        internal_norm="taper",
+        final_norm="taper",
+        init_std=0.2,
+        tie_embeddings=False,
+      ),
+      **changes,
+    }
+  )
 
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory) -> str:
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT * 20), model_writer=model, vocab_size=V,
-                                 model_type="bpe", minloglevel=2)
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(TEXT * 20), model_writer=model, vocab_size=V, model_type="bpe", minloglevel=2
+  )
   path = tmp_path_factory.mktemp("tok") / "sp.model"
   path.write_bytes(model.getvalue())
   return str(path)
@@ -53,8 +81,13 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
   cfg = _cfg(family)
   variables = perturbed_variables(cfg)
   directory = export.save(tmp_path / "export", variables, cfg, tokenizer=SentencePiece.from_file(tokenizer_file))
-  assert sorted(os.listdir(directory)) == ["config.json", "manifest.json", "model.safetensors", "tokenizer",
-                                           "variables"]
+  assert sorted(os.listdir(directory)) == [
+    "config.json",
+    "manifest.json",
+    "model.safetensors",
+    "tokenizer",
+    "variables",
+  ]
   folded, folded_cfg = fold(variables, cfg)
   tokens_BxT = jax.random.randint(jax.random.key(3), (2, 12), 0, V)
   reference = logits_at(cfg, variables, tokens_BxT, 0.0)
@@ -62,8 +95,12 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
     loaded = export.load(directory, source)
     assert loaded.model_cfg == folded_cfg and loaded.info["folded"]
     jax.tree.map(np.testing.assert_array_equal, loaded.variables, folded)
-    np.testing.assert_allclose(logits_at(loaded.model_cfg, loaded.variables, tokens_BxT), reference,
-                               rtol=1e-5, atol=1e-5 * float(np.abs(reference).max()))
+    np.testing.assert_allclose(
+      logits_at(loaded.model_cfg, loaded.variables, tokens_BxT),
+      reference,
+      rtol=1e-5,
+      atol=1e-5 * float(np.abs(reference).max()),
+    )
   with open(directory / "config.json") as f:
     assert json.load(f)["model"]["internal_norm"] == "identity"
   names = set(export.flatten(folded))
@@ -72,25 +109,33 @@ def test_export_round_trip_through_orbax_and_safetensors(family, tmp_path, token
 
 def test_a_damaged_export_file_is_named_before_it_is_loaded(tmp_path, tokenizer_file):
   cfg = _cfg()
-  directory = export.save(tmp_path / "export", perturbed_variables(cfg), cfg,
-                          tokenizer=SentencePiece.from_file(tokenizer_file))
+  directory = export.save(
+    tmp_path / "export", perturbed_variables(cfg), cfg, tokenizer=SentencePiece.from_file(tokenizer_file)
+  )
   recorded = json.loads((directory / "manifest.json").read_text())["files"]
   weights = directory / "model.safetensors"
-  assert recorded["model.safetensors"] == {"size": weights.stat().length,
-                                           "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
+  assert recorded["model.safetensors"] == {
+    "size": weights.stat().length,
+    "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+  }
   assert any(name.startswith("variables/") for name in recorded) and "tokenizer/tokenizer.model" in recorded
   data = bytearray(weights.read_bytes())
   data[-1] ^= 0x01  # one flipped bit in the last weight: safetensors itself would load it
   weights.write_bytes(bytes(data))
   with pytest.raises(unreadable.DamagedCheckpointError) as e:
     export.load(directory, "safetensors")
-  assert str(e.value) == (f"the export in {directory} is damaged: model.safetensors does not match the SHA-256 "
-                          "manifest.json recorded; export the model again, or load it with source='orbax'")
+  assert str(e.value) == (
+    f"the export in {directory} is damaged: model.safetensors does not match the SHA-256 "
+    "manifest.json recorded; export the model again, or load it with source='orbax'"
+  )
   with pytest.warns(RuntimeWarning, match="model.safetensors does not match .*; loading its intact variables copy"):
     assert export.load(directory, "orbax").model_cfg.D == 32  # the other copy is intact: loaded, with a warning
   (directory / "tokenizer" / "tokenizer.model").write_bytes(b"")
-  with pytest.raises(unreadable.DamagedCheckpointError, match=r"tokenizer/tokenizer.model has 0 bytes, manifest.json "
-                     r"recorded [\d,]+; export the model again$"):
+  with pytest.raises(
+    unreadable.DamagedCheckpointError,
+    match=r"tokenizer/tokenizer.model has 0 bytes, manifest.json "
+    r"recorded [\d,]+; export the model again$",
+  ):
     export.load(directory, "orbax")
 
 
@@ -115,13 +160,15 @@ def test_export_errors_are_clear(tmp_path):
   with pytest.warns(RuntimeWarning, match="holds an export that was interrupted .*; writing it again"):
     export.save(complete, init_variables(cfg), cfg)
   assert sorted(os.listdir(complete)) == ["config.json", "manifest.json", "model.safetensors", "variables"]
-  np.testing.assert_array_equal(export.load(complete).variables["params"]["embed"],
-                                nn.unbox(init_variables(cfg))["params"]["embed"])
+  np.testing.assert_array_equal(
+    export.load(complete).variables["params"]["embed"], nn.unbox(init_variables(cfg))["params"]["embed"]
+  )
   with pytest.raises(FileNotFoundError, match="is not a tapernorm_jax.export directory"):
     export.load(tmp_path)
   with pytest.raises(ValueError, match="do not match the model config"):
-    export.save(tmp_path / "bad", perturbed_variables(cfg),
-                cfg.replace(D=64, internal_norm="plain", final_norm="plain"))
+    export.save(
+      tmp_path / "bad", perturbed_variables(cfg), cfg.replace(D=64, internal_norm="plain", final_norm="plain")
+    )
 
 
 def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, tokenizer_file):
@@ -129,11 +176,19 @@ def test_generate_from_an_export_in_a_process_without_training_code(tmp_path, to
   variables = perturbed_variables(cfg)
   directory = export.save(tmp_path / "export", variables, cfg, tokenizer=SentencePiece.from_file(tokenizer_file))
   blocker = f"import sys\nfor m in {TRAINING_ONLY!r}:\n  sys.modules[m] = None\n"
-  script = blocker + ("import runpy\nsys.argv = ['generate', '--workdir={d}', '--prompt=Once upon a time', "
-                      "'--prompt=Tom', '--max_new_tokens=6']\n"
-                      "runpy.run_module('experiments.generate', run_name='__main__')\n").format(d=directory)
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+  script = blocker + (
+    "import runpy\nsys.argv = ['generate', '--workdir={d}', '--prompt=Once upon a time', "
+    "'--prompt=Tom', '--max_new_tokens=6']\n"
+    "runpy.run_module('experiments.generate', run_name='__main__')\n"
+  ).format(d=directory)
+  result = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   sp = spm.SentencePieceProcessor(model_file=tokenizer_file)
   folded, folded_cfg = fold(variables, cfg)
@@ -150,11 +205,16 @@ def _write_training_checkpoint(workdir, cfg: ModelConfig, variables, step: int) 
   run_cfg.data.update(source="text", text_train=str(workdir / "missing.txt"), data_dir=str(workdir / "data"))
   (workdir / "config.json").write_text(run_cfg.to_json_best_effort())
   params = variables["params"]
-  state = {"params": params, "opt_state": optax.adam(1e-3).init(params), "calib": variables["calib"],
-           "step": np.int32(step)}
+  state = {
+    "params": params,
+    "opt_state": optax.adam(1e-3).init(params),
+    "calib": variables["calib"],
+    "step": np.int32(step),
+  }
   with ocp.CheckpointManager(workdir / "checkpoints") as manager:
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                               data=ocp.args.JsonSave({"position": 5})))
+    manager.save(
+      step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({"position": 5}))
+    )
     manager.wait_until_finished()
 
 
@@ -182,15 +242,44 @@ def test_generate_restores_params_and_calib_from_the_latest_training_checkpoint(
 @pytest.mark.slow
 def test_generate_cli_after_a_real_training_run(tmp_path):
   data_dir, workdir = tmp_path / "data", tmp_path / "run"
-  overrides = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 12,
-               "train.batch_size": 8, "train.eval_batches": 1, "checkpoint.every": 6, "taper.gate_warmup_frac": 0.25,
-               "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60, "data.data_dir": str(data_dir)}
+  overrides = {
+    "model.D": 32,
+    "model.H": 4,
+    "model.L": 2,
+    "model.T": 32,
+    "model.V": 512,
+    "train.steps": 12,
+    "train.batch_size": 8,
+    "train.eval_batches": 1,
+    "checkpoint.every": 6,
+    "taper.gate_warmup_frac": 0.25,
+    "data.synthetic_train_stories": 400,
+    "data.synthetic_valid_stories": 60,
+    "data.data_dir": str(data_dir),
+  }
   flags = [f"--config.{k}={v}" for k, v in overrides.items()]
-  subprocess.run([sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py",
-                  f"--workdir={workdir}", *flags], cwd=ROOT, check=True, capture_output=True, timeout=600)
-  result = subprocess.run([sys.executable, "-m", "experiments.generate", f"--workdir={workdir}",
-                           "--prompt=Once upon a time", "--max_new_tokens=8", f"--export_dir={tmp_path / 'export'}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+  subprocess.run(
+    [sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py", f"--workdir={workdir}", *flags],
+    cwd=ROOT,
+    check=True,
+    capture_output=True,
+    timeout=600,
+  )
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.generate",
+      f"--workdir={workdir}",
+      "--prompt=Once upon a time",
+      "--max_new_tokens=8",
+      f"--export_dir={tmp_path / 'export'}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Once upon a time" in result.stdout and export.is_export(tmp_path / "export")
   assert export.load_tokenizer(export.load(tmp_path / "export")).vocab_size == 512
@@ -202,6 +291,7 @@ GPT2_FILES = os.path.join(ROOT, "..", "shared", "data", "gpt2")
 @pytest.mark.skipif(not os.path.isdir(GPT2_FILES), reason="../shared/data/gpt2 is absent")
 def test_an_export_carries_the_gpt2_tokenizer(tmp_path):
   from tapernorm_jax.tokenizers.gpt2_bpe import GPT2Tokenizer
+
   cfg = _cfg("gpt2", internal_norm="plain", final_norm="plain")
   directory = export.save(tmp_path / "export", init_variables(cfg), cfg, tokenizer=GPT2Tokenizer(GPT2_FILES))
   loaded = export.load_tokenizer(export.load(directory))

@@ -27,16 +27,20 @@ def loss_and_grads(impl: str, q, k, v):
   return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
 
 
-@pytest.mark.parametrize("B,T,H,K,block,heads_per_step", [
+@pytest.mark.parametrize(
+  "B,T,H,K,block,heads_per_step",
+  [
     (2, 130, 4, 16, 64, 2),  # three query blocks, the last one ragged
     (3, 96, 2, 8, 128, 4),  # one block; 4 pairs per step does not divide B·H = 6 (gcd: 2)
     (2, 130, 4, 16, None, None),  # blocked_plan's: 5 blocks of 32 rows, all 8 pairs in one step (no loop)
-])
+  ],
+)
 def test_blocked_attention_matches_the_reference_with_gradients(B, T, H, K, block, heads_per_step):
   q, k, v = qkv(B, T, H, K)
   blocked = functools.partial(attention.blocked_attention, block=block, heads_per_step=heads_per_step)
-  np.testing.assert_allclose(jax.jit(blocked)(q, k, v), attention.causal_attention(q, k, v, "xla", HERE), atol=2e-6,
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    jax.jit(blocked)(q, k, v), attention.causal_attention(q, k, v, "xla", HERE), atol=2e-6, rtol=1e-5
+  )
   w = jax.random.normal(jax.random.key(9), q.shape)
   got = jax.jit(jax.grad(lambda *a: jnp.sum(w * blocked(*a)), argnums=(0, 1, 2)))(q, k, v)
   want = loss_and_grads("xla", q, k, v)[1]
@@ -59,9 +63,9 @@ def test_blocked_attention_is_causal_and_matches_a_direct_softmax():
   out = np.asarray(attention.blocked_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), block=16))
   for t in (0, 15, 16, 39):
     for h in range(2):
-      logits = k[0, :t + 1, h] @ q[0, t, h] / 2.0
+      logits = k[0, : t + 1, h] @ q[0, t, h] / 2.0
       p = np.exp(logits - logits.max())
-      np.testing.assert_allclose(out[0, t, h], (p / p.sum()) @ v[0, :t + 1, h], atol=1e-5)
+      np.testing.assert_allclose(out[0, t, h], (p / p.sum()) @ v[0, : t + 1, h], atol=1e-5)
   changed = np.array(v)
   changed[0, 30:] += 100.0  # the future cannot leak into earlier positions
   out2 = np.asarray(attention.blocked_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, changed)), block=16))
@@ -81,8 +85,9 @@ def test_splash_kernel_in_interpret_mode_matches_the_reference_with_gradients():
 
 def test_splash_falls_back_to_xla_for_lengths_it_cannot_tile():
   q, k, v = qkv(2, 40, 2, 8)
-  np.testing.assert_array_equal(attention.causal_attention(q, k, v, "splash", HERE),
-                                attention.causal_attention(q, k, v, "xla", HERE))
+  np.testing.assert_array_equal(
+    attention.causal_attention(q, k, v, "splash", HERE), attention.causal_attention(q, k, v, "xla", HERE)
+  )
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
@@ -99,10 +104,17 @@ def test_cudnn_off_gpu_is_named():
     attention.causal_attention(*qkv(1, 8, 2, 4), "cudnn", HERE)
 
 
-@pytest.mark.parametrize("backend,dtype,T,want", [
-    ("cpu", jnp.float32, 512, "blocked"), ("cpu", jnp.float32, 100, "blocked"), ("gpu", jnp.bfloat16, 512, "cudnn"),
+@pytest.mark.parametrize(
+  "backend,dtype,T,want",
+  [
+    ("cpu", jnp.float32, 512, "blocked"),
+    ("cpu", jnp.float32, 100, "blocked"),
+    ("gpu", jnp.bfloat16, 512, "cudnn"),
     ("gpu", jnp.float32, 512, "xla"),
-    ("tpu", jnp.bfloat16, 512, "splash"), ("tpu", jnp.bfloat16, 100, "xla")])
+    ("tpu", jnp.bfloat16, 512, "splash"),
+    ("tpu", jnp.bfloat16, 100, "xla"),
+  ],
+)
 def test_auto_picks_the_backend_s_kernel(backend, dtype, T, want):
   assert attention.resolve("auto", dtype, T, backend) == want
   assert attention.resolve("xla", dtype, T, backend) == "xla"
@@ -121,16 +133,20 @@ def tiny(family: str, **changes) -> tuple[ModelConfig, dict]:
   return cfg, variables
 
 
-@pytest.mark.parametrize("family,impl", [
-    ("llama", "blocked"), pytest.param("gpt2", "blocked", marks=pytest.mark.slow),
-    pytest.param("llama", "splash", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "family,impl",
+  [
+    ("llama", "blocked"),
+    pytest.param("gpt2", "blocked", marks=pytest.mark.slow),
+    pytest.param("llama", "splash", marks=pytest.mark.slow),
+  ],
+)
 def test_model_logits_and_gradients_agree_across_implementations(family, impl):
   cfg, variables = tiny(family)
   tokens_BxT = jax.random.randint(jax.random.key(2), (2, 128), 0, cfg.V)
 
   def loss(params, impl):
-    logits_BxTxV = Transformer(cfg.replace(attention_impl=impl)).apply({**variables, "params": params}, tokens_BxT,
-                                                                       0.3)
+    logits_BxTxV = Transformer(cfg.replace(attention_impl=impl)).apply({**variables, "params": params}, tokens_BxT, 0.3)
     return jnp.mean(jax.nn.logsumexp(logits_BxTxV, -1) - logits_BxTxV[..., 0])
 
   value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
@@ -154,10 +170,12 @@ def test_prefill_of_ragged_prompts_matches_attention_over_the_cache(impl, remat)
   logits_BxV, filled = jax.jit(decode.prefill, static_argnums=1)(variables, cfg, prompt_BxP, lengths_B, cache)
   model = Transformer(cfg)
   h_BxPxD, over_cache = jax.jit(functools.partial(model.apply, method=Transformer.decode))(
-      variables, prompt_BxP, cache, jnp.zeros(3, jnp.int32), 0.0)
+    variables, prompt_BxP, cache, jnp.zeros(3, jnp.int32), 0.0
+  )
   h_Bx1xD = jnp.take_along_axis(h_BxPxD, (lengths_B - 1)[:, None, None], axis=1)
-  np.testing.assert_allclose(logits_BxV, model.apply(variables, h_Bx1xD, 0.0, method=Transformer.logits)[:, 0],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    logits_BxV, model.apply(variables, h_Bx1xD, 0.0, method=Transformer.logits)[:, 0], atol=1e-5
+  )
   for got, want in zip(jax.tree.leaves(filled), jax.tree.leaves(over_cache)):
     np.testing.assert_allclose(got, want, atol=1e-6)
 

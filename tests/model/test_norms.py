@@ -19,8 +19,13 @@ def _variables(kind: str, seed: int = 0) -> dict:
   params = {"gamma": 1 + 0.3 * jax.random.normal(k[0], (D,)), "gamma_tilde": 1 + 0.3 * jax.random.normal(k[1], (D,))}
   if kind == "ln":
     params["beta"] = 0.5 * jax.random.normal(k[2], (D,))
-  calib = {"c": jnp.float32(0.37), "num": jnp.float32(0), "den": jnp.float32(0), "s": jnp.float32(0),
-           "count": jnp.int32(0)}
+  calib = {
+    "c": jnp.float32(0.37),
+    "num": jnp.float32(0),
+    "den": jnp.float32(0),
+    "s": jnp.float32(0),
+    "count": jnp.int32(0),
+  }
   return {"params": params, CALIB: calib}
 
 

@@ -26,8 +26,9 @@ def test_fsdp_shards_embed_axis_and_matches_single_device_forward():
   qkv = sharded["params"]["block_0"]["attn"]["qkv"]
   assert qkv.sharding.spec[0] == "fsdp" and len(qkv.addressable_shards) == n
   assert qkv.addressable_shards[0].data.shape[0] == CFG.D // fsdp
-  tokens = jax.device_put(jax.random.randint(jax.random.key(1), (n * max(1, 8 // n), 12), 0, CFG.V),
-                          sharding.batch_sharding(mesh))
+  tokens = jax.device_put(
+    jax.random.randint(jax.random.key(1), (n * max(1, 8 // n), 12), 0, CFG.V), sharding.batch_sharding(mesh)
+  )
   out = jax.jit(lambda v, t: Transformer(CFG).apply(v, t, gate=jnp.float32(0.5)))(sharded, tokens)
   ref = Transformer(CFG).apply(nn.unbox(variables), np.asarray(tokens), gate=0.5)
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
@@ -35,8 +36,7 @@ def test_fsdp_shards_embed_axis_and_matches_single_device_forward():
 
 def test_the_target_platform_decides_what_auto_stands_for_and_is_never_saved():
   cfg = CFG.replace(dtype="auto")
-  assert [cfg.for_platform(p).compute_dtype for p in ("cpu", "gpu", "tpu")] == [jnp.float32, jnp.bfloat16,
-                                                                               jnp.bfloat16]
+  assert [cfg.for_platform(p).compute_dtype for p in ("cpu", "gpu", "tpu")] == [jnp.float32, jnp.bfloat16, jnp.bfloat16]
   assert cfg.platform == "" and cfg.target_platform == sharding.platform_of(jax.devices())  # an eager apply's devices
   assert cfg.for_devices(sharding.make_mesh()).platform == cfg.target_platform
   assert "platform" not in cfg.for_platform("tpu").to_dict() and ModelConfig(**cfg.to_dict()) == cfg
@@ -57,20 +57,28 @@ def mesh_config(**fields) -> ml_collections.ConfigDict:
 def test_distributed_options_default_to_auto_detection_and_pass_explicit_values():
   assert sharding.distributed_options(mesh_config()) is None  # one process: no jax.distributed.initialize
   assert sharding.distributed_options(mesh_config(distributed=True)) == {
-      "coordinator_address": None, "num_processes": None, "process_id": None}
-  assert sharding.distributed_options(mesh_config(distributed=True, coordinator_address="10.0.0.2:1234",
-                                                  num_processes=4, process_id=3)) == {
-      "coordinator_address": "10.0.0.2:1234", "num_processes": 4, "process_id": 3}
+    "coordinator_address": None,
+    "num_processes": None,
+    "process_id": None,
+  }
+  assert sharding.distributed_options(
+    mesh_config(distributed=True, coordinator_address="10.0.0.2:1234", num_processes=4, process_id=3)
+  ) == {"coordinator_address": "10.0.0.2:1234", "num_processes": 4, "process_id": 3}
 
 
-@pytest.mark.parametrize("fields,problem", [
+@pytest.mark.parametrize(
+  "fields,problem",
+  [
     ({"process_id": 1}, r"mesh\.process_id=1 without mesh\.distributed=True"),
     ({"distributed": True, "num_processes": 0}, r"mesh\.num_processes=0: must be >= 1"),
     ({"distributed": True, "num_processes": 2, "process_id": 2}, r"mesh\.process_id=2: must lie in \[0, .*=2\)"),
     ({"distributed": True, "process_id": -2}, r"mesh\.process_id=-2: must be >= 0, or -1"),
-    ({"distributed": True, "coordinator_address": "localhost"},
-     r"mesh\.coordinator_address='localhost': give HOST:PORT"),
-])
+    (
+      {"distributed": True, "coordinator_address": "localhost"},
+      r"mesh\.coordinator_address='localhost': give HOST:PORT",
+    ),
+  ],
+)
 def test_bad_distributed_fields_are_named(fields, problem):
   with pytest.raises(ValueError, match=problem):
     sharding.distributed_options(mesh_config(**fields))

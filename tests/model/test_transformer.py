@@ -106,24 +106,39 @@ def norm_gates_seen(cfg: ModelConfig, variables, tokens, gate) -> dict[str, tupl
 @pytest.mark.parametrize("with_value", [False, True])
 def test_each_norm_reads_its_own_gate_by_name(with_value):
   variables = init(GPT2, jax.random.key(0))
-  gates = Gates(attn=jnp.array([0.1, 0.2]), mlp=jnp.array([0.3, 0.4]), final=jnp.float32(0.5),
-                attn_value=jnp.array([0.6, 0.7]) if with_value else None)
+  gates = Gates(
+    attn=jnp.array([0.1, 0.2]),
+    mlp=jnp.array([0.3, 0.4]),
+    final=jnp.float32(0.5),
+    attn_value=jnp.array([0.6, 0.7]) if with_value else None,
+  )
   seen = norm_gates_seen(GPT2, variables, _tokens(), gates)
   value = lambda i: (float(gates.attn_value[i]),) if with_value else ()
-  expected = {**{f"block_{i}/attn_norm": (float(gates.attn[i]), *value(i)) for i in range(2)},
-              **{f"block_{i}/mlp_norm": (float(gates.mlp[i]),) for i in range(2)}, "final_norm": (0.5,)}
+  expected = {
+    **{f"block_{i}/attn_norm": (float(gates.attn[i]), *value(i)) for i in range(2)},
+    **{f"block_{i}/mlp_norm": (float(gates.mlp[i]),) for i in range(2)},
+    "final_norm": (0.5,),
+  }
   assert {k: tuple(round(g, 6) for g in v) for k, v in seen.items()} == {
-      k: tuple(round(g, 6) for g in v) for k, v in expected.items()}
+    k: tuple(round(g, 6) for g in v) for k, v in expected.items()
+  }
   uniform = norm_gates_seen(GPT2, variables, _tokens(), 0.25)
   assert set(uniform.values()) == {(0.25,)} and set(uniform) == set(expected)
 
 
-@pytest.mark.parametrize("gates, message", [
-    (Gates(attn=jnp.ones(3), mlp=jnp.ones(2), final=jnp.float32(1)), r"gates.attn has shape \(3,\); a model of "
-     r"model.L=2 blocks takes shape \(2,\)"),
+@pytest.mark.parametrize(
+  "gates, message",
+  [
+    (
+      Gates(attn=jnp.ones(3), mlp=jnp.ones(2), final=jnp.float32(1)),
+      r"gates.attn has shape \(3,\); a model of "
+      r"model.L=2 blocks takes shape \(2,\)",
+    ),
     (Gates(attn=jnp.ones(2), mlp=jnp.ones(2), final=jnp.ones(2)), r"gates.final has shape \(2,\)"),
     (Gates(attn=jnp.ones(2), mlp=jnp.array([1.0, 1.5]), final=jnp.float32(1)), r"must lie in \[0, 1\]"),
-    (jnp.ones(5), r"gate has shape \(5,\); give a scalar .* or a tapernorm_jax.model.gates.Gates")])
+    (jnp.ones(5), r"gate has shape \(5,\); give a scalar .* or a tapernorm_jax.model.gates.Gates"),
+  ],
+)
 def test_gates_of_another_shape_or_range_are_refused_by_field(gates, message):
   with pytest.raises(ValueError, match=message):
     Transformer(LLAMA).apply(init(LLAMA, jax.random.key(0)), _tokens(), gates)
@@ -133,16 +148,22 @@ def test_fixed_form_equals_taper_at_gate_zero():
   variables = nn.unbox(init(LLAMA, jax.random.key(4)))
   tokens = _tokens(4)
   fixed_cfg = LLAMA.replace(internal_norm="fixed", final_norm="fixed")
-  np.testing.assert_allclose(Transformer(fixed_cfg).apply(variables, tokens),
-                             Transformer(LLAMA).apply(variables, tokens, gate=0.0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    Transformer(fixed_cfg).apply(variables, tokens),
+    Transformer(LLAMA).apply(variables, tokens, gate=0.0),
+    rtol=1e-5,
+    atol=1e-6,
+  )
 
 
 def test_every_parameter_has_logical_axes():
   variables = init(GPT2, jax.random.key(0))
   specs = nn.get_partition_spec(variables)["params"]
   shapes = jax.tree.map(lambda x: x.shape, nn.unbox(variables)["params"])
-  for spec, shape in zip(jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
-                         jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))):
+  for spec, shape in zip(
+    jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
+    jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple)),
+  ):
     assert len(spec) == len(shape)
   assert tuple(specs["embed"]) == ("vocab", "embed")
 
@@ -153,7 +174,9 @@ def test_bf16_compute_keeps_fp32_logits():
   assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
 
 
-@pytest.mark.parametrize("changes,field", [
+@pytest.mark.parametrize(
+  "changes,field",
+  [
     (dict(D=64, H=5), "model.H"),
     (dict(internal_norm="batchnorm"), "model.internal_norm"),
     (dict(final_norm="rms"), "model.final_norm"),
@@ -162,7 +185,8 @@ def test_bf16_compute_keeps_fp32_logits():
     (dict(D=30, H=10), "model.H"),  # odd head dim for RoPE
     (dict(logits_bias=True), "model.logits_bias"),
     (dict(norm_gain_init=0.0), "model.norm_gain_init"),
-])
+  ],
+)
 def test_bad_configs_raise_before_compiling(changes, field):
   base = dict(V=97, D=32, H=4, L=2, T=16)
   base.update(changes)
@@ -196,7 +220,7 @@ def test_layout_names_every_variable_the_model_makes(family, internal, final):
   assert calib == expected_calib
   tapered = set(param_paths.norms_in(cfg))
   for site in sites:  # γ̃ exactly where a norm is calibrated, β exactly for LN
-    keys = {p[len(site.norm):] for p in params if p[:len(site.norm)] == site.norm}
+    keys = {p[len(site.norm) :] for p in params if p[: len(site.norm)] == site.norm}
     assert keys <= norm_params
     assert ((param_paths.GAMMA_TILDE,) in keys) == (site.norm in tapered)
     assert ((param_paths.BETA,) in keys) == (family == "gpt2")
@@ -206,9 +230,10 @@ def test_layout_names_every_variable_the_model_makes(family, internal, final):
 def test_pointwise_norms_start_from_their_authors_alphas_and_scale_the_embeddings(mode, alphas):
   cfg = LLAMA.replace(internal_norm=mode, final_norm=mode)
   params = nn.unbox(init(cfg, jax.random.key(0)))["params"]
-  assert float(params["embed_scale"]) == pytest.approx(cfg.D ** 0.5)  # DyT's and Derf's LMs: a learned √D
+  assert float(params["embed_scale"]) == pytest.approx(cfg.D**0.5)  # DyT's and Derf's LMs: a learned √D
   assert [float(params["block_1"][n]["alpha"]) for n in ("attn_norm", "mlp_norm")] + [
-      float(params["final_norm"]["alpha"])] == pytest.approx(list(alphas))
+    float(params["final_norm"]["alpha"])
+  ] == pytest.approx(list(alphas))
   chosen = nn.unbox(init(cfg.replace(norm_alpha=(0.5, 0.4, 0.3)), jax.random.key(0)))["params"]
   assert float(chosen["block_0"]["mlp_norm"]["alpha"]) == pytest.approx(0.4)
   tokens = _tokens()  # the embeddings scaled, then the blocks: doubling the scale is the same as doubling the table
@@ -231,13 +256,15 @@ def test_norm_gain_init_starts_every_gain_there_as_scaling_the_gains_by_hand_doe
   cfg = LLAMA.replace(internal_norm=internal, final_norm=final)
   base = nn.unbox(init(cfg, jax.random.key(0)))
   five = nn.unbox(init(cfg.replace(norm_gain_init=5.0), jax.random.key(0)))
-  by_hand = traverse_util.unflatten_dict({k: 5 * v if k[-1] == param_paths.GAMMA else v
-                                          for k, v in traverse_util.flatten_dict(base["params"]).items()})
+  by_hand = traverse_util.unflatten_dict(
+    {k: 5 * v if k[-1] == param_paths.GAMMA else v for k, v in traverse_util.flatten_dict(base["params"]).items()}
+  )
   flat = traverse_util.flatten_dict(five["params"])
   assert sum(k[-1] == param_paths.GAMMA for k in flat) == 2 * cfg.L + 1  # every norm's γ, γ̃ left at 1
   assert all(np.all(v == 1.0) for k, v in flat.items() if k[-1] == param_paths.GAMMA_TILDE)
   tokens = _tokens()
   logits = lambda c, v: Transformer(c).apply(v, tokens, gate=1.0)
-  np.testing.assert_allclose(logits(cfg.replace(norm_gain_init=5.0), five), logits(cfg, {**base, "params": by_hand}),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    logits(cfg.replace(norm_gain_init=5.0), five), logits(cfg, {**base, "params": by_hand}), rtol=1e-5, atol=1e-5
+  )
   assert not np.allclose(logits(cfg, base), logits(cfg, {**base, "params": by_hand}), atol=1e-3)

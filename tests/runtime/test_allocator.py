@@ -54,10 +54,16 @@ PINNED_THRESHOLD = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}
 
 def probe(keep: bool, source: str = PROBE, timeout: float = 300, env: dict | None = None) -> dict:
   """A probe's report in a fresh process (malloc's settings must precede jax's import)."""
-  env = {**os.environ, **(env or {}), "TAPERNORM_KEEP_FREED_MEMORY": "1" if keep else "0", "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": ""}  # one CPU device, as a run has (the suite's eight have thread pools of their own)
-  out = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=timeout,
-                       check=True)
+  env = {
+    **os.environ,
+    **(env or {}),
+    "TAPERNORM_KEEP_FREED_MEMORY": "1" if keep else "0",
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "",
+  }  # one CPU device, as a run has (the suite's eight have thread pools of their own)
+  out = subprocess.run(
+    [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=timeout, check=True
+  )
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -86,8 +92,14 @@ print(json.dumps(calls))
 
 @pytest.mark.parametrize("module", ["experiments.tinystories", "tapernorm_jax.studies.launch.cell"])
 def test_entry_points_set_malloc_before_jax_is_imported(module):
-  out = subprocess.run([sys.executable, "-c", ORDER.format(module=module)], capture_output=True, text=True,
-                       timeout=300, check=True, cwd=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-c", ORDER.format(module=module)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=True,
+    cwd=ROOT,
+  )
   jax_already_imported = json.loads(out.stdout.strip().splitlines()[-1])
   assert jax_already_imported and not jax_already_imported[0], jax_already_imported
 
@@ -148,27 +160,64 @@ print(json.dumps({"malloc": allocator.in_effect(), "cpu_paths": trainer.paths_ch
 
 
 def test_importing_the_package_changes_nothing_in_the_process():
-  code = ("import json, tapernorm_jax, tapernorm_jax.train.trainer; from tapernorm_jax.runtime import allocator; "
-          "print(json.dumps(allocator.in_effect()))")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300,
-                       cwd=ROOT)
+  code = (
+    "import json, tapernorm_jax, tapernorm_jax.train.trainer; from tapernorm_jax.runtime import allocator; "
+    "print(json.dumps(allocator.in_effect()))"
+  )
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300, cwd=ROOT)
   assert json.loads(out.stdout.strip().splitlines()[-1]) == {
-      "keeps_freed_memory": False, "why_not": "never set (no entry point, and keep_freed_memory() not called)"}
+    "keeps_freed_memory": False,
+    "why_not": "never set (no entry point, and keep_freed_memory() not called)",
+  }
 
 
 def test_a_library_user_gets_the_malloc_settings_and_paths_an_entry_point_gets(tmp_path):
   root = ROOT
-  tiny = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 2,
-          "train.batch_size": 8, "train.eval_batches": 1, "data.data_dir": str(tmp_path / "data"),
-          "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}
-  env = {**os.environ, "TAPERNORM_CPU_PATHS": "auto", "TAPERNORM_CACHE": str(tmp_path / "cache"),
-         "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # one CPU device both ways, paths timed (not the suite's pin)
-  subprocess.run([sys.executable, "-m", "experiments.tinystories", "--config=configs/baseline.py",
-                  f"--workdir={tmp_path / 'run'}", *[f"--config.{k}={v}" for k, v in tiny.items()]],
-                 cwd=root, env=env, check=True, capture_output=True, timeout=600)
+  tiny = {
+    "model.D": 32,
+    "model.H": 4,
+    "model.L": 2,
+    "model.T": 32,
+    "model.V": 512,
+    "train.steps": 2,
+    "train.batch_size": 8,
+    "train.eval_batches": 1,
+    "data.data_dir": str(tmp_path / "data"),
+    "data.synthetic_train_stories": 200,
+    "data.synthetic_valid_stories": 40,
+  }
+  env = {
+    **os.environ,
+    "TAPERNORM_CPU_PATHS": "auto",
+    "TAPERNORM_CACHE": str(tmp_path / "cache"),
+    "XLA_FLAGS": "",
+    "JAX_PLATFORMS": "cpu",
+  }  # one CPU device both ways, paths timed (not the suite's pin)
+  subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.tinystories",
+      "--config=configs/baseline.py",
+      f"--workdir={tmp_path / 'run'}",
+      *[f"--config.{k}={v}" for k, v in tiny.items()],
+    ],
+    cwd=root,
+    env=env,
+    check=True,
+    capture_output=True,
+    timeout=600,
+  )
   entry = json.loads((tmp_path / "run" / "results.json").read_text())
-  out = subprocess.run([sys.executable, "-c", LIBRARY, json.dumps(tiny)], cwd=root, env=env, check=True,
-                       capture_output=True, text=True, timeout=600)
+  out = subprocess.run(
+    [sys.executable, "-c", LIBRARY, json.dumps(tiny)],
+    cwd=root,
+    env=env,
+    check=True,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   library = json.loads(out.stdout.strip().splitlines()[-1])
   assert entry["malloc"] == library["malloc"] and library["malloc"]["set_before_jax"], (entry, library)
   assert entry["cpu_paths"]["how"] == "measured" and library["cpu_paths"]["how"] == "cached"

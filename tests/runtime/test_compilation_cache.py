@@ -10,9 +10,21 @@ from configs import base
 from tapernorm_jax.runtime import compilation_cache
 from tapernorm_jax.train import loop
 
-TINY = {"model.D": 32, "model.H": 4, "model.L": 1, "model.T": 32, "model.V": 512, "train.steps": 4,
-        "train.batch_size": 8, "train.diag_every": 4, "train.eval_batches": 1, "checkpoint.every": 4,
-        "taper.gate_warmup_frac": 0.25, "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 30}
+TINY = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 1,
+  "model.T": 32,
+  "model.V": 512,
+  "train.steps": 4,
+  "train.batch_size": 8,
+  "train.diag_every": 4,
+  "train.eval_batches": 1,
+  "checkpoint.every": 4,
+  "taper.gate_warmup_frac": 0.25,
+  "data.synthetic_train_stories": 200,
+  "data.synthetic_valid_stories": 30,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +38,9 @@ def restore_cache_setting():
 def run(tmp_path, name: str, cache: str) -> dict:
   """A four-step run in `tmp_path/name` with the compilation cache `cache`, nothing compiled in memory before it."""
   jax.clear_caches()
-  cfg = base.override(base.get_config("all_taper"), {**TINY, "data.data_dir": str(tmp_path / "data"),
-                                                     "train.compilation_cache": cache})
+  cfg = base.override(
+    base.get_config("all_taper"), {**TINY, "data.data_dir": str(tmp_path / "data"), "train.compilation_cache": cache}
+  )
   return loop.run(cfg, tmp_path / name)
 
 

@@ -46,11 +46,14 @@ def test_the_platforms_follow_the_host(tmp_path, monkeypatch):
   assert platforms.without_absent_tpu(env, cpu_only) == "libtpu is not installed" and env == {}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None or platforms.tpu_on_host(),
-                    reason="needs libtpu installed on a host without a TPU")
+@pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None or platforms.tpu_on_host(),
+  reason="needs libtpu installed on a host without a TPU",
+)
 def test_an_entry_point_without_jax_platforms_starts_jax_without_libtpu_s_errors():
   env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
   script = "import experiments, os, jax; jax.devices(); print(os.environ['JAX_PLATFORMS'], jax.default_backend())"
-  done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=300, check=True)
+  done = subprocess.run(
+    [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True
+  )
   assert done.stdout.split() == ["cpu", "cpu"] and "TPU" not in done.stderr, done.stderr

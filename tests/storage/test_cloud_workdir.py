@@ -39,10 +39,24 @@ from tapernorm_jax.train.metrics import read_jsonl
 
 # 8 steps: warmup and calibration over steps 0-1, then the taper; stopped at 5, inside it. Diagnostics only at the end
 # and no g = 0 fixed step: fewer compilations (three runs compile their own steps).
-TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 8,
-        "train.batch_size": 8, "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 1,
-        "checkpoint.every": 4, "taper.gate_warmup_frac": 0.25, "train.fixed_step": False, "opt.lr": 1e-3,
-        "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 40}
+TINY = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 2,
+  "model.T": 32,
+  "model.V": 512,
+  "train.steps": 8,
+  "train.batch_size": 8,
+  "train.log_every": 4,
+  "train.diag_every": 8,
+  "train.eval_batches": 1,
+  "checkpoint.every": 4,
+  "taper.gate_warmup_frac": 0.25,
+  "train.fixed_step": False,
+  "opt.lr": 1e-3,
+  "data.synthetic_train_stories": 200,
+  "data.synthetic_valid_stories": 40,
+}
 STOP = 5
 WORKDIR = "gs://bucket/runs/tiny"
 
@@ -71,8 +85,9 @@ def gcs(tmp_path, monkeypatch):
   monkeypatch.setattr(FakeGcs, "root", str(root))
   for protocol in FakeGcs.protocol:
     monkeypatch.setitem(fsspec_registry, protocol, FakeGcs)
-  monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs",
-                      lambda path: {"driver": "file", "path": str(root / path.removeprefix("gs://"))})
+  monkeypatch.setattr(
+    gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": str(root / path.removeprefix("gs://"))}
+  )
   monkeypatch.setattr(gcs_utils, "get_bucket", lambda name: types.SimpleNamespace(hierarchical_namespace_enabled=False))
   cwd = tmp_path / "cwd"
   cwd.mkdir()
@@ -86,8 +101,11 @@ def gcs(tmp_path, monkeypatch):
 @pytest.fixture
 def compile_cache(tmp_path):
   """JAX's persistent compilation cache in a temporary directory, for one test (the previous settings restored)."""
-  settings = {"jax_compilation_cache_dir": str(tmp_path / "jax_cache"), "jax_persistent_cache_min_compile_time_secs": 0,
-              "jax_persistent_cache_min_entry_size_bytes": 0}
+  settings = {
+    "jax_compilation_cache_dir": str(tmp_path / "jax_cache"),
+    "jax_persistent_cache_min_compile_time_secs": 0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+  }
   previous = {name: getattr(jax.config, name) for name in settings}
   for name, value in settings.items():
     jax.config.update(name, value)
@@ -132,12 +150,18 @@ def test_a_gs_workdir_trains_resumes_bit_exactly_and_exports(gcs, compile_cache,
   out = export.save("gs://bucket/exports/tiny", variables, cfg, fold=False, tokenizer=loaded.tokenizer)
   assert str(out) == "gs://bucket/exports/tiny" and export.is_export(out)
   assert sorted(os.listdir(gcs / "bucket" / "exports" / "tiny")) == [
-      "config.json", "manifest.json", "model.safetensors", "tokenizer", "variables"]
+    "config.json",
+    "manifest.json",
+    "model.safetensors",
+    "tokenizer",
+    "variables",
+  ]
   for source in ("orbax", "safetensors"):
     jax.tree.map(np.testing.assert_array_equal, export.load(out, source).variables, variables)
   again = loading.load(str(out))
   assert again.model_cfg == cfg and again.tokenizer.encode("Once upon a time") == loaded.tokenizer.encode(
-      "Once upon a time")
+    "Once upon a time"
+  )
 
 
 def test_a_url_without_its_filesystem_names_the_extra_to_install(monkeypatch):
@@ -160,8 +184,14 @@ def test_a_gs_study_runs_skips_what_is_done_and_reports(gcs, tmp_path):
   for key, value in {**TINY, "data.data_dir": str(tmp_path / "data")}.items():
     section, field = key.split(".")
     nested.setdefault(section, {})[field] = value
-  cells = grid.expand({"name": "tiny", "seeds": (0,), "overrides": nested,
-                       "grids": [dict(variants=["baseline", "all_taper:aux=0"], sizes=["cpu"])]})
+  cells = grid.expand(
+    {
+      "name": "tiny",
+      "seeds": (0,),
+      "overrides": nested,
+      "grids": [dict(variants=["baseline", "all_taper:aux=0"], sizes=["cpu"])],
+    }
+  )
   study = "gs://bucket/studies/tiny"
   manifest.write_manifest(study, {"name": "tiny"}, cells)
   lines = []

@@ -43,8 +43,9 @@ def test_a_held_directory_is_refused_by_name_and_a_killed_holders_leftovers_go_a
     with pytest.raises(directory_lock.DirectoryInUseError) as refused:
       with directory_lock.hold(run, "--workdir"):
         pass
-    assert str(refused.value).startswith(f"--workdir={run} is in use by another process (pid {holder.pid} on host "
-                                         f"{socket.gethostname()}, since ")
+    assert str(refused.value).startswith(
+      f"--workdir={run} is in use by another process (pid {holder.pid} on host {socket.gethostname()}, since "
+    )
     assert "\n" not in str(refused.value)
     os.kill(holder.pid, signal.SIGKILL)  # the kernel releases its lock: no waiting, no guessing from its pid
     holder.wait()
@@ -63,12 +64,28 @@ def test_a_tinystories_run_in_a_held_directory_is_refused_in_one_line_before_it_
   run = str(tmp_path / "run")
   holder = start_holder(run)
   try:
-    done = subprocess.run([sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py",
-                           f"--workdir={run}", "--config.train.steps=40", "--config.model.L=1", "--config.model.D=16",
-                           "--config.model.H=2", "--config.model.T=16", "--config.model.V=256",
-                           "--config.train.cpu_paths=xla", "--config.data.synthetic_train_stories=50",
-                           f"--config.data.data_dir={tmp_path / 'data'}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "experiments.tinystories",
+        "--config=configs/all_taper.py",
+        f"--workdir={run}",
+        "--config.train.steps=40",
+        "--config.model.L=1",
+        "--config.model.D=16",
+        "--config.model.H=2",
+        "--config.model.T=16",
+        "--config.model.V=256",
+        "--config.train.cpu_paths=xla",
+        "--config.data.synthetic_train_stories=50",
+        f"--config.data.data_dir={tmp_path / 'data'}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
   finally:
     holder.kill()
     holder.wait()
@@ -87,11 +104,13 @@ def test_a_lease_at_a_url_is_taken_only_from_holders_that_are_gone(tmp_path):
   here = socket.gethostname()
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
   cases = {  # (holder's record, whether it is taken)
-      "another host, renewed now": ({"host": "elsewhere", "pid": 1, "renewed": time.time()}, False),
-      "another host, expired": ({"host": "elsewhere", "pid": 1,
-                                 "renewed": time.time() - directory_lock.EXPIRE_S - 1}, True),
-      "this host, process alive": ({"host": here, "pid": os.getppid(), "renewed": 0.0}, False),
-      "this host, process gone": ({"host": here, "pid": int(dead.stdout), "renewed": time.time()}, True),
+    "another host, renewed now": ({"host": "elsewhere", "pid": 1, "renewed": time.time()}, False),
+    "another host, expired": (
+      {"host": "elsewhere", "pid": 1, "renewed": time.time() - directory_lock.EXPIRE_S - 1},
+      True,
+    ),
+    "this host, process alive": ({"host": here, "pid": os.getppid(), "renewed": 0.0}, False),
+    "this host, process gone": ({"host": here, "pid": int(dead.stdout), "renewed": time.time()}, True),
   }
   for case, (record, taken) in cases.items():
     lease(directory, **record)

@@ -61,7 +61,7 @@ class FlakyGcs(cloud.FakeGcs):
       with open(lpath, "rb") as f:
         data = f.read()
       with self.open(name, "wb") as out:
-        out.write(data[:len(data) // 2])
+        out.write(data[: len(data) // 2])
       self.faults.partials.append(self.cat_file(name))
     if error is not None:
       raise error
@@ -109,12 +109,25 @@ class HttpError(Exception):
     self.code = code
 
 
-@pytest.mark.parametrize("error, transient", [
-    (ConnectionResetError("reset by peer"), True), (TimeoutError("timed out"), True), (OSError("I/O error"), True),
-    (HttpError(503), True), (HttpError(429), True), (HttpError(408), True), (HttpError(404), False),
-    (HttpError(400), False), (FileNotFoundError("gs://bucket/x"), False), (PermissionError("denied"), False),
-    (OSError("Forbidden: gs://bucket/x\nno access"), False), (OSError(28, "No space left on device"), False),
-    (ValueError("Bad Request: gs://BAD_bucket/x\nInvalid bucket name"), False), (RuntimeError("a bug"), False)])
+@pytest.mark.parametrize(
+  "error, transient",
+  [
+    (ConnectionResetError("reset by peer"), True),
+    (TimeoutError("timed out"), True),
+    (OSError("I/O error"), True),
+    (HttpError(503), True),
+    (HttpError(429), True),
+    (HttpError(408), True),
+    (HttpError(404), False),
+    (HttpError(400), False),
+    (FileNotFoundError("gs://bucket/x"), False),
+    (PermissionError("denied"), False),
+    (OSError("Forbidden: gs://bucket/x\nno access"), False),
+    (OSError(28, "No space left on device"), False),
+    (ValueError("Bad Request: gs://BAD_bucket/x\nInvalid bucket name"), False),
+    (RuntimeError("a bug"), False),
+  ],
+)
 def test_only_transient_errors_are_retried(error, transient):
   assert retries.transient(error) is transient
 
@@ -141,8 +154,10 @@ def test_an_upload_cut_off_mid_object_is_sent_again_whole(flaky, caplog, tmp_pat
   assert flaky.tries["up", "bucket/runs/tiny/model.safetensors"] == 3
   lines = retry_lines(caplog)
   assert len(lines) == 2 and all("\n" not in line for line in lines)
-  assert lines[0] == ("gs://bucket/runs/tiny/model.safetensors: upload failed (attempt 1 of 5): ConnectionResetError: "
-                      "connection reset by peer; trying again in 0.0 s")
+  assert lines[0] == (
+    "gs://bucket/runs/tiny/model.safetensors: upload failed (attempt 1 of 5): ConnectionResetError: "
+    "connection reset by peer; trying again in 0.0 s"
+  )
 
 
 def test_trees_and_mirrors_are_retried_both_ways(flaky, caplog, tmp_path):
@@ -163,9 +178,12 @@ def test_trees_and_mirrors_are_retried_both_ways(flaky, caplog, tmp_path):
   again.download("log.txt")
   assert (again.local / "log.txt").read_text() == "line 1\n"
   assert sorted(line.split(" failed")[0] for line in retry_lines(caplog)) == [
-      "gs://bucket/studies/s/cell/log.txt: download", "gs://bucket/studies/s/cell/log.txt: upload",
-      "gs://bucket/studies/s/figures/a.txt: download", "gs://bucket/studies/s/figures/a.txt: upload",
-      "gs://bucket/studies/s/report.md: upload"]
+    "gs://bucket/studies/s/cell/log.txt: download",
+    "gs://bucket/studies/s/cell/log.txt: upload",
+    "gs://bucket/studies/s/figures/a.txt: download",
+    "gs://bucket/studies/s/figures/a.txt: upload",
+    "gs://bucket/studies/s/report.md: upload",
+  ]
 
 
 def test_study_records_go_through_the_retries(flaky, caplog, tmp_path):
@@ -207,8 +225,9 @@ def test_an_error_that_lasts_stops_the_command_in_one_line(flaky, caplog, capsys
   assert exited.value.code == 1 and flaky.tries["up", "bucket/runs/tiny/results.json"] == 5
   error = capsys.readouterr().err
   assert error.count("\n") == 1 and error.startswith(
-      "error: gs://bucket/runs/tiny/results.json: upload failed 5 times over 0 s, the last with "
-      "ConnectionRefusedError: connection refused; the storage is unreachable or failing"), error
+    "error: gs://bucket/runs/tiny/results.json: upload failed 5 times over 0 s, the last with "
+    "ConnectionRefusedError: connection refused; the storage is unreachable or failing"
+  ), error
   assert len(retry_lines(caplog)) == 4
   assert not (flaky.root / "bucket" / "runs" / "tiny" / "results.json").exists()
 
@@ -227,18 +246,28 @@ def test_a_run_on_flaky_storage_ends_as_a_clean_one(flaky, compile_cache, caplog
   data_dir = str(tmp_path / "data")
   clean = loop.run(cloud.config(data_dir), "gs://bucket/runs/clean")
   every_third = lambda name, n: ConnectionResetError("reset") if flaky.calls % 3 == 0 else None
-  flaky.uploads = lambda name, n: (ConnectionResetError("reset") if name.endswith("/results.json")
-                                   else every_third(name, n))
-  with pytest.raises(retries.StorageError, match=r"^gs://bucket/runs/tiny/results.json: upload failed 5 times over "
-                     r"\d+ s, the last with ConnectionResetError: reset; "):
+  flaky.uploads = lambda name, n: (
+    ConnectionResetError("reset") if name.endswith("/results.json") else every_third(name, n)
+  )
+  with pytest.raises(
+    retries.StorageError,
+    match=r"^gs://bucket/runs/tiny/results.json: upload failed 5 times over "
+    r"\d+ s, the last with ConnectionResetError: reset; ",
+  ):
     loop.run(cloud.config(data_dir), cloud.WORKDIR)
   remote = flaky.root / "bucket" / "runs" / "tiny"
   assert not (remote / "results.json").exists()  # the run's end was never reported
   assert Checkpointer(f"{cloud.WORKDIR}/checkpoints").all_steps()[-1] == 8
   failed = len(retry_lines(caplog))
   assert any(not line.startswith("gs://bucket/runs/tiny/results.json") for line in retry_lines(caplog))
-  assert failed > 4 and all(re.fullmatch(r"gs://\S+: upload failed \(attempt \d of 5\): ConnectionResetError: reset; "
-                                         r"trying again in 0\.0 s", line) for line in retry_lines(caplog))
+  assert failed > 4 and all(
+    re.fullmatch(
+      r"gs://\S+: upload failed \(attempt \d of 5\): ConnectionResetError: reset; "
+      r"trying again in 0\.0 s",
+      line,
+    )
+    for line in retry_lines(caplog)
+  )
   flaky.uploads = every_third
   results = loop.run(cloud.config(data_dir), cloud.WORKDIR)  # the same command again: resumes at the end
   assert len(retry_lines(caplog)) > failed
@@ -247,6 +276,7 @@ def test_a_run_on_flaky_storage_ends_as_a_clean_one(flaky, compile_cache, caplog
   assert {k: results[k] for k in same} == {k: clean[k] for k in same}
   saved, problem = integrity.unseal(json.loads((remote / "results.json").read_text()))
   assert not problem and {k: saved[k] for k in same} == {k: clean[k] for k in same}
-  losses = lambda run: [(r["step"], r["loss"], r.get("val_loss"))
-                        for r in read_jsonl(f"gs://bucket/runs/{run}/metrics.jsonl")]
+  losses = lambda run: [
+    (r["step"], r["loss"], r.get("val_loss")) for r in read_jsonl(f"gs://bucket/runs/{run}/metrics.jsonl")
+  ]
   assert losses("tiny") == losses("clean") and len(losses("tiny")) == 8

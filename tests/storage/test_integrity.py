@@ -23,7 +23,7 @@ def test_every_single_byte_change_to_a_checked_line_is_found():
   changed = 0
   for i, ch in enumerate(line):
     for other in {"0", "1", "9", "a", "f", "x", " ", '"'} - {ch}:
-      assert integrity.read_line(line[:i] + other + line[i + 1:] + "\n") is None, (i, other)
+      assert integrity.read_line(line[:i] + other + line[i + 1 :] + "\n") is None, (i, other)
       changed += 1
   assert changed > 7 * len(line)
 

@@ -40,8 +40,9 @@ def test_the_reading_says_when_no_trend_can_be_read():
   loose = lambda mean: [mean * (1 + d) for d in (-0.01, 0.0, 0.01)]  # the same means, seeds spread 5× wider
   noisy = fits.gap_fit(PARAMS, [loose(1.01), loose(1.0), loose(1.01), loose(1.0)], [loose(1.0)] * 4, resamples=200)
   assert noisy.lack_of_fit() > 0.1 and "spans 0" in noisy.reading()
-  shrinking = fits.gap_fit(PARAMS, [seeds(1 + 0.03 * (n / PARAMS[0]) ** -0.5) for n in PARAMS], [seeds(1.0)] * 4,
-                           resamples=200)
+  shrinking = fits.gap_fit(
+    PARAMS, [seeds(1 + 0.03 * (n / PARAMS[0]) ** -0.5) for n in PARAMS], [seeds(1.0)] * 4, resamples=200
+  )
   assert "shrinks" in shrinking.reading() and shrinking.b.low > 0
   assert shrinking.a.value == pytest.approx(0.03, rel=0.05) and len(shrinking.residuals) == 4
 
@@ -85,7 +86,7 @@ def test_the_gap_s_standard_error_is_its_spread_over_repeated_studies_at_any_gap
   gaps = method.mean(axis=1) / reference.mean(axis=1) - 1
   errors = np.array([fits.gap_error(m, r) for m, r in zip(method[:4000], reference[:4000])])
   # E[gap_error²] is the delta method's variance (each seed variance unbiased); the Monte Carlo one is the truth
-  assert np.sqrt(np.mean(errors ** 2)) == pytest.approx(gaps.std(), rel=0.04)
+  assert np.sqrt(np.mean(errors**2)) == pytest.approx(gaps.std(), rel=0.04)
 
 
 def true_law_study(rng: np.random.Generator, noise: float = 0.003, seeds: int = 3) -> tuple[list, list]:

@@ -27,9 +27,14 @@ ACC = '{"acc": 1}'
 
 def node(cpus: float = 0, alive: bool = True, **resources: float) -> dict:
   """An entry of `ray.nodes()`."""
-  return {"NodeID": f"n{len(resources)}{cpus}", "NodeManagerAddress": "10.0.0.2", "Alive": alive,
-          "Resources": {"CPU": cpus, "memory": 1e9, "node:10.0.0.2": 1.0, **resources} if cpus else
-          {"memory": 1e9, **resources}}
+  return {
+    "NodeID": f"n{len(resources)}{cpus}",
+    "NodeManagerAddress": "10.0.0.2",
+    "Alive": alive,
+    "Resources": {"CPU": cpus, "memory": 1e9, "node:10.0.0.2": 1.0, **resources}
+    if cpus
+    else {"memory": 1e9, **resources},
+  }
 
 
 def test_ctrl_c_stops_the_driver_even_where_a_wait_swallows_the_interrupt(monkeypatch):
@@ -60,18 +65,26 @@ def test_a_cell_asks_for_one_accelerator_of_the_clusters_kind_else_one_nodes_cpu
   assert ray_launch.cell_request([node(96, TPU=4, **{"TPU-v4-8-head": 1}), node(96, TPU=4)]) == {"TPU": 4}
   assert ray_launch.cell_request([node(), node(4), node(2), node(1, alive=False)]) == {"CPU": 2}
   assert ray_launch.cell_request([node(4), node(1, acc=1)], {"acc": 1}) == {"acc": 1}
-  with pytest.raises(spec.SweepError, match=r'--cell_resources=\{"GPU": 1\}: no node of the Ray cluster offers that '
-                     r'\(its nodes: \{"CPU": 4\}\)'):
+  with pytest.raises(
+    spec.SweepError,
+    match=r'--cell_resources=\{"GPU": 1\}: no node of the Ray cluster offers that '
+    r'\(its nodes: \{"CPU": 4\}\)',
+  ):
     ray_launch.cell_request([node(4)], {"GPU": 1})
   assert ray_launch.task_options({"CPU": 2, "acc": 1}, 3) == dict(
-      num_cpus=2, num_gpus=0, resources={"acc": 1}, max_retries=3, retry_exceptions=False)
+    num_cpus=2, num_gpus=0, resources={"acc": 1}, max_retries=3, retry_exceptions=False
+  )
 
 
-@pytest.mark.parametrize("text, message", [
+@pytest.mark.parametrize(
+  "text, message",
+  [
     ("{GPU: 1}", "--cell_resources={GPU: 1}: not JSON"),
     ('{"GPU": -1}', "give a JSON object of resource names to amounts >= 0"),
     ('["GPU"]', "give a JSON object"),
-    ("{}", "give a JSON object")])
+    ("{}", "give a JSON object"),
+  ],
+)
 def test_bad_cell_resources_are_one_line(text, message):
   with pytest.raises(spec.SweepError) as e:
     ray_launch.parse_resources(text)
@@ -90,6 +103,7 @@ class _BlindRay:
     def on(node_id: str):
       where = lambda path: path + ".elsewhere" if node_id in self.blind else path
       return types.SimpleNamespace(remote=lambda path, token: fn(where(path), token))
+
     return types.SimpleNamespace(options=lambda scheduling_strategy, **_: on(scheduling_strategy.node_id))
 
   def get(self, values):
@@ -97,8 +111,10 @@ class _BlindRay:
 
 
 def test_a_workdir_some_node_cannot_read_is_refused_in_one_line(tmp_path):
-  nodes = [dict(node(2), NodeID="a" * 56, NodeManagerAddress="10.0.0.1"),
-           dict(node(2), NodeID="b" * 56, NodeManagerAddress="10.0.0.7")]
+  nodes = [
+    dict(node(2), NodeID="a" * 56, NodeManagerAddress="10.0.0.1"),
+    dict(node(2), NodeID="b" * 56, NodeManagerAddress="10.0.0.7"),
+  ]
   ray_launch.check_shared(_BlindRay(set()), str(tmp_path), nodes)  # every node reads it
   with pytest.raises(spec.SweepError) as e:
     ray_launch.check_shared(_BlindRay({"b" * 56}), str(tmp_path), nodes)
@@ -121,6 +137,7 @@ def cluster():
   """A head without resources and two worker nodes with one CPU and one `acc` each, all on 127.0.0.1; its nodes see
   one CPU device each (the tests' 8 fake devices stay in this process)."""
   from ray.cluster_utils import Cluster
+
   with pytest.MonkeyPatch.context() as mp:
     for k, v in LOOPBACK.items():
       mp.setenv(k, v)  # kept while the cluster lives: this process's drivers connect on loopback too
@@ -174,8 +191,11 @@ def _remove_a_node_mid_cell(head, workers, workdir: str, names: list[str], remov
     for name in names:
       run_dir = os.path.join(workdir, name)
       record = manifest.read_record(run_dir)
-      saved = [d for d in os.listdir(os.path.join(run_dir, "checkpoints"))] if os.path.isdir(
-          os.path.join(run_dir, "checkpoints")) else []
+      saved = (
+        [d for d in os.listdir(os.path.join(run_dir, "checkpoints"))]
+        if os.path.isdir(os.path.join(run_dir, "checkpoints"))
+        else []
+      )
       if record.get("status") == "running" and any(d.isdigit() and int(d) > 0 for d in saved):
         victim = next(w for w in workers if w.node_id == record["ray_node"])
         head.remove_node(victim, allow_graceful=False)
@@ -188,12 +208,20 @@ def _remove_a_node_mid_cell(head, workers, workdir: str, names: list[str], remov
 def test_a_lost_node_costs_one_checkpoint_interval_and_the_result_is_unchanged(cluster, tmp_path, data_dir):
   head, workers = cluster
   long = {"train": {"steps": 600, "log_every": 50, "diag_every": 200}, "checkpoint": {"every": 100}}
-  grids = [dict(variants=["baseline", "all_taper"], sizes=["cpu"], seeds=[0]),
-           dict(variants=["internal_taper"], sizes=["cpu"], overrides={"taper": {"taper_end": 5000}})]  # > steps
+  grids = [
+    dict(variants=["baseline", "all_taper"], sizes=["cpu"], seeds=[0]),
+    dict(variants=["internal_taper"], sizes=["cpu"], overrides={"taper": {"taper_end": 5000}}),
+  ]  # > steps
   sweep_file, cells = study(tmp_path, data_dir, grids, long)
   workdir = str(tmp_path / "study")
-  flags = [f"--sweep={sweep_file}", f"--workdir={workdir}", "--launch=ray", f"--ray_address={head.address}",
-           f"--cell_resources={ACC}", "--progress_every=5"]
+  flags = [
+    f"--sweep={sweep_file}",
+    f"--workdir={workdir}",
+    "--launch=ray",
+    f"--ray_address={head.address}",
+    f"--cell_resources={ACC}",
+    "--progress_every=5",
+  ]
   removed: list = []
   good = [c.name for c in cells if c.variant != "internal_taper"]
   watcher = threading.Thread(target=_remove_a_node_mid_cell, args=(head, workers, workdir, good, removed))
@@ -216,10 +244,10 @@ def test_a_lost_node_costs_one_checkpoint_interval_and_the_result_is_unchanged(c
   # The same cell uninterrupted, on the node that is left: the same final validation loss, bit for bit.
   reference = [c for c in cells if c.name == name]
   manifest.write_manifest(str(tmp_path / "reference"), {"name": "ref"}, reference)
-  clean = ray_launch.run(reference, str(tmp_path / "reference"), address=head.address, resources={"acc": 1},
-                         echo=quiet)[name].results
+  clean = ray_launch.run(
+    reference, str(tmp_path / "reference"), address=head.address, resources={"acc": 1}, echo=quiet
+  )[name].results
   assert clean["resumed_from"] == 0 and clean["final_val_loss"] == resumed["final_val_loss"]
-
 
 
 @pytest.mark.slow
@@ -229,13 +257,22 @@ def test_a_stopped_driver_is_started_again_without_losing_or_repeating_work(clus
   long = {"train": {"steps": 1200, "log_every": 50, "diag_every": 200}, "checkpoint": {"every": 100}}
   sweep_file, cells = study(tmp_path, data_dir, [dict(variants=["baseline"], sizes=["cpu"])], long)
   workdir, name = str(tmp_path / "study"), cells[0].name
-  command = [sys.executable, "-m", "experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}",
-             "--launch=ray", f"--ray_address={head.address}", f"--cell_resources={ACC}"]
+  command = [
+    sys.executable,
+    "-m",
+    "experiments.sweep",
+    f"--sweep={sweep_file}",
+    f"--workdir={workdir}",
+    "--launch=ray",
+    f"--ray_address={head.address}",
+    f"--cell_resources={ACC}",
+  ]
   driver = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   checkpoints = os.path.join(workdir, name, "checkpoints")
   deadline = time.time() + 300
-  while time.time() < deadline and not (os.path.isdir(checkpoints) and any(
-      d.isdigit() and int(d) > 0 for d in os.listdir(checkpoints))):
+  while time.time() < deadline and not (
+    os.path.isdir(checkpoints) and any(d.isdigit() and int(d) > 0 for d in os.listdir(checkpoints))
+  ):
     time.sleep(0.05)
   driver.send_signal(signal.SIGINT)  # Ctrl-C
   out, err = driver.communicate(timeout=60)

@@ -13,17 +13,17 @@ import pytest
 
 from tapernorm_jax.storage import integrity
 from tapernorm_jax.studies import manifest, spec
-from tapernorm_jax.studies.analysis import aggregate, curves, figures, report, run_rows
+from tapernorm_jax.studies.analysis import aggregate, curves, figures, report, run_rows, tables
 from locations import ROOT
 
 STEPS = 40
 # (size, variant, aux) → final val loss per seed; None: the seed failed. Seed 2 of all_taper-1m is in the grid only.
 LOSSES = {
-    ("1m", "baseline", 0): [2.0, 2.2, 2.4],
-    ("1m", "internal_taper", 1): [2.2, 2.4, None],
-    ("1m", "all_taper", 0): [2.5, 2.7],
-    ("3m", "baseline", 0): [1.5, 1.7, 1.6],
-    ("3m", "internal_taper", 1): [1.6, 1.8, 1.7],
+  ("1m", "baseline", 0): [2.0, 2.2, 2.4],
+  ("1m", "internal_taper", 1): [2.2, 2.4, None],
+  ("1m", "all_taper", 0): [2.5, 2.7],
+  ("3m", "baseline", 0): [1.5, 1.7, 1.6],
+  ("3m", "internal_taper", 1): [1.6, 1.8, 1.7],
 }
 PARAMS = {"1m": 1_035_000, "3m": 2_854_000}
 
@@ -33,28 +33,55 @@ def write_run(workdir: str, size: str, variant: str, aux: int, seed: int, loss: 
   cell = spec.Cell(variant, size, aux, seed)
   run_dir = os.path.join(workdir, cell.name)
   os.makedirs(run_dir)
-  config = {"variant": variant, "size": size, "seed": seed, "model": {"L": 8, "D": 64, "T": 512, "V": 10_000},
-            "taper": {"scale_loss_weight": 0.1 * aux, "gate_warmup_frac": 0.25},
-            "train": {"steps": STEPS, "batch_size": 16}, "opt": {"lr": 3e-4}}
+  config = {
+    "variant": variant,
+    "size": size,
+    "seed": seed,
+    "model": {"L": 8, "D": 64, "T": 512, "V": 10_000},
+    "taper": {"scale_loss_weight": 0.1 * aux, "gate_warmup_frac": 0.25},
+    "train": {"steps": STEPS, "batch_size": 16},
+    "opt": {"lr": 3e-4},
+  }
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     json.dump(config, f)
   growth = 1.08 if run_rows.unanchored(variant, aux) else 1.0
   with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
     for step in range(STEPS if loss is not None else 12):
-      record = {"step": step, "loss": 5.0 - step / 10, "gate": max(0.0, 1 - step / STEPS), "grad_norm": 1.0,
-                "tokens_per_s": 1000.0 + step, **{f"grad_norm/{w}": 0.5 + seed for w, _ in figures.WEIGHT_TYPES}}
+      record = {
+        "step": step,
+        "loss": 5.0 - step / 10,
+        "gate": max(0.0, 1 - step / STEPS),
+        "grad_norm": 1.0,
+        "tokens_per_s": 1000.0 + step,
+        **{f"grad_norm/{w}": 0.5 + seed for w, _ in figures.WEIGHT_TYPES},
+      }
       if step % 5 == 4:
-        record.update(logit_norm=10.0 * growth ** step, val_loss=4.0)
+        record.update(logit_norm=10.0 * growth**step, val_loss=4.0)
       f.write(integrity.checked_line(record))
   if loss is None:
     with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
       json.dump({**cell.to_json(), "status": "failed", "error": "FloatingPointError: loss is nan at step 11"}, f)
     return run_dir
   with open(os.path.join(run_dir, "results.json"), "w") as f:
-    json.dump({"variant": variant, "size": size, "seed": seed, "corpus": "tinystories", "scale_loss_weight": 0.1 * aux,
-               "steps": STEPS, "tokens": STEPS * 16 * 512, "final_val_loss": loss, "val_gate": 0.0,
-               "params": PARAMS[size] + 64 * aux, "wall_time_s": 10.0, "devices": 1, "backend": "cpu",
-               "complete": True}, f)
+    json.dump(
+      {
+        "variant": variant,
+        "size": size,
+        "seed": seed,
+        "corpus": "tinystories",
+        "scale_loss_weight": 0.1 * aux,
+        "steps": STEPS,
+        "tokens": STEPS * 16 * 512,
+        "final_val_loss": loss,
+        "val_gate": 0.0,
+        "params": PARAMS[size] + 64 * aux,
+        "wall_time_s": 10.0,
+        "devices": 1,
+        "backend": "cpu",
+        "complete": True,
+      },
+      f,
+    )
   return run_dir
 
 
@@ -74,11 +101,14 @@ def study(tmp_path):
 
 def test_a_study_is_read_and_reported_where_jax_cannot_be_imported(study, tmp_path):
   """Reading a study (rows, fits, figures, the report) needs no jax: jax, flax and optax are made unimportable."""
-  script = ("import sys\nfor name in ('jax', 'jaxlib', 'flax', 'optax'):\n  sys.modules[name] = None\n"
-            "from tapernorm_jax.studies.analysis import report\n"
-            "print(sorted(report.write_report(sys.argv[1], sys.argv[2])))")
-  done = subprocess.run([sys.executable, "-c", script, study, str(tmp_path / "out")], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300)
+  script = (
+    "import sys\nfor name in ('jax', 'jaxlib', 'flax', 'optax'):\n  sys.modules[name] = None\n"
+    "from tapernorm_jax.studies.analysis import report\n"
+    "print(sorted(report.write_report(sys.argv[1], sys.argv[2])))"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", script, study, str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert os.path.isfile(tmp_path / "out" / "report.md") and os.path.isfile(tmp_path / "out" / "results.csv")
 
@@ -101,7 +131,10 @@ def test_aggregates_are_exact_and_count_missing_and_failed_seeds(study):
   assert (unanchored.n, unanchored.expected) == (2, 3) and unanchored.gap_pct == pytest.approx(100 * 0.4 / 2.2)
   assert groups[("3m", "internal_taper", 1)].gap_pct == pytest.approx(100 * 0.1 / 1.6)
   assert [(g.size, g.variant) for g in aggregate.aggregate(runs)][:3] == [
-      ("1m", "baseline"), ("1m", "internal_taper"), ("1m", "all_taper")]
+    ("1m", "baseline"),
+    ("1m", "internal_taper"),
+    ("1m", "all_taper"),
+  ]
 
 
 def test_gaps_against_matched_controls_say_what_is_inside_the_noise():
@@ -112,22 +145,23 @@ def test_gaps_against_matched_controls_say_what_is_inside_the_noise():
   groups = [base, control, tapered, one_seed, alone]
   vs_control = aggregate.gap(tapered, control)  # the delta method's standard error of the ratio, in %
   assert vs_control.pct == pytest.approx(100 * (1.7 - 1.51) / 1.51)
-  assert vs_control.se_pct == pytest.approx(100 * math.sqrt(0.1**2 / 3 + (1.7 / 1.51)**2 * 0.01**2 / 3) / 1.51)
+  assert vs_control.se_pct == pytest.approx(100 * math.sqrt(0.1**2 / 3 + (1.7 / 1.51) ** 2 * 0.01**2 / 3) / 1.51)
   assert vs_control.inside_noise is False and aggregate.gap(tapered, base).inside_noise is True  # 6.25% < 2 × 5.26%
   assert aggregate.control_of(one_seed, groups) is base and aggregate.control_of(base, groups) is None
   assert aggregate.gap(one_seed, base).se_pct is None and aggregate.control_of(alone, groups) is None
-  rows = report.controls_markdown(groups).splitlines()[2:]
+  rows = tables.controls_markdown(groups).splitlines()[2:]
   assert rows == [
-      "| 3m | internal_taper (+aux) | +6.25% ± 5.26% | baseline (+aux) | +12.58% ± 3.85% | against the baseline: "
-      "inside the noise; against baseline (+aux): higher, 3.3 standard errors |",
-      "| 3m | all_taper (aux=0) | +6.25% | baseline | +6.25% | against the baseline, its matched control: too few "
-      "seeds to tell |",
-      "| 1m | all_taper (+aux) | — | — | — | no matched control in this study: add baseline:aux=1 to the grid |"]
+    "| 3m | internal_taper (+aux) | +6.25% ± 5.26% | baseline (+aux) | +12.58% ± 3.85% | against the baseline: "
+    "inside the noise; against baseline (+aux): higher, 3.3 standard errors |",
+    "| 3m | all_taper (aux=0) | +6.25% | baseline | +6.25% | against the baseline, its matched control: too few "
+    "seeds to tell |",
+    "| 1m | all_taper (+aux) | — | — | — | no matched control in this study: add baseline:aux=1 to the grid |",
+  ]
 
 
 def test_table2_markdown_names_seeds_and_the_paper_only_in_its_setting(study):
   runs = run_rows.read_runs(study)
-  table = report.table2_markdown(aggregate.aggregate(runs), with_paper=True)
+  table = tables.table2_markdown(aggregate.aggregate(runs), with_paper=True)
   lines = table.splitlines()
   assert lines[0] == "| size | params | baseline | internal_taper (+aux) | all_taper (aux=0) |"
   assert "2.2000 ± 0.2000 · n = 3<br>paper: 2.1538 ± 0.0025" in lines[2]
@@ -153,8 +187,19 @@ def test_the_time_stamp_is_source_date_epoch_where_set_and_a_bad_one_is_named(st
 
 def test_the_paper_column_appears_only_in_the_paper_setting():
   def run(steps: int, corpus: str = "tinystories") -> run_rows.Run:
-    return run_rows.Run("baseline-1m-aux0-seed0", "baseline", 0, "1m", 0, "complete", steps=steps, corpus=corpus,
-                      final_val_loss=2.15, params=PARAMS["1m"])
+    return run_rows.Run(
+      "baseline-1m-aux0-seed0",
+      "baseline",
+      0,
+      "1m",
+      0,
+      "complete",
+      steps=steps,
+      corpus=corpus,
+      final_val_loss=2.15,
+      params=PARAMS["1m"],
+    )
+
   assert aggregate.paper_setting([run(500_000)])
   assert not aggregate.paper_setting([run(500_000, "synthetic-stories(seed=0,train=20000,valid=1000)")])
   assert not aggregate.paper_setting([run(500_000), run(1000)])
@@ -169,8 +214,13 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
   assert tuple(rows[0]) == run_rows.CSV_COLUMNS
   assert len(rows) == 15
   row = next(r for r in rows if r["cell"] == "baseline-1m-aux0-seed1")
-  assert (row["variant"], row["size"], row["seed"], row["aux"], row["status"]) == ("baseline", "1m", "1", "0",
-                                                                                   "complete")
+  assert (row["variant"], row["size"], row["seed"], row["aux"], row["status"]) == (
+    "baseline",
+    "1m",
+    "1",
+    "0",
+    "complete",
+  )
   assert float(row["final_val_loss"]) == 2.2 and int(row["params"]) == 1_035_000
   tapered = next(r for r in rows if r["cell"] == "internal_taper-1m-aux1-seed1")
   assert float(row["scale_loss_weight"]) == 0.0 and float(tapered["scale_loss_weight"]) == pytest.approx(0.1)
@@ -178,8 +228,10 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(study, tmp_path):
   assert float(row["tokens_per_s"]) == pytest.approx(np.median(1000.0 + np.arange(STEPS)))
   assert row["mfu"] == ""  # no known peak for a CPU
   assert next(r for r in rows if r["cell"] == "all_taper-1m-aux0-seed2")["status"] == "missing"
-  absent = {"decode_throughput.png",  # needs DIR/throughput.json (experiments.report --throughput)
-            "fits_loss_vs_compute.png"}  # needs 3 sizes; this study has 2
+  absent = {
+    "decode_throughput.png",  # needs DIR/throughput.json (experiments.report --throughput)
+    "fits_loss_vs_compute.png",
+  }  # needs 3 sizes; this study has 2
   assert sorted(os.listdir(tmp_path / "out" / "figures")) == sorted(set(figures.FIGURES) - absent)
   assert os.path.getsize(written["report"]) > 0
 
@@ -209,8 +261,11 @@ def test_figures_plot_one_line_per_seed_mean_and_marker(study):
   runs = run_rows.read_runs(study)
   groups = aggregate.aggregate(runs)
   drawn = figures.make_figures(runs, groups)
-  assert set(drawn) == set(figures.FIGURES) - {"decode_throughput.png", "fits_gap_vs_params.png",
-                                               "fits_loss_vs_compute.png"}  # no throughput or fits given
+  assert set(drawn) == set(figures.FIGURES) - {
+    "decode_throughput.png",
+    "fits_gap_vs_params.png",
+    "fits_loss_vs_compute.png",
+  }  # no throughput or fits given
   ax = drawn["fig2_val_loss_vs_params.png"].axes[0]
   assert len(ax.containers) == 3  # baseline, internal_taper (+aux), all_taper (aux=0): one errorbar line each
   assert ax.get_xscale() == "log" and ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
@@ -228,9 +283,9 @@ def test_figures_plot_one_line_per_seed_mean_and_marker(study):
 
 def test_logit_growth_shows_in_the_dynamics_table(study):
   runs = run_rows.read_runs(study)
-  text = report.dynamics_markdown(curves.Curves(runs))
+  text = tables.dynamics_markdown(curves.Curves(runs))
   steps = np.arange(4, STEPS, 5)
-  growth = 1.08 ** 39 / np.interp(10, steps, 1.08 ** steps)  # end / taper start (step 10, between two records)
+  growth = 1.08**39 / np.interp(10, steps, 1.08**steps)  # end / taper start (step 10, between two records)
   row = next(line for line in text.splitlines() if "all_taper (aux=0)" in line)
   assert "| unanchored |" in row and f"| {growth:.2f}× |" in row
   assert "| 1.00× |" in next(line for line in text.splitlines() if "| baseline |" in line)
@@ -248,9 +303,14 @@ def test_a_damaged_history_is_refused_by_name(study):
   lines[7] = lines[7].replace('"loss": 4.3', '"loss": 4.4')  # still parses; the checksum no longer matches
   with open(path, "w") as f:
     f.writelines(lines)
-  with pytest.raises(integrity.DamagedLinesError, match=re.escape(f"{path}: line 8 of {STEPS} (after step 6) is "
-                                                                  "damaged (it does not match its checksum); the "
-                                                                  "history of this run cannot be trusted")):
+  with pytest.raises(
+    integrity.DamagedLinesError,
+    match=re.escape(
+      f"{path}: line 8 of {STEPS} (after step 6) is "
+      "damaged (it does not match its checksum); the "
+      "history of this run cannot be trusted"
+    ),
+  ):
     report.write_report(study)
 
 

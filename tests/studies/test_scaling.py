@@ -36,9 +36,20 @@ def runs(gap_a: float, gap_b: float, noise: float = 0.0, seeds: int = 3, control
     cells += [("baseline", 1, base * (1 + control))] if control is not None else []
     for variant, aux, loss in cells:
       for seed in range(seeds):
-        out.append(Run(f"{variant}-{size}-aux{aux}-seed{seed}", variant, aux, size, seed, "complete", params=N,
-                       tokens=TOKENS, final_val_loss=float(loss * (1 + noise * rng.standard_normal())),
-                       config={"model": {"L": 2, "D": D, "T": 128}}))
+        out.append(
+          Run(
+            f"{variant}-{size}-aux{aux}-seed{seed}",
+            variant,
+            aux,
+            size,
+            seed,
+            "complete",
+            params=N,
+            tokens=TOKENS,
+            final_val_loss=float(loss * (1 + noise * rng.standard_normal())),
+            config={"model": {"L": 2, "D": D, "T": 128}},
+          )
+        )
   return out
 
 
@@ -82,8 +93,9 @@ def test_the_matched_control_is_fitted_too():
 
 
 def test_each_token_budget_is_fitted_along_its_own_ladder():
-  at = lambda rs, budget: [dataclasses.replace(r, size=spec.point(r.size, budget), cell=f"{r.cell}-{budget}")
-                           for r in rs]
+  at = lambda rs, budget: [
+    dataclasses.replace(r, size=spec.point(r.size, budget), cell=f"{r.cell}-{budget}") for r in rs
+  ]
   rs = at(runs(0.02, 0.4), "tpp1") + at(runs(0.05, 0.2), "tpp4")
   fitted = scaling.fits_by_budget(rs, aggregate.aggregate(rs), resamples=20)
   assert [study.budget for study in fitted] == ["tpp1", "tpp4"]
@@ -98,8 +110,9 @@ def test_each_token_budget_is_fitted_along_its_own_ladder():
   assert len(scaling_fig.axes[0].containers) == 4 and len(scaling_fig.axes[0].get_xticks()) == len(SIZES)
   plain = runs(0.02, 0.4)  # a study without budgets: one fit, named as before
   (only,) = scaling.fits_by_budget(plain, aggregate.aggregate(plain), resamples=20)
-  assert only.budget == "" and "fits_gap_vs_params.png" in figures.make_figures(plain, aggregate.aggregate(plain),
-                                                                                  studies=[only])
+  assert only.budget == "" and "fits_gap_vs_params.png" in figures.make_figures(
+    plain, aggregate.aggregate(plain), studies=[only]
+  )
 
 
 def test_one_size_has_no_fits():
@@ -117,11 +130,17 @@ LADDER_TRAIN = {"steps": 60, "batch_size": 32, "log_every": 20, "diag_every": 60
 def ladder_sweep(data_dir: str) -> dict:
   """A tiny ladder: the four CPU sizes at widths 24–48, one layer, all_taper (+aux), 2 seeds, trained until each
   learns context."""
-  sweep = tiny_sweep(data_dir, [dict(variants=["all_taper"], sizes=[size],
-                                     overrides={"model": {"D": width}}) for size, width in LADDER.items()])
+  sweep = tiny_sweep(
+    data_dir,
+    [dict(variants=["all_taper"], sizes=[size], overrides={"model": {"D": width}}) for size, width in LADDER.items()],
+  )
   overrides = sweep["overrides"]
-  overrides = {**overrides, "train": {**overrides["train"], **LADDER_TRAIN}, "checkpoint": {"every": 60},
-               "opt": {"lr": 1e-2}}
+  overrides = {
+    **overrides,
+    "train": {**overrides["train"], **LADDER_TRAIN},
+    "checkpoint": {"every": 60},
+    "opt": {"lr": 1e-2},
+  }
   return {**sweep, "overrides": overrides, "seeds": (0, 1)}
 
 
@@ -136,7 +155,7 @@ def test_holding_out_needs_three_smaller_sizes(data_dir):
 def test_a_prediction_from_an_exact_law_is_the_law():
   compute = np.geomspace(1e10, 1e12, 4)
   law = fits.compute_fit(compute, [[1.0 + 2.0 * (c / 1e10) ** -0.3] * 3 for c in compute], resamples=50)
-  assert law.predict(1e13).value == pytest.approx(1.0 + 2.0 * 1000 ** -0.3, rel=1e-4)
+  assert law.predict(1e13).value == pytest.approx(1.0 + 2.0 * 1000**-0.3, rel=1e-4)
   widened = law.predict(1e13, noise=0.01)
   assert widened.high - widened.low == pytest.approx(2 * 1.645 * 0.01, rel=0.35)  # the noise alone, ± z(0.95)·σ
 
@@ -149,8 +168,11 @@ def test_predict_then_check_end_to_end(tmp_path, data_dir):
   out = run_cli("experiments.sweep", *flags).stdout
   assert "predicted at cpu_l: all_taper (+aux) " in out
   written = os.path.getmtime(workdir / predict.FILE)
-  assert all(written < os.path.getmtime(workdir / c.name / "config.json")  # before any run of cpu_l began
-             for c in grid.expand(ladder_sweep(data_dir)) if c.size == "cpu_l")
+  assert all(
+    written < os.path.getmtime(workdir / c.name / "config.json")  # before any run of cpu_l began
+    for c in grid.expand(ladder_sweep(data_dir))
+    if c.size == "cpu_l"
+  )
   prediction = predict.read(str(workdir))
   assert prediction["coverage"] == coverage.committed()["rates"]["measured mean inside the prediction"]
   runs = run_rows.read_runs(str(workdir))

@@ -25,20 +25,38 @@ def test_the_shipped_sweeps_expand_to_their_grids():
   cells = grid.expand(table2.get_config())
   assert len(cells) == 4 * 4 * 6 + 2 * 6  # the paper's 84 runs and the matched control, baseline (+aux), per size
   names = {c.name for c in cells}
-  assert {"baseline-1m-aux0-seed0", "baseline-9m-aux1-seed2", "internal_taper-30m-aux1-seed5",
-          "all_taper-9m-aux1-seed3", "final_taper-30m-aux0-seed0", "all_taper-30m-aux0-seed5"} <= names
+  assert {
+    "baseline-1m-aux0-seed0",
+    "baseline-9m-aux1-seed2",
+    "internal_taper-30m-aux1-seed5",
+    "all_taper-9m-aux1-seed3",
+    "final_taper-30m-aux0-seed0",
+    "all_taper-30m-aux0-seed5",
+  } <= names
   assert "final_taper-1m-aux0-seed0" not in names
   mini = grid.expand(cpu_mini.get_config())
-  assert {(c.variant, c.aux) for c in mini} == {("baseline", 0), ("baseline", 1), ("internal_taper", 1),
-                                                 ("all_taper", 1), ("all_taper", 0), ("final_taper", 0)}
+  assert {(c.variant, c.aux) for c in mini} == {
+    ("baseline", 0),
+    ("baseline", 1),
+    ("internal_taper", 1),
+    ("all_taper", 1),
+    ("all_taper", 0),
+    ("final_taper", 0),
+  }
   assert len({c.seed for c in mini}) >= 3 and {c.size for c in mini} == {"cpu"}
   cfg = grid.cell_config(mini[0])
   assert cfg.train.diag_every == dict(mini[0].overrides)["train.diag_every"] and cfg.data.source == "synthetic"
   study = grid.expand(methods.get_config())
   by_variant = {c.variant: grid.cell_config(c) for c in study}
   assert {v: cfg.method for v, cfg in by_variant.items()} == {
-      "baseline": "taper", "internal_taper": "taper", "all_taper": "taper", "fakeln": "fakeln", "prepbn": "prepbn",
-      "dyt": "taper", "derf": "taper"}
+    "baseline": "taper",
+    "internal_taper": "taper",
+    "all_taper": "taper",
+    "fakeln": "fakeln",
+    "prepbn": "prepbn",
+    "dyt": "taper",
+    "derf": "taper",
+  }
   assert by_variant["prepbn"].model.internal_norm == "repbn" and by_variant["dyt"].model.final_norm == "dyt"
   assert len(study) == 8 * 3 * 3 and {c.aux for c in study if c.variant == "baseline"} == {0, 1}
   assert {c.size for c in study} == {"cpu_xs", "cpu", "cpu_l"}
@@ -51,7 +69,9 @@ def test_the_shipped_sweeps_expand_to_their_grids():
     assert len(held_out) == 4 * 3 and {c.size for c in held_out} == {"cpu_xl"}
 
 
-@pytest.mark.parametrize("change, message", [
+@pytest.mark.parametrize(
+  "change, message",
+  [
     (dict(grids=[dict(variants=["all_tapr"], sizes=["cpu"])]), "grids[0].variants[0]='all_tapr': unknown variant"),
     (dict(grids=[dict(variants=["all_taper:aux=2"], sizes=["cpu"])]), "grids[0].variants[0]='all_taper:aux=2'"),
     (dict(grids=[dict(variants=["baseline"], sizes=["2m"])]), "grids[0].sizes[0]='2m': unknown size"),
@@ -62,14 +82,23 @@ def test_the_shipped_sweeps_expand_to_their_grids():
     (dict(overrides={"train": {"steps": "many"}}), "overrides.train.steps='many'"),
     (dict(grid=[]), "grid: not a sweep field"),
     (dict(overrides={"seed": 3}), "overrides.seed=3: set variants, sizes and seeds in the grid"),
-    (dict(overrides={"taper": {"scale_loss_weight": 0.5}}),
-     "overrides.taper.scale_loss_weight=0.5 contradicts baseline:aux=0"),
-    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["tokens=5"])]),
-     "grids[0].budgets[0]='tokens=5': a budget is 'steps=<positive integer>', 'tokens_per_param=<positive number>'"),
+    (
+      dict(overrides={"taper": {"scale_loss_weight": 0.5}}),
+      "overrides.taper.scale_loss_weight=0.5 contradicts baseline:aux=0",
+    ),
+    (
+      dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["tokens=5"])]),
+      "grids[0].budgets[0]='tokens=5': a budget is 'steps=<positive integer>', 'tokens_per_param=<positive number>'",
+    ),
     (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["steps=0"])]), "grids[0].budgets[0]='steps=0'"),
-    (dict(grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["steps=600"])], overrides={"train": {"steps": 5}}),
-     "overrides.train.steps=5: the grid has budgets, which set each cell's steps"),
-])
+    (
+      dict(
+        grids=[dict(variants=["baseline"], sizes=["cpu"], budgets=["steps=600"])], overrides={"train": {"steps": 5}}
+      ),
+      "overrides.train.steps=5: the grid has budgets, which set each cell's steps",
+    ),
+  ],
+)
 def test_bad_sweeps_name_the_field_and_value(change, message):
   bad = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu"])], **change}
   with pytest.raises(spec.SweepError) as e:
@@ -78,33 +107,52 @@ def test_bad_sweeps_name_the_field_and_value(change, message):
 
 
 def test_token_budgets_are_part_of_each_cell_and_order_after_their_size():
-  sweep = {"seeds": (0,), "grids": [dict(variants=["baseline"], sizes=["cpu_xs", "cpu"],
-                                         budgets=[None, "steps=600", "tokens_per_param=2.5"])]}
+  sweep = {
+    "seeds": (0,),
+    "grids": [
+      dict(variants=["baseline"], sizes=["cpu_xs", "cpu"], budgets=[None, "steps=600", "tokens_per_param=2.5"])
+    ],
+  }
   cells = grid.expand(sweep)
-  assert [c.name for c in cells[:3]] == ["baseline-cpu_xs-aux0-seed0", "baseline-cpu_xs@steps600-aux0-seed0",
-                                         "baseline-cpu_xs@tpp2.5-aux0-seed0"]
+  assert [c.name for c in cells[:3]] == [
+    "baseline-cpu_xs-aux0-seed0",
+    "baseline-cpu_xs@steps600-aux0-seed0",
+    "baseline-cpu_xs@tpp2.5-aux0-seed0",
+  ]
   assert [grid.cell_config(c).train.steps for c in cells[:2]] == [300, 600]
   tapered = grid.expand({**sweep, "grids": [{**sweep["grids"][0], "variants": ["all_taper:aux=1"]}]})
   steps = lambda group: [grid.cell_config(c).train.steps for c in group]
   assert steps(tapered) == steps(cells)  # matched budgets
   assert all(spec.Cell.from_json(c.to_json()) == c for c in cells)  # the manifest keeps the budget
   labels = ["cpu@tpp20", "cpu_xs", "cpu@steps600", "cpu", "cpu@tpp2.5", "cpu_xs@tpp1"]
-  assert sorted(labels, key=run_rows.size_order) == ["cpu_xs", "cpu_xs@tpp1", "cpu", "cpu@steps600", "cpu@tpp2.5",
-                                                     "cpu@tpp20"]
+  assert sorted(labels, key=run_rows.size_order) == [
+    "cpu_xs",
+    "cpu_xs@tpp1",
+    "cpu",
+    "cpu@steps600",
+    "cpu@tpp2.5",
+    "cpu@tpp20",
+  ]
   with pytest.raises(spec.SweepError, match="the grid has 3 token budgets"):  # each budget is its own ladder
-    predict.split_largest(grid.expand({**sweep, "grids": [{**sweep["grids"][0],
-                                                          "sizes": ["cpu_xs", "cpu", "cpu_m", "cpu_l"]}]}))
+    predict.split_largest(
+      grid.expand({**sweep, "grids": [{**sweep["grids"][0], "sizes": ["cpu_xs", "cpu", "cpu_m", "cpu_l"]}]})
+    )
 
 
 def test_a_budget_sweep_trains_each_budget_and_reports_it(tmp_path, data_dir):
   overrides = tiny_sweep(data_dir, [])["overrides"]
   train = {k: v for k, v in overrides["train"].items() if k != "steps"}  # the budgets set the steps
-  sweep = {**tiny_sweep(data_dir, [dict(variants=["baseline"], sizes=["cpu"],
-                                        budgets=["steps=3", "tokens_per_param=0.02"])]),
-           "overrides": {**overrides, "train": train}}
+  sweep = {
+    **tiny_sweep(data_dir, [dict(variants=["baseline"], sizes=["cpu"], budgets=["steps=3", "tokens_per_param=0.02"])]),
+    "overrides": {**overrides, "train": train},
+  }
   workdir = str(tmp_path / "study")
-  run_cli("experiments.sweep", f"--sweep={write_sweep_file(tmp_path / 'budgets.py', sweep)}", f"--workdir={workdir}",
-          "--parallel=2")
+  run_cli(
+    "experiments.sweep",
+    f"--sweep={write_sweep_file(tmp_path / 'budgets.py', sweep)}",
+    f"--workdir={workdir}",
+    "--parallel=2",
+  )
   rows = {r.size: r for r in run_rows.read_runs(workdir)}
   assert set(rows) == {"cpu@steps3", "cpu@tpp0.02"} and all(r.status in run_rows.FINISHED for r in rows.values())
   tpp = rows["cpu@tpp0.02"]  # its steps from the parameters the trained model reports, by the rule's closed form
@@ -126,7 +174,8 @@ def test_device_groups_pack_cells_onto_devices():
   with pytest.raises(spec.SweepError) as e:
     runner.device_groups(devices[:2], 3)  # not asked for: named, with what it costs and the fix
   assert str(e.value).startswith("--parallel=3: this host has 2 CPU device(s), so cells would share them") and (
-      "use --parallel=2 or less, or add --oversubscribe" in str(e.value))
+    "use --parallel=2 or less, or add --oversubscribe" in str(e.value)
+  )
   with pytest.raises(spec.SweepError, match="--parallel=-1"):
     runner.device_groups(devices, -1)
 
@@ -160,8 +209,9 @@ def test_a_results_file_changed_after_it_was_written_is_named_and_its_cell_runs_
   assert manifest.cell_status(str(tmp_path)) == manifest.CellStatus("complete", step=6, results=results)
   (tmp_path / "results.json").write_text((tmp_path / "results.json").read_text().replace("1.25", "1.24"))
   status = manifest.cell_status(str(tmp_path))
-  assert status.state == "failed" and status.error.startswith(f"unreadable results: {tmp_path}/results.json is "
-                                                              "damaged: its content does not match the SHA-256")
+  assert status.state == "failed" and status.error.startswith(
+    f"unreadable results: {tmp_path}/results.json is damaged: its content does not match the SHA-256"
+  )
   assert "run the cell again" in status.error
 
 
@@ -210,17 +260,22 @@ def test_progress_line_counts_and_estimates(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_sweep_end_to_end_resume_skip_a_failing_cell_and_the_report(tmp_path, data_dir):
-  grids = [dict(variants=["baseline", "all_taper:aux=0"], sizes=["cpu"]),
-           dict(variants=["internal_taper"], sizes=["cpu"], overrides={"taper": {"taper_end": 99}})]  # > steps
+  grids = [
+    dict(variants=["baseline", "all_taper:aux=0"], sizes=["cpu"]),
+    dict(variants=["internal_taper"], sizes=["cpu"], overrides={"taper": {"taper_end": 99}}),
+  ]  # > steps
   sweep_file = write_sweep_file(tmp_path / "tiny.py", tiny_sweep(data_dir, grids))
   workdir = str(tmp_path / "study")
   first = run_cli("experiments.sweep", f"--sweep={sweep_file}", f"--workdir={workdir}", "--parallel=2", check=False)
   assert first.returncode == 1 and "2 of 3 cells complete, 1 failed" in first.stdout
-  statuses = {c.name: manifest.cell_status(os.path.join(workdir, c.name))
-              for c in grid.expand(tiny_sweep(data_dir, grids))}
+  statuses = {
+    c.name: manifest.cell_status(os.path.join(workdir, c.name)) for c in grid.expand(tiny_sweep(data_dir, grids))
+  }
   assert {n: s.state for n, s in statuses.items()} == {
-      "baseline-cpu-aux0-seed0": "complete", "all_taper-cpu-aux0-seed0": "complete",
-      "internal_taper-cpu-aux1-seed0": "failed"}
+    "baseline-cpu-aux0-seed0": "complete",
+    "all_taper-cpu-aux0-seed0": "complete",
+    "internal_taper-cpu-aux1-seed0": "failed",
+  }
   assert "taper.taper_end=99" in statuses["internal_taper-cpu-aux1-seed0"].error
   results = statuses["all_taper-cpu-aux0-seed0"].results
   assert results["steps"] == 6 and results["devices"] == 4  # 8 devices, 2 cells at a time
@@ -236,7 +291,10 @@ def test_tiny_sweep_end_to_end_resume_skip_a_failing_cell_and_the_report(tmp_pat
   assert "2 of 3 runs complete, 2 of them learned no context." in text
   assert "`baseline-cpu-aux0-seed0` (validation loss" in text and "n = 0 of 1 (**1 learned no context**)" in text
   assert sorted(os.listdir(os.path.join(workdir, "figures"))) == [
-      "fig2_val_loss_vs_params.png", "fig3_logit_norm.png", "fig4_grad_norm.png"]  # no internal_taper: no loss plot
+    "fig2_val_loss_vs_params.png",
+    "fig3_logit_norm.png",
+    "fig4_grad_norm.png",
+  ]  # no internal_taper: no loss plot
 
 
 @pytest.mark.slow
@@ -266,8 +324,9 @@ def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp
   with open(path) as f:
     python, flag, module, *args = shlex.split(f.read().splitlines()[0])
   assert (flag, module) == ("-m", "tapernorm_jax.studies.launch.cell")
-  script = (f"import runpy; sys.argv = {[module, *args]!r}\n"
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+  script = (
+    f"import runpy; sys.argv = {[module, *args]!r}\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+  )
   elsewhere = tmp_path / "elsewhere"  # an empty directory: no configs/ or experiments/ beside it either
   elsewhere.mkdir()
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
@@ -281,11 +340,17 @@ def test_a_printed_command_runs_from_the_package_alone_in_an_empty_directory(tmp
 
 
 def test_printed_commands_name_the_study_and_the_cell(tmp_path):
-  cells = grid.expand({"seeds": (3,), "grids": [dict(variants=["final_taper"], sizes=["30m"])],
-                       "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 100}}})
+  cells = grid.expand(
+    {
+      "seeds": (3,),
+      "grids": [dict(variants=["final_taper"], sizes=["30m"])],
+      "overrides": {"data": {"manual_dir": "/data/tiny stories"}, "train": {"steps": 100}},
+    }
+  )
   line = commands.command_line(cells[0], str(tmp_path / "my study"), python="python3")
-  assert line == (f"python3 -m tapernorm_jax.studies.launch.cell '--study={tmp_path}/my study' "
-                  "--cell=final_taper-30m-aux0-seed3")
+  assert line == (
+    f"python3 -m tapernorm_jax.studies.launch.cell '--study={tmp_path}/my study' --cell=final_taper-30m-aux0-seed3"
+  )
   with pytest.raises(spec.SweepError, match="write the manifest first"):  # the command would find no cell to run
     commands.write_commands(cells, str(tmp_path))
   manifest.write_manifest(str(tmp_path), {}, cells)
@@ -298,10 +363,13 @@ def test_cell_command_mistakes_are_one_line(tmp_path):
   study = str(tmp_path / "study")
   manifest.write_manifest(study, {}, cells)
   for flags, message in (
-      ([f"--study={tmp_path}", "--cell=all_taper-cpu-aux1-seed0"], f"error: --study={tmp_path}: no sweep.json in it"),
-      ([f"--study={study}", "--cell=all_tapr-cpu-aux1-seed0"],
-       f"error: --cell=all_tapr-cpu-aux1-seed0: {study}/sweep.json has no such cell; did you mean "
-       "--cell=all_taper-cpu-aux1-seed0?")):
+    ([f"--study={tmp_path}", "--cell=all_taper-cpu-aux1-seed0"], f"error: --study={tmp_path}: no sweep.json in it"),
+    (
+      [f"--study={study}", "--cell=all_tapr-cpu-aux1-seed0"],
+      f"error: --cell=all_tapr-cpu-aux1-seed0: {study}/sweep.json has no such cell; did you mean "
+      "--cell=all_taper-cpu-aux1-seed0?",
+    ),
+  ):
     proc = run_cli("tapernorm_jax.studies.launch.cell", *flags, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(message)
@@ -315,24 +383,42 @@ def test_cli_bad_sweep_is_one_short_error(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("overrides, budgets, expected", [
+@pytest.mark.parametrize(
+  "overrides, budgets, expected",
+  [
     ({"taper": {"mu": 5.0}}, None, "error: every cell would be refused, e.g.: taper.mu=5.0: the EMA weight μ must lie"),
-    ({"train": {"batch_size": 0}}, ["tokens_per_param=2"],
-     "error: overrides.train.batch_size=0: must be positive (a tokens_per_param budget's steps are its tokens ÷")])
-def test_a_sweep_every_cell_of_which_would_be_refused_is_one_line_and_starts_nothing(tmp_path, overrides, budgets,
-                                                                                     expected):
+    (
+      {"train": {"batch_size": 0}},
+      ["tokens_per_param=2"],
+      "error: overrides.train.batch_size=0: must be positive (a tokens_per_param budget's steps are its tokens ÷",
+    ),
+  ],
+)
+def test_a_sweep_every_cell_of_which_would_be_refused_is_one_line_and_starts_nothing(
+  tmp_path, overrides, budgets, expected
+):
   grid_of = dict(variants=["baseline", "all_taper"], sizes=["cpu"], **({"budgets": budgets} if budgets else {}))
   sweep = {"name": "bad", "seeds": (0,), "grids": [grid_of], "overrides": overrides}
   workdir = tmp_path / "study"
-  done = run_cli("experiments.sweep", f"--sweep={write_sweep_file(tmp_path / 'bad.py', sweep)}", f"--workdir={workdir}",
-                 check=False)
+  done = run_cli(
+    "experiments.sweep", f"--sweep={write_sweep_file(tmp_path / 'bad.py', sweep)}", f"--workdir={workdir}", check=False
+  )
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1].startswith(expected) and not workdir.exists()
 
 
 def test_holding_out_with_printed_commands_is_refused_in_one_line(tmp_path):
-  done = run_cli("experiments.sweep", "--sweep=configs/sweeps/ladder.py", f"--workdir={tmp_path / 'study'}",
-                 "--launch=print", "--hold_out_largest", check=False)
+  done = run_cli(
+    "experiments.sweep",
+    "--sweep=configs/sweeps/ladder.py",
+    f"--workdir={tmp_path / 'study'}",
+    "--launch=print",
+    "--hold_out_largest",
+    check=False,
+  )
   assert done.returncode == 2 and not (tmp_path / "study").exists()
-  assert done.stderr.strip().splitlines()[-1].startswith(
-      "error: --hold_out_largest with --launch=print: the prediction is made between")
+  assert (
+    done.stderr.strip()
+    .splitlines()[-1]
+    .startswith("error: --hold_out_largest with --launch=print: the prediction is made between")
+  )

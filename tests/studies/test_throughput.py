@@ -13,27 +13,49 @@ from tapernorm_jax.studies.launch import grid, runner
 from sweep_helpers import quiet, run_cli, tiny_sweep
 
 
-def row(size: str, variant: str, aux: int, params: int, tokens_s: float, ratio: tuple[float, float, float] | None,
-        form: str = "folded") -> dict:
+def row(
+  size: str,
+  variant: str,
+  aux: int,
+  params: int,
+  tokens_s: float,
+  ratio: tuple[float, float, float] | None,
+  form: str = "folded",
+) -> dict:
   """One throughput.json row as `measure` writes it."""
   vs = dict(zip(("median", "min", "max"), ratio)) if ratio else None
-  return {"size": size, "variant": variant, "aux": aux, "seed": 0, "params": params, "form": form,
-          "tokens_s": {"median": tokens_s, "min": tokens_s, "max": tokens_s, "spread": 0.0, "seconds": [1.0]},
-          "vs_baseline": vs}
+  return {
+    "size": size,
+    "variant": variant,
+    "aux": aux,
+    "seed": 0,
+    "params": params,
+    "form": form,
+    "tokens_s": {"median": tokens_s, "min": tokens_s, "max": tokens_s, "spread": 0.0, "seconds": [1.0]},
+    "vs_baseline": vs,
+  }
 
 
-RESULT = {"hardware": {"cpu": "Some CPU", "cpu_count": 2, "backend": "cpu", "jax": "0"},
-          "settings": {"batch": 1, "prompt": 32, "new_tokens": 64, "repeats": 5},
-          "rows": [row("cpu", "baseline", 0, 226_752, 1234.4, (1.0, 1.0, 1.0), "plain norms"),
-                   row("cpu", "dyt", 0, 226_900, 1100.0, (0.89, 0.81, 0.95), "dyt norms"),
-                   row("cpu_l", "baseline", 0, 649_600, 800.0, (1.0, 1.0, 1.0), "plain norms")]}
+RESULT = {
+  "hardware": {"cpu": "Some CPU", "cpu_count": 2, "backend": "cpu", "jax": "0"},
+  "settings": {"batch": 1, "prompt": 32, "new_tokens": 64, "repeats": 5},
+  "rows": [
+    row("cpu", "baseline", 0, 226_752, 1234.4, (1.0, 1.0, 1.0), "plain norms"),
+    row("cpu", "dyt", 0, 226_900, 1100.0, (0.89, 0.81, 0.95), "dyt norms"),
+    row("cpu_l", "baseline", 0, 649_600, 800.0, (1.0, 1.0, 1.0), "plain norms"),
+  ],
+}
 
 
 def test_the_table_puts_each_method_in_a_row_and_each_size_in_a_column():
   lines = throughput.markdown(RESULT).splitlines()
   assert lines[0].split("|")[1:-1] == [" method ", " inference form ", " cpu (226.8K) ", " cpu_l (649.6K) "]
-  assert lines[2].split("|")[1:-1] == [" baseline ", " plain norms ", " 1,234 · 1.00× (1.00–1.00) ",
-                                       " 800 · 1.00× (1.00–1.00) "]
+  assert lines[2].split("|")[1:-1] == [
+    " baseline ",
+    " plain norms ",
+    " 1,234 · 1.00× (1.00–1.00) ",
+    " 800 · 1.00× (1.00–1.00) ",
+  ]
   assert lines[3].split("|")[1:-1] == [" dyt ", " dyt norms ", " 1,100 · 0.89× (0.81–0.95) ", " — "]  # not timed
   assert "Some CPU (2 cores" in throughput.settings_text(RESULT)
 
@@ -57,7 +79,10 @@ def test_a_study_is_timed_in_its_inference_forms_and_reported(tmp_path, data_dir
   result = study_throughput.measure(workdir, settings)
   rows = {r["variant"]: r for r in result["rows"]}
   assert {v: (r["seed"], r["form"]) for v, r in rows.items()} == {
-      "baseline": (0, "plain norms"), "all_taper": (0, "folded"), "dyt": (0, "dyt norms")}  # the lowest seed
+    "baseline": (0, "plain norms"),
+    "all_taper": (0, "folded"),
+    "dyt": (0, "dyt norms"),
+  }  # the lowest seed
   for r in rows.values():  # tokens/s from the seconds of each round: B × (N − 1) tokens per loop
     seconds = np.asarray(r["tokens_s"]["seconds"])
     assert len(seconds) == 3 and r["tokens_s"]["median"] == pytest.approx(np.median(4 / seconds))

@@ -23,8 +23,9 @@ def test_the_tuning_sweep_gives_every_method_the_same_nine_settings_on_the_tune_
     per_method.setdefault((c.variant, c.aux, c.size), set()).add(c.tag)
     assert dict(c.overrides)["data.tune_frac"] == 0.1 and c.seed == 0
   assert len(per_method) == 8 * 3 and {len(tags) for tags in per_method.values()} == {9}
-  dyt = grid.cell_config(next(c for c in cells
-                              if c.variant == "dyt" and c.tag == "lr0.01_alpha25x" and c.size == "cpu"))
+  dyt = grid.cell_config(
+    next(c for c in cells if c.variant == "dyt" and c.tag == "lr0.01_alpha25x" and c.size == "cpu")
+  )
   assert tuple(dyt.model.norm_alpha) == pytest.approx((20.0, 5.0, 5.0)) and dyt.opt.lr == 0.01
   cal = grid.cell_config(next(c for c in cells if c.variant == "all_taper" and c.tag.endswith("cal150")))
   # the calibration step each setting names is the one the trainer uses
@@ -33,8 +34,15 @@ def test_the_tuning_sweep_gives_every_method_the_same_nine_settings_on_the_tune_
 
 def test_a_grid_tag_names_its_cells_and_a_bad_or_missing_one_is_named():
   base = dict(variants=["baseline"], sizes=["cpu"])
-  cells = grid.expand({"seeds": [0], "grids": [dict(base, tag="lr1e-3", overrides={"opt": {"lr": 1e-3}}),
-                                                dict(base, tag="lr1e-2", overrides={"opt": {"lr": 1e-2}})]})
+  cells = grid.expand(
+    {
+      "seeds": [0],
+      "grids": [
+        dict(base, tag="lr1e-3", overrides={"opt": {"lr": 1e-3}}),
+        dict(base, tag="lr1e-2", overrides={"opt": {"lr": 1e-2}}),
+      ],
+    }
+  )
   assert [c.name for c in cells] == ["baseline-cpu-aux0-seed0-lr1e-3", "baseline-cpu-aux0-seed0-lr1e-2"]
   assert spec.Cell.from_json(cells[1].to_json()) == cells[1]  # the manifest keeps the tag
   with pytest.raises(spec.SweepError, match="appears twice with different overrides; give each grid its own tag"):
@@ -46,9 +54,11 @@ def test_a_grid_tag_names_its_cells_and_a_bad_or_missing_one_is_named():
 def fabricated_study(workdir: str, trials: dict[str, list]) -> None:
   """A tuning study of `baseline` at `cpu`, tag → per seed a tune loss (None: that seed failed, "flat": at the
   unigram reference), written as the sweep and the loop leave it."""
-  cells = [spec.Cell("baseline", "cpu", 0, seed, (("data.tune_frac", 0.1), ("opt.lr", float(tag.split("_")[0][2:]))),
-                     tag=tag)
-           for tag, losses in trials.items() for seed in range(len(losses))]
+  cells = [
+    spec.Cell("baseline", "cpu", 0, seed, (("data.tune_frac", 0.1), ("opt.lr", float(tag.split("_")[0][2:]))), tag=tag)
+    for tag, losses in trials.items()
+    for seed in range(len(losses))
+  ]
   manifest.write_manifest(workdir, {"name": "t"}, cells)
   for cell in cells:
     run_dir = os.path.join(workdir, cell.name)
@@ -58,16 +68,28 @@ def fabricated_study(workdir: str, trials: dict[str, list]) -> None:
       manifest.write_record(run_dir, {**cell.to_json(), "status": "failed", "error": "FloatingPointError: nan"})
       continue
     val = 5.5 if loss == "flat" else loss + 0.5  # the validation split scores otherwise: it must not choose
-    RunDir(run_dir).write_results({
-        "variant": "baseline", "size": "cpu", "seed": cell.seed, "scale_loss_weight": 0.0, "steps": 6, "complete": True,
-        "final_val_loss": val, "unigram_val_loss": 5.52, "eval_losses": {"val": val, "tune": 5.5 if loss == "flat"
-                                                                         else loss}})
+    RunDir(run_dir).write_results(
+      {
+        "variant": "baseline",
+        "size": "cpu",
+        "seed": cell.seed,
+        "scale_loss_weight": 0.0,
+        "steps": 6,
+        "complete": True,
+        "final_val_loss": val,
+        "unigram_val_loss": 5.52,
+        "eval_losses": {"val": val, "tune": 5.5 if loss == "flat" else loss},
+      }
+    )
 
 
 def test_the_least_mean_tune_loss_is_chosen_among_settings_whose_every_seed_trained(tmp_path):
-  trials = {"lr0.001_gain1": [2.0, 2.2], "lr0.003_gain1": [1.5, None],  # lowest, but a seed failed
-            "lr0.01_gain1": [1.9, "flat"],  # lower than the chosen one, but a seed learned nothing
-            "lr0.003_gain3": [2.1, 1.8]}
+  trials = {
+    "lr0.001_gain1": [2.0, 2.2],
+    "lr0.003_gain1": [1.5, None],  # lowest, but a seed failed
+    "lr0.01_gain1": [1.9, "flat"],  # lower than the chosen one, but a seed learned nothing
+    "lr0.003_gain3": [2.1, 1.8],
+  }
   workdir = str(tmp_path / "study")
   fabricated_study(workdir, trials)
   assert tuning.is_tuning_study(workdir)
@@ -90,13 +112,18 @@ def test_the_least_mean_tune_loss_is_chosen_among_settings_whose_every_seed_trai
 
 @pytest.mark.slow  # ~30 s: two cells trained, then reported
 def test_a_tuning_study_trains_on_the_held_out_tail_and_scores_there(tmp_path, data_dir):
-  grids = [dict(variants=["baseline"], sizes=["cpu"], tag=f"lr{lr:g}", overrides={"opt": {"lr": lr}})
-           for lr in (1e-3, 3e-2)]
+  grids = [
+    dict(variants=["baseline"], sizes=["cpu"], tag=f"lr{lr:g}", overrides={"opt": {"lr": lr}}) for lr in (1e-3, 3e-2)
+  ]
   sweep = tiny_sweep(data_dir, grids)
   sweep["overrides"]["data"]["tune_frac"] = 0.2
   workdir = str(tmp_path / "study")
-  run_cli("experiments.sweep", f"--sweep={write_sweep_file(tmp_path / 'tuning.py', sweep)}", f"--workdir={workdir}",
-          "--parallel=2")
+  run_cli(
+    "experiments.sweep",
+    f"--sweep={write_sweep_file(tmp_path / 'tuning.py', sweep)}",
+    f"--workdir={workdir}",
+    "--parallel=2",
+  )
   run_cli("experiments.report", f"--workdir={workdir}")
   trials = tuning.read_trials(workdir)
   results = {t.tag: manifest.read_results(t.runs[0].path) for t in trials}

@@ -49,10 +49,12 @@ def test_debiased_ema_of_a_constant_stream_is_the_constant():
   for n in range(1, 40):
     calib = calibration.ema_update(calib, stats, mu=0.01)
     assert int(calib["layer"]["count"]) == n
-    np.testing.assert_allclose(calibration.debiased(calib["layer"]["num"], calib["layer"]["count"], 0.01), 2.5,
-                               rtol=1e-5)
-  _, out = calibration.calibrate_norms({"layer": {"gamma": jnp.ones(3), "gamma_tilde": jnp.zeros(3)}}, calib,
-                                      [("layer",)], 0.01, 0.0)
+    np.testing.assert_allclose(
+      calibration.debiased(calib["layer"]["num"], calib["layer"]["count"], 0.01), 2.5, rtol=1e-5
+    )
+  _, out = calibration.calibrate_norms(
+    {"layer": {"gamma": jnp.ones(3), "gamma_tilde": jnp.zeros(3)}}, calib, [("layer",)], 0.01, 0.0
+  )
   np.testing.assert_allclose(out["layer"]["c"], 2.5 / 7.0, rtol=1e-5)
 
 

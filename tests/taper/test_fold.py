@@ -15,12 +15,12 @@ from model_helpers import init_variables, logits_at
 
 FAMILIES = ("llama", "gpt2")
 VARIANTS = {  # name: (internal norm, final norm, extra config)
-    "internal_taper": ("taper", "plain", {}),
-    "final_taper": ("plain", "taper", {}),
-    "all_taper": ("taper", "taper", {}),
-    "all_fixed": ("fixed", "fixed", {}),
-    "all_taper_untied": ("taper", "taper", dict(tie_embeddings=False)),
-    "all_taper_untied_bias": ("taper", "taper", dict(tie_embeddings=False, logits_bias=True)),
+  "internal_taper": ("taper", "plain", {}),
+  "final_taper": ("plain", "taper", {}),
+  "all_taper": ("taper", "taper", {}),
+  "all_fixed": ("fixed", "fixed", {}),
+  "all_taper_untied": ("taper", "taper", dict(tie_embeddings=False)),
+  "all_taper_untied_bias": ("taper", "taper", dict(tie_embeddings=False, logits_bias=True)),
 }
 
 
@@ -96,8 +96,10 @@ def test_fold_linear_is_exactly_A_W_in_float64(kind):
   with jax.enable_x64(True):
     D, k = 16, jax.random.split(jax.random.key(0), 4)
     gamma_tilde, beta = 1 + jax.random.normal(k[0], (D,), jnp.float64), jax.random.normal(k[1], (D,), jnp.float64)
-    w_Dx3x2x5, b_3x2x5 = jax.random.normal(k[2], (D, 3, 2, 5), jnp.float64), jax.random.normal(k[3], (3, 2, 5),
-                                                                                               jnp.float64)
+    w_Dx3x2x5, b_3x2x5 = (
+      jax.random.normal(k[2], (D, 3, 2, 5), jnp.float64),
+      jax.random.normal(k[3], (3, 2, 5), jnp.float64),
+    )
     params = {"gamma_tilde": gamma_tilde, "beta": beta}
     row_scale, beta_D = norm_map(params, jnp.float64(0.37), kind)
     w_new, b_new = fold_linear(w_Dx3x2x5, b_3x2x5, row_scale, beta_D, center=kind == "ln")
@@ -132,8 +134,9 @@ def _trained_bigram_model(cfg: ModelConfig, steps: int = 100):
     rows.append(perm[rows[-1]])
   tokens_BxT = jnp.asarray(np.stack(rows, 1))
   model, tx = Transformer(cfg.replace(dtype="float32")), optax.adam(1e-2)
-  loss_fn = lambda p: cross_entropy(model.apply({"params": p, "calib": variables["calib"]}, tokens_BxT[:, :-1],
-                                                gate=0.0), tokens_BxT[:, 1:])
+  loss_fn = lambda p: cross_entropy(
+    model.apply({"params": p, "calib": variables["calib"]}, tokens_BxT[:, :-1], gate=0.0), tokens_BxT[:, 1:]
+  )
 
   def step(carry, _):
     params, opt = carry
@@ -194,13 +197,16 @@ def test_baseline_model_is_a_clear_error():
     fold(init_variables(cfg), cfg)
 
 
-@pytest.mark.parametrize("changes,message", [
+@pytest.mark.parametrize(
+  "changes,message",
+  [
     (dict(D=64), r"params/block_0/attn/qkv has shape \(32, 3, 4, 8\), the model expects \(64, 3, 4, 16\)"),
     (dict(family="gpt2"), r"params/block_0/attn/qkv_bias missing"),
     (dict(L=3), r"params/block_2/attn/qkv missing"),
     (dict(internal_norm="plain"), r"params/block_0/attn_norm/gamma_tilde is not in the model"),
     (dict(tie_embeddings=False), r"params/head missing"),
-])
+  ],
+)
 def test_config_that_does_not_match_the_variables_is_a_clear_error(changes, message):
   cfg = _cfg("llama", "all_taper")
   with pytest.raises(ValueError, match="do not match the model config.*" + message):

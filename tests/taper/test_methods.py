@@ -22,12 +22,32 @@ B, T, V = 8, 16, 64
 def gpt2_cfg(method: str, overrides: dict | None = None):
   """A tiny gpt2-family all_taper config; FakeLN replaces one norm path per step from step 2 (MLP 0, 1, attention q/k
   0, 1, attention v 0, 1, final: steps 2…8)."""
-  return base.override(base.get_config("all_taper"), {
-      "model.family": "gpt2", "model.D": 32, "model.H": 4, "model.L": 2, "model.T": T, "model.V": V,
-      "train.steps": 10, "train.batch_size": B, "taper.gate_warmup_frac": 0.2, "taper.taper_end": 8,
-      "taper.mu": 1.0, "opt.lr": 1e-3, "method": method, "fakeln.start": 2, "fakeln.gap_mlp": 1,
-      "fakeln.gap_attn": 1, "fakeln.gap_attn_v": 1, "fakeln.gap_final": 1, "fakeln.mu": 1.0, "fakeln.eot_id": 7,
-      **(overrides or {})})
+  return base.override(
+    base.get_config("all_taper"),
+    {
+      "model.family": "gpt2",
+      "model.D": 32,
+      "model.H": 4,
+      "model.L": 2,
+      "model.T": T,
+      "model.V": V,
+      "train.steps": 10,
+      "train.batch_size": B,
+      "taper.gate_warmup_frac": 0.2,
+      "taper.taper_end": 8,
+      "taper.mu": 1.0,
+      "opt.lr": 1e-3,
+      "method": method,
+      "fakeln.start": 2,
+      "fakeln.gap_mlp": 1,
+      "fakeln.gap_attn": 1,
+      "fakeln.gap_attn_v": 1,
+      "fakeln.gap_final": 1,
+      "fakeln.mu": 1.0,
+      "fakeln.eot_id": 7,
+      **(overrides or {}),
+    },
+  )
 
 
 def batches(n: int, seed: int = 0) -> list[jax.Array]:
@@ -37,8 +57,17 @@ def batches(n: int, seed: int = 0) -> list[jax.Array]:
 @pytest.mark.slow  # about 45 s on 2 cores each: CI runs them after the default suite
 @pytest.mark.parametrize("variant", ["baseline", "all_taper"])
 def test_k_accumulated_microbatches_give_the_update_of_one_k_times_larger_batch(variant):
-  overrides = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": T, "model.V": V, "train.steps": 10,
-               "train.batch_size": B, "taper.gate_warmup_frac": 0.2, "opt.lr": 1e-2}
+  overrides = {
+    "model.D": 32,
+    "model.H": 4,
+    "model.L": 2,
+    "model.T": T,
+    "model.V": V,
+    "train.steps": 10,
+    "train.batch_size": B,
+    "taper.gate_warmup_frac": 0.2,
+    "opt.lr": 1e-2,
+  }
   mesh = sharding.make_mesh(devices=jax.devices()[:2])
   one = Trainer(base.override(base.get_config(variant), overrides), mesh)
   four = Trainer(base.override(base.get_config(variant), {**overrides, "train.microbatches": 4}), mesh)
@@ -55,10 +84,20 @@ def test_k_accumulated_microbatches_give_the_update_of_one_k_times_larger_batch(
 
 
 @pytest.mark.parametrize("start,gap_ln2,gap_ln1qk,gap_ln1v", [(3, 2, 1, 4), (20, 2, 2, 3), (30, 4, 4, 6)])
-def test_fakeln_removes_mlp_norms_then_attention_q_k_then_attention_v_then_the_final_norm(start, gap_ln2, gap_ln1qk,
-                                                                                          gap_ln1v):
-  cfg = gpt2_cfg("fakeln", {"fakeln.start": start, "fakeln.gap_mlp": gap_ln2, "fakeln.gap_attn": gap_ln1qk,
-                            "fakeln.gap_attn_v": gap_ln1v, "fakeln.gap_final": gap_ln1v, "train.steps": 200})
+def test_fakeln_removes_mlp_norms_then_attention_q_k_then_attention_v_then_the_final_norm(
+  start, gap_ln2, gap_ln1qk, gap_ln1v
+):
+  cfg = gpt2_cfg(
+    "fakeln",
+    {
+      "fakeln.start": start,
+      "fakeln.gap_mlp": gap_ln2,
+      "fakeln.gap_attn": gap_ln1qk,
+      "fakeln.gap_attn_v": gap_ln1v,
+      "fakeln.gap_final": gap_ln1v,
+      "train.steps": 200,
+    },
+  )
   model_cfg = ModelConfig.from_config(cfg.model)
   L = model_cfg.L
   # The authors' schedule (removing-layer-norm, config.py and train.py's LNRemover): layer i's ln_2 at
@@ -68,9 +107,11 @@ def test_fakeln_removes_mlp_norms_then_attention_q_k_then_attention_v_then_the_f
   start_ln1v = start_ln1qk + L * gap_ln1qk
   start_lnf = start_ln1v + L * gap_ln1v
   removal, value_removal = methods.removal_steps(model_cfg, cfg.fakeln)
-  assert removal == {**{(f"block_{i}", "mlp_norm"): start + i * gap_ln2 for i in range(L)},
-                     **{(f"block_{i}", "attn_norm"): start_ln1qk + i * gap_ln1qk for i in range(L)},
-                     ("final_norm",): start_lnf}
+  assert removal == {
+    **{(f"block_{i}", "mlp_norm"): start + i * gap_ln2 for i in range(L)},
+    **{(f"block_{i}", "attn_norm"): start_ln1qk + i * gap_ln1qk for i in range(L)},
+    ("final_norm",): start_lnf,
+  }
   assert value_removal == {(f"block_{i}", "attn_norm"): start_ln1v + i * gap_ln1v for i in range(L)}
   method = methods.FakeLN(cfg, model_cfg, None)
   for step in range(start_lnf + 2):
@@ -105,8 +146,9 @@ def test_fakeln_freezes_each_norm_at_its_step_with_c_equal_to_one_over_the_avera
   for k, batch in enumerate(batches(10)):
     before = jax.device_get(state)
     params, calib = trainer.method.calibrate(before["params"], before["calib"], jnp.int32(k))  # as the step sees them
-    inputs = norm_inputs({"params": params, "calib": calib}, trainer.model_cfg, batch[:, :-1],
-                         trainer.method.gates(jnp.int32(k)))
+    inputs = norm_inputs(
+      {"params": params, "calib": calib}, trainer.model_cfg, batch[:, :-1], trainer.method.gates(jnp.int32(k))
+    )
     state, metrics = trainer.train_step(state, batch)
     after = jax.device_get(state)
     for norm, step in removal.items():
@@ -151,11 +193,15 @@ def test_an_attention_norm_between_its_two_removals_feeds_queries_and_keys_its_f
   hbar = h - h.mean(-1, keepdims=True)
   gamma, gamma_tilde, beta = (np.asarray(norm[k], np.float64) for k in ("gamma", "gamma_tilde", "beta"))
   np.testing.assert_allclose(x, 0.7 * hbar * gamma_tilde + beta, rtol=1e-5, atol=1e-6)  # FakeLN: c·(h − μ)·γ̃ + β
-  np.testing.assert_allclose(x_v, hbar / np.sqrt((hbar**2).mean(-1, keepdims=True) + cfg.eps) * gamma + beta,
-                             rtol=1e-5, atol=1e-6)  # LayerNorm
+  np.testing.assert_allclose(
+    x_v, hbar / np.sqrt((hbar**2).mean(-1, keepdims=True) + cfg.eps) * gamma + beta, rtol=1e-5, atol=1e-6
+  )  # LayerNorm
   same = gates._replace(attn_value=gates.attn)  # value gates equal to their norms' gates: one path, as without them
-  np.testing.assert_allclose(Transformer(cfg).apply(variables, tokens, same),  # split GEMMs: rounding
-                             Transformer(cfg).apply(variables, tokens, gates._replace(attn_value=None)), atol=1e-6)
+  np.testing.assert_allclose(
+    Transformer(cfg).apply(variables, tokens, same),  # split GEMMs: rounding
+    Transformer(cfg).apply(variables, tokens, gates._replace(attn_value=None)),
+    atol=1e-6,
+  )
 
 
 def test_fakeln_aux_loss_pulls_every_token_to_the_mean_scale_of_the_ordinary_tokens():
@@ -171,8 +217,11 @@ def test_fakeln_aux_loss_pulls_every_token_to_the_mean_scale_of_the_ordinary_tok
   np.testing.assert_allclose(loss, np.mean((s - target) ** 2), rtol=1e-5)  # every token is pulled
   grad = jax.grad(lambda h: method.scale_loss_terms(h, None, jnp.int32(0), tokens_BxT)[1])(h_BxTxD)
   np.testing.assert_allclose(  # the target is held constant: the gradient of a fixed-target loss
-      grad, jax.grad(lambda h: losses.scale_loss(h, jnp.float32(target), "ln", cfg.model.eps))(h_BxTxD),
-      rtol=1e-4, atol=1e-7)
+    grad,
+    jax.grad(lambda h: losses.scale_loss(h, jnp.float32(target), "ln", cfg.model.eps))(h_BxTxD),
+    rtol=1e-4,
+    atol=1e-7,
+  )
 
 
 @pytest.mark.slow  # about 25 s on 2 cores each: CI runs them after the default suite (taper: also test_fold)

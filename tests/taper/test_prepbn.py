@@ -19,19 +19,22 @@ D, EPS = 16, 1e-5
 def _norm_variables(kind: str, seed: int = 0) -> dict:
   """A repbn layer's variables with every parameter and running statistic off its initial value."""
   k = jax.random.split(jax.random.key(seed), 7)
-  params = {"gamma": 1 + 0.3 * jax.random.normal(k[0], (D,)), "bn_gamma": jax.random.normal(k[1], (D,)),
-            "bn_beta": jax.random.normal(k[2], (D,)), "eta": jnp.float32(0.7)}
+  params = {
+    "gamma": 1 + 0.3 * jax.random.normal(k[0], (D,)),
+    "bn_gamma": jax.random.normal(k[1], (D,)),
+    "bn_beta": jax.random.normal(k[2], (D,)),
+    "eta": jnp.float32(0.7),
+  }
   if kind == "ln":
     params["beta"] = 0.5 * jax.random.normal(k[3], (D,))
-  calib = {"mean": jax.random.normal(k[4], (D,)), "var": jnp.exp(jax.random.normal(k[5], (D,))),
-           "count": jnp.int32(3)}
+  calib = {"mean": jax.random.normal(k[4], (D,)), "var": jnp.exp(jax.random.normal(k[5], (D,))), "count": jnp.int32(3)}
   return {"params": params, CALIB: calib}
 
 
 def _numpy_norm(x, p, kind):
   """RMSNorm / LayerNorm in float64."""
   xbar = x - x.mean(-1, keepdims=True) if kind == "ln" else x
-  return xbar / np.sqrt((xbar ** 2).mean(-1, keepdims=True) + EPS) * p["gamma"] + p.get("beta", 0.0)
+  return xbar / np.sqrt((xbar**2).mean(-1, keepdims=True) + EPS) * p["gamma"] + p.get("beta", 0.0)
 
 
 @pytest.mark.parametrize("kind", ["rms", "ln"])
@@ -85,8 +88,17 @@ def test_lambda_is_one_through_the_warm_up_then_falls_linearly_as_the_authors_co
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_the_fold_equals_the_model_at_inference(family):
-  cfg = ModelConfig(family=family, V=61, D=32, H=4, L=2, T=12, internal_norm="repbn", final_norm="repbn",
-                    tie_embeddings=family == "llama")
+  cfg = ModelConfig(
+    family=family,
+    V=61,
+    D=32,
+    H=4,
+    L=2,
+    T=12,
+    internal_norm="repbn",
+    final_norm="repbn",
+    tie_embeddings=family == "llama",
+  )
   leaves, tree = jax.tree.flatten(jax.tree.map(lambda x: getattr(x, "value", x), init(cfg, jax.random.key(0))))
   keys = jax.random.split(jax.random.key(1), len(leaves))
   moved = [x + 0.3 * jax.random.normal(k, x.shape) if x.dtype == jnp.float32 else x for x, k in zip(leaves, keys)]
@@ -109,21 +121,26 @@ def test_inference_is_causal_and_training_mixes_rows_and_positions_through_the_b
   later_BxT = tokens_BxT.at[:, 6:].set((tokens_BxT[:, 6:] + 1) % cfg.V)  # the same prefix, other later tokens
   model = Transformer(cfg)
   for gate in (0.0, 0.5):  # inference, and the middle of the blend at evaluation
-    np.testing.assert_array_equal(model.apply(variables, tokens_BxT, gate)[:, :6],
-                                  model.apply(variables, later_BxT, gate)[:, :6])
+    np.testing.assert_array_equal(
+      model.apply(variables, tokens_BxT, gate)[:, :6], model.apply(variables, later_BxT, gate)[:, :6]
+    )
   train = lambda t: model.apply(variables, t, 0.0, mutable=[CALIB_STATS])[0]
   assert not np.allclose(train(tokens_BxT)[:, :6], train(later_BxT)[:, :6], atol=1e-5)  # the leak in training
   row_1_changed = tokens_BxT.at[1].set((tokens_BxT[1] + 3) % cfg.V)
   assert not np.allclose(train(tokens_BxT)[0], train(row_1_changed)[0], atol=1e-5)
 
 
-@pytest.mark.parametrize(("variant", "overrides", "field"), [
+@pytest.mark.parametrize(
+  ("variant", "overrides", "field"),
+  [
     ("baseline", {"method": "prepbn"}, "model.internal_norm"),
     ("prepbn", {"method": "taper"}, "method='taper'"),
     ("prepbn", {"prepbn.warm_frac": 1.0}, "prepbn.warm_frac"),
     ("prepbn", {"prepbn.blend_end": 5}, "prepbn.blend_end"),
     ("prepbn", {"prepbn.momentum": 0.0}, "prepbn.momentum"),
-    ("prepbn", {"prepbn.scale_loss_weight": -1.0}, "prepbn.scale_loss_weight")])
+    ("prepbn", {"prepbn.scale_loss_weight": -1.0}, "prepbn.scale_loss_weight"),
+  ],
+)
 def test_bad_prepbn_configs_fail_before_compiling(variant, overrides, field):
   cfg = base.override(base.get_config(variant, "size=cpu"), overrides)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):

@@ -28,6 +28,7 @@ def test_lr_warms_up_linearly_then_cosine_to_zero():
 
 def test_phases_from_config_resolve_fractions_and_the_last_step():
   from configs import base
+
   cfg = base.get_config("all_taper", "size=1m")
   ph = schedules.Phases.from_config(cfg)
   assert (ph.steps, ph.lr_warmup, ph.taper_start, ph.taper_end) == (500_000, 25_000, 25_000, 499_999)
@@ -35,6 +36,7 @@ def test_phases_from_config_resolve_fractions_and_the_last_step():
 
 def test_calibration_waits_for_its_floor_where_the_run_is_long_enough():
   from configs import base
+
   cfg = base.get_config("all_taper", "size=cpu")  # 300 steps: 5% would calibrate at step 15, before h has settled
   assert cfg.train.steps == 300 and cfg.taper.min_calibration_step == 100
   assert schedules.Phases.from_config(cfg).taper_start == 100

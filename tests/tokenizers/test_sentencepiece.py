@@ -21,8 +21,7 @@ def tok(docs) -> tokenizer_lib.Tokenizer:
 
 
 def test_round_trip_is_lossless(tok, docs):
-  texts = [*docs[:5], "Line one.\n\nLine  two,\ttabbed.", "Curly “quotes”, é, 日本, 😀 and \x00 bytes",
-           " spaced "]
+  texts = [*docs[:5], "Line one.\n\nLine  two,\ttabbed.", "Curly “quotes”, é, 日本, 😀 and \x00 bytes", " spaced "]
   for text in texts:
     ids = tok.encode(text)
     assert all(0 <= i < tok.vocab_size for i in ids)
@@ -68,8 +67,11 @@ def test_too_small_corpus_and_no_text_are_clear_errors(docs):
   with pytest.raises(ValueError, match="no training text"):
     tokenizer_lib.train([], SETTINGS)
   alphabet = "".join(chr(0x4E00 + i) for i in range(200))  # 200 distinct characters, equally frequent
-  with pytest.raises(ValueError, match=r"has (\d+) distinct characters .* than a 64-piece tokenizer holds; raise "
-                     r"data.vocab_size \(and model.V\) to at least \1$") as e:
+  with pytest.raises(
+    ValueError,
+    match=r"has (\d+) distinct characters .* than a 64-piece tokenizer holds; raise "
+    r"data.vocab_size \(and model.V\) to at least \1$",
+  ) as e:
     tokenizer_lib.train([alphabet] * 3, tokenizer_lib.TokenizerSettings(vocab_size=64), "wide corpus")
   assert int(str(e.value).split(" has ")[1].split()[0]) >= 200
 

@@ -41,7 +41,7 @@ def audit(event: str, args: tuple) -> None:
     if (mode and any(c in mode for c in "wax+")) or (flags and flags & (os.O_WRONLY | os.O_RDWR)):
       written.append(os.path.abspath(os.fsdecode(path)))
   elif event in ("os.rename", "os.remove") and isinstance(args[0], (str, bytes, os.PathLike)):
-    written.extend(os.path.abspath(os.fsdecode(p)) for p in args[:2 if event == "os.rename" else 1])
+    written.extend(os.path.abspath(os.fsdecode(p)) for p in args[: 2 if event == "os.rename" else 1])
 
 
 class Recording:
@@ -69,17 +69,28 @@ def main() -> None:
   """Trains, then records what this process loaded and wrote."""
   cfg = base.override(base.get_config("all_taper"), SPEC["changes"])
   if SPEC["num_processes"] > 1:
-    base.override(cfg, {"mesh.distributed": True, "mesh.coordinator_address": f"localhost:{SPEC['port']}",
-                        "mesh.num_processes": SPEC["num_processes"], "mesh.process_id": SPEC["process_id"]})
+    base.override(
+      cfg,
+      {
+        "mesh.distributed": True,
+        "mesh.coordinator_address": f"localhost:{SPEC['port']}",
+        "mesh.num_processes": SPEC["num_processes"],
+        "mesh.process_id": SPEC["process_id"],
+      },
+    )
   iterators = []
   train_iterator = data.train_iterator
   data.train_iterator = lambda *a, **k: iterators.append(Recording(train_iterator(*a, **k))) or iterators[-1]
   sys.addaudithook(audit)
   cli.train(["worker"], cfg, WORKDIR, SPEC["stop_after"])
-  layout = {"process_index": jax.process_index(), "process_count": jax.process_count(),
-            "local_devices": [d.id for d in jax.local_devices()], "devices": [d.id for d in jax.devices()],
-            "collectives": jax.config.jax_cpu_collectives_implementation,
-            "written": sorted({os.path.relpath(p, WORKDIR) for p in written if p.startswith(WORKDIR + os.sep)})}
+  layout = {
+    "process_index": jax.process_index(),
+    "process_count": jax.process_count(),
+    "local_devices": [d.id for d in jax.local_devices()],
+    "devices": [d.id for d in jax.devices()],
+    "collectives": jax.config.jax_cpu_collectives_implementation,
+    "written": sorted({os.path.relpath(p, WORKDIR) for p in written if p.startswith(WORKDIR + os.sep)}),
+  }
   name = os.path.join(SPEC["record"], f"process{SPEC['process_id']}")
   np.savez(name + ".npz", rows=np.stack(iterators[0].batches))
   with open(name + ".json", "w") as f:

@@ -28,10 +28,24 @@ from tapernorm_jax.train.trainer import Trainer
 from locations import ROOT
 
 # 24 steps: warmup and calibration EMAs over steps 0-5, taper 6 → 18, then the g = 0 fixed step.
-TINY = {"model.D": 32, "model.H": 4, "model.L": 2, "model.T": 32, "model.V": 512, "train.steps": 24,
-        "train.batch_size": 8, "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 2,
-        "checkpoint.every": 6, "taper.gate_warmup_frac": 0.25, "taper.taper_end": 18, "opt.lr": 1e-3,
-        "data.synthetic_train_stories": 400, "data.synthetic_valid_stories": 60}
+TINY = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 2,
+  "model.T": 32,
+  "model.V": 512,
+  "train.steps": 24,
+  "train.batch_size": 8,
+  "train.log_every": 4,
+  "train.diag_every": 8,
+  "train.eval_batches": 2,
+  "checkpoint.every": 6,
+  "taper.gate_warmup_frac": 0.25,
+  "taper.taper_end": 18,
+  "opt.lr": 1e-3,
+  "data.synthetic_train_stories": 400,
+  "data.synthetic_valid_stories": 60,
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +61,13 @@ def config(data_dir: str, variant: str = "all_taper", **changes):
 def resume_in_fresh_process(workdir: str, data_dir: str, variant: str = "all_taper", **changes) -> None:
   """Runs `python -m experiments.tinystories` with the tiny config in a new interpreter."""
   flags = [f"--config.{k}={v}" for k, v in {**TINY, "data.data_dir": data_dir, **changes}.items()]
-  subprocess.run([sys.executable, "-m", "experiments.tinystories", f"--config=configs/{variant}.py",
-                  f"--workdir={workdir}", *flags], cwd=ROOT, check=True, capture_output=True, timeout=600)
+  subprocess.run(
+    [sys.executable, "-m", "experiments.tinystories", f"--config=configs/{variant}.py", f"--workdir={workdir}", *flags],
+    cwd=ROOT,
+    check=True,
+    capture_output=True,
+    timeout=600,
+  )
 
 
 def losses(workdir: str) -> list[float]:
@@ -78,8 +97,10 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted, data_dir):
   # validations during the taper are taken at the gate the model trains at (the half-cosine from step 6 to 18), at
   # g = 0 once it is 0 for good
   gates = {r["step"] + 1: r["val_gate"] for r in records if "val_loss" in r}
-  assert gates == pytest.approx({8: 0.5 * (1 + np.cos(np.pi * 2 / 12)), 16: 0.5 * (1 + np.cos(np.pi * 10 / 12)),
-                                 24: 0.0}) and saved["val_gate"] == 0.0
+  assert (
+    gates == pytest.approx({8: 0.5 * (1 + np.cos(np.pi * 2 / 12)), 16: 0.5 * (1 + np.cos(np.pi * 10 / 12)), 24: 0.0})
+    and saved["val_gate"] == 0.0
+  )
   prepared = data.prepare(config(data_dir).data)  # the unigram reference: frequencies of the train stream, scored
   seen = collections.Counter(prepared.tokens("train").tolist())  # on the validation windows the run evaluated
   targets = np.concatenate([w[:, 1:].ravel() for w in data.eval_batches(prepared, 8, 32, 2)]).tolist()
@@ -93,8 +114,18 @@ def test_end_to_end_warmup_calibrate_taper_to_zero(uninterrupted, data_dir):
   assert "measured float32 GEMM rate" in saved["peak_source"]
   assert saved["mfu"] == pytest.approx(saved["tokens_per_s"] * saved["flops_per_token"] / saved["peak_flops"])
   assert glob.glob(os.path.join(workdir, "profile", "**", "*.xplane.pb"), recursive=True)  # train.profile_steps
-  for key in ("logit_norm", "radial_grad", "s_mean", "s_tgt", "val_loss", "grad_norm/qkv", "grad_norm/mlp_out",
-              "tokens_per_s", "lr", "scale_loss"):
+  for key in (
+    "logit_norm",
+    "radial_grad",
+    "s_mean",
+    "s_tgt",
+    "val_loss",
+    "grad_norm/qkv",
+    "grad_norm/mlp_out",
+    "tokens_per_s",
+    "lr",
+    "scale_loss",
+  ):
     assert key in records[7], key
   peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux: KiB; the peak so far
   # resident memory when the step was read. /proc/self/statm and the kernel's peak are separate counters that can
@@ -142,14 +173,15 @@ def damage_metrics(workdir: str, step: int, torn_last: bool = False) -> None:
   lines[step] = lines[step].replace(digits, digits[:-1] + ("1" if digits[-1] != "1" else "2"))
   assert json.loads(lines[step])["loss"] != record["loss"]
   if torn_last:
-    lines[-1] = lines[-1][:len(lines[-1]) // 2]
+    lines[-1] = lines[-1][: len(lines[-1]) // 2]
   with open(path, "w") as f:
     f.writelines(lines)
 
 
 @pytest.mark.slow  # three short runs
-def test_a_damaged_metrics_history_is_cut_back_to_its_last_verified_record_and_said(uninterrupted, data_dir,
-                                                                                    tmp_path, capsys):
+def test_a_damaged_metrics_history_is_cut_back_to_its_last_verified_record_and_said(
+  uninterrupted, data_dir, tmp_path, capsys
+):
   untimed = lambda workdir: [of_the_run(r) for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
   reference = untimed(uninterrupted[0])
   tail = str(tmp_path / "tail")  # damage after the checkpoint resumed from: nothing is lost
@@ -159,16 +191,20 @@ def test_a_damaged_metrics_history_is_cut_back_to_its_last_verified_record_and_s
   capsys.readouterr()
   results = loop.run(config(data_dir), tail)
   said = capsys.readouterr().out
-  assert "metrics.jsonl: line 14 of 15 (after step 12) is damaged (it does not match its checksum); kept the " \
-         "verified records before it and dropped the rest" in said, said
+  assert (
+    "metrics.jsonl: line 14 of 15 (after step 12) is damaged (it does not match its checksum); kept the "
+    "verified records before it and dropped the rest" in said
+  ), said
   assert untimed(tail) == reference and results["resumed_from"] == 12
   middle = str(tmp_path / "middle")  # damage before it: the steps between are said to have no record
   loop.run(config(data_dir), middle, stop_after=12)
   damage_metrics(middle, 5)
   capsys.readouterr()
   loop.run(config(data_dir), middle)
-  assert "line 6 of 12 (after step 4) is damaged" in (said := capsys.readouterr().out) and \
-         "steps 5–11 now have no record" in said, said
+  assert (
+    "line 6 of 12 (after step 4) is damaged" in (said := capsys.readouterr().out)
+    and "steps 5–11 now have no record" in said
+  ), said
   assert untimed(middle) == reference[:5] + reference[12:]
 
 
@@ -195,12 +231,20 @@ def test_checkpoint_moves_between_8_devices_and_1(data_dir, tmp_path):
 @pytest.mark.slow  # two training subprocesses, one SIGKILLed mid-save
 def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(data_dir, tmp_path):
   workdir = str(tmp_path)
-  changes = {"train.steps": 100_000, "taper.taper_end": -1, "checkpoint.every": 1, "checkpoint.keep": 1000,
-             "train.diag_every": 100_000}
+  changes = {
+    "train.steps": 100_000,
+    "taper.taper_end": -1,
+    "checkpoint.every": 1,
+    "checkpoint.keep": 1000,
+    "train.diag_every": 100_000,
+  }
   flags = [f"--config.{k}={v}" for k, v in {**TINY, "data.data_dir": data_dir, **changes}.items()]
-  proc = subprocess.Popen([sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py",
-                           f"--workdir={workdir}", *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py", f"--workdir={workdir}", *flags],
+    cwd=ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   ckpt_dir = os.path.join(workdir, "checkpoints")
   deadline = time.time() + 300
   while time.time() < deadline and (not os.path.isdir(ckpt_dir) or len(os.listdir(ckpt_dir)) < 6):
@@ -231,8 +275,9 @@ def test_resuming_with_a_different_model_is_refused(uninterrupted, data_dir):
 
 def test_a_checkpoint_from_before_the_parameter_rename_is_refused_by_name(tmp_path):
   ckpt = Checkpointer(str(tmp_path))
-  ckpt.save(5, {"params": {"final_norm": {"scale": np.ones(2, np.float32)}}, "rng": np.zeros(2, np.uint32)},
-            {"position": 0})
+  ckpt.save(
+    5, {"params": {"final_norm": {"scale": np.ones(2, np.float32)}}, "rng": np.zeros(2, np.uint32)}, {"position": 0}
+  )
   ckpt.wait()
   with pytest.raises(ValueError, match=r"step 5 .* tapernorm_jax 0\.1.*gamma/gamma_tilde/beta"):
     ckpt.restore(5, {"params": {"final_norm": {"gamma": np.ones(2, np.float32)}}})
@@ -254,8 +299,11 @@ def test_a_checkpoint_records_its_files_and_a_flipped_bit_is_named_before_orbax_
   data[len(data) // 2] ^= 0x10
   path.write_bytes(bytes(data))
   target = {"w": jax.numpy.zeros(4096, jax.numpy.float32)}
-  with pytest.raises(DamagedCheckpointError, match=r"step 2 .* is damaged: state/.* does not match the SHA-256 "
-                     r"manifest.json recorded\. The newest other checkpoint is step 1"):
+  with pytest.raises(
+    DamagedCheckpointError,
+    match=r"step 2 .* is damaged: state/.* does not match the SHA-256 "
+    r"manifest.json recorded\. The newest other checkpoint is step 1",
+  ):
     ckpt.restore(2, target)
   restored = ckpt.restore_latest(target, fallback=True)
   assert restored.step == 1 and np.array_equal(restored.state["w"], state["w"]) and restored.moved[0][0] == 2

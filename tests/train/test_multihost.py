@@ -50,8 +50,10 @@ def check_writers(processes: list[dict], workdir: str, first_step: int = 0) -> N
 @pytest.mark.slow  # 25–80 s on 2 cores: CI runs it after the default suite
 def test_two_processes_load_their_rows_and_train_as_one(shared, tmp_path):
   single, pair = str(tmp_path / "single"), str(tmp_path / "pair")
-  [[reference], processes] = finish(start(1, shared, single, MESHES["dp"], str(tmp_path / "record1")),
-                                    start(2, shared, pair, MESHES["dp"], str(tmp_path / "record2")))
+  [[reference], processes] = finish(
+    start(1, shared, single, MESHES["dp"], str(tmp_path / "record1")),
+    start(2, shared, pair, MESHES["dp"], str(tmp_path / "record2")),
+  )
   check_rows(processes, reference["rows"])
   np.testing.assert_allclose(losses(pair), losses(single), rtol=1e-5)
   results = results_of(pair)
@@ -67,15 +69,18 @@ def test_checkpoints_move_between_two_processes_and_one(shared, tmp_path):
   mesh = MESHES["fsdp"]  # every parameter sharded across both processes
   single, first, second = (str(tmp_path / name) for name in ("single", "pair-then-single", "single-then-pair"))
   # The pair stops at step 2 in `first`, one process at step 2 in `second`; then each resumes the other's checkpoint.
-  [[reference], stopped, _] = finish(start(1, shared, single, mesh, str(tmp_path / "record1")),
-                                     start(2, shared, first, mesh, str(tmp_path / "record2"), stop_after=2),
-                                     start(1, shared, second, mesh, str(tmp_path / "record3"), stop_after=2))
+  [[reference], stopped, _] = finish(
+    start(1, shared, single, mesh, str(tmp_path / "record1")),
+    start(2, shared, first, mesh, str(tmp_path / "record2"), stop_after=2),
+    start(1, shared, second, mesh, str(tmp_path / "record3"), stop_after=2),
+  )
   check_rows(stopped, reference["rows"][:2])
   assert not os.path.exists(os.path.join(first, "results.json"))
   state_files = os.listdir(os.path.join(first, "checkpoints", "2", "state"))
   assert any("process_1" in name for name in state_files), state_files  # process 1 wrote its shards there
-  [_, processes] = finish(start(1, shared, first, mesh, str(tmp_path / "record4")),
-                          start(2, shared, second, mesh, str(tmp_path / "record5")))
+  [_, processes] = finish(
+    start(1, shared, first, mesh, str(tmp_path / "record4")), start(2, shared, second, mesh, str(tmp_path / "record5"))
+  )
   check_rows(processes, reference["rows"][2:])  # the pair continued the single process's data stream
   for workdir in (first, second):
     np.testing.assert_allclose(losses(workdir), losses(single), rtol=1e-5)
@@ -95,8 +100,11 @@ def test_a_checkpoint_one_process_cannot_read_falls_back_on_both(shared, tmp_pat
   shards = os.path.join(checkpoints, "3", "state", "ocdbt.process_1", "d")  # written, and read back, by process 1
   largest = max((os.path.join(shards, name) for name in os.listdir(shards)), key=os.path.getsize)
   os.truncate(largest, os.path.getsize(largest) // 2)
-  [processes] = finish(start(2, shared, workdir, mesh, str(tmp_path / "record2"),
-                             changes={**every_step, "checkpoint.on_damaged": "fallback"}))
+  [processes] = finish(
+    start(
+      2, shared, workdir, mesh, str(tmp_path / "record2"), changes={**every_step, "checkpoint.on_damaged": "fallback"}
+    )
+  )
   results = results_of(workdir)
   assert results["complete"] and results["resumed_from"] == 2  # both processes fell back to step 2, together
   assert "the checkpoint at step 3 is damaged" in processes[0]["stdout"] and "moved it aside" in processes[0]["stdout"]

@@ -12,10 +12,22 @@ from tapernorm_jax.benchmarks import soak
 from tapernorm_jax.train.metrics import read_jsonl
 
 STEPS, KEEP = 10_000, 2
-SOAK = {"model.D": 16, "model.H": 2, "model.L": 1, "model.T": 16, "model.V": 512, "train.batch_size": 4,
-        "train.steps": STEPS, "train.log_every": 100, "train.diag_every": 250, "train.eval_batches": 1,
-        "checkpoint.every": 500, "checkpoint.keep": KEEP, "data.synthetic_train_stories": 400,
-        "data.synthetic_valid_stories": 60}
+SOAK = {
+  "model.D": 16,
+  "model.H": 2,
+  "model.L": 1,
+  "model.T": 16,
+  "model.V": 512,
+  "train.batch_size": 4,
+  "train.steps": STEPS,
+  "train.log_every": 100,
+  "train.diag_every": 250,
+  "train.eval_batches": 1,
+  "checkpoint.every": 500,
+  "checkpoint.keep": KEEP,
+  "data.synthetic_train_stories": 400,
+  "data.synthetic_valid_stories": 60,
+}
 RSS_BAND_MB = 32.0  # growth of the median resident memory from the first window after warm-up to the last
 # The last window's lower-quartile step time over the first's. Alone on these 2 cores it is about 0.7–1.0; two busy
 # processes started halfway through the run made it 2.0 (the lower quartile, not the median, as a busy host slows
@@ -55,4 +67,6 @@ def test_ten_thousand_steps_stay_flat_in_memory_step_time_and_files(tmp_path):
   # behind at every save adds 10 to the second half's median over the first's.
   typical = (result["settled_files_median_first_half"], result["settled_files_median_second_half"])
   assert typical[1] <= typical[0] + 4 and typical[1] <= result["final"]["files"] + 1 + 4 * KEEP, (
-      typical, result["counts"])
+    typical,
+    result["counts"],
+  )

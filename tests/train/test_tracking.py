@@ -21,16 +21,31 @@ from tapernorm_jax.train import loop, run_config, tracking
 pytest.importorskip("wandb")
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
-SMALL = {"model.D": 32, "model.H": 4, "model.L": 1, "model.T": 32, "model.V": 512, "train.batch_size": 8,
-         "train.log_every": 4, "train.diag_every": 8, "train.eval_batches": 1, "checkpoint.every": 6,
-         "data.synthetic_train_stories": 200, "data.synthetic_valid_stories": 30}
+SMALL = {
+  "model.D": 32,
+  "model.H": 4,
+  "model.L": 1,
+  "model.T": 32,
+  "model.V": 512,
+  "train.batch_size": 8,
+  "train.log_every": 4,
+  "train.diag_every": 8,
+  "train.eval_batches": 1,
+  "checkpoint.every": 6,
+  "data.synthetic_train_stories": 200,
+  "data.synthetic_valid_stories": 30,
+}
 
 
 @pytest.fixture(autouse=True)
 def offline_wandb(tmp_path, monkeypatch):
   """W&B's own settings and caches in the test's directory; any server it might try is a closed port on loopback."""
-  for name, where in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"),
-                      ("WANDB_ARTIFACT_DIR", "artifacts")):
+  for name, where in (
+    ("WANDB_CONFIG_DIR", "config"),
+    ("WANDB_CACHE_DIR", "cache"),
+    ("WANDB_DATA_DIR", "data"),
+    ("WANDB_ARTIFACT_DIR", "artifacts"),
+  ):
     monkeypatch.setenv(name, str(tmp_path / "wandb-home" / where))
   monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
   monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -40,8 +55,12 @@ def offline_wandb(tmp_path, monkeypatch):
 
 def tiny(data_dir: str, steps: int, **tracking_fields) -> dict:
   """Config changes of a tiny run with W&B tracking."""
-  return {**SMALL, "train.steps": steps, "data.data_dir": data_dir,
-          **{f"tracking.{k}": v for k, v in tracking_fields.items()}}
+  return {
+    **SMALL,
+    "train.steps": steps,
+    "data.data_dir": data_dir,
+    **{f"tracking.{k}": v for k, v in tracking_fields.items()},
+  }
 
 
 def records(run_dir: str) -> list[tuple[str, wandb_internal_pb2.Record]]:
@@ -59,8 +78,11 @@ def records(run_dir: str) -> list[tuple[str, wandb_internal_pb2.Record]]:
 def history(run_dir: str) -> list[tuple[int, dict]]:
   """(step, values) of every history record the run's W&B sessions hold, in order."""
   wandb_dir = os.path.join(run_dir, tracking.WANDB_DIR)
-  return [item for name in sorted(d for d in os.listdir(wandb_dir) if d.startswith("offline-run-"))
-          for item in tracking.wandb_history(os.path.join(wandb_dir, name, f"run-{tracking.run_id(run_dir)}.wandb"))]
+  return [
+    item
+    for name in sorted(d for d in os.listdir(wandb_dir) if d.startswith("offline-run-"))
+    for item in tracking.wandb_history(os.path.join(wandb_dir, name, f"run-{tracking.run_id(run_dir)}.wandb"))
+  ]
 
 
 def metrics_jsonl(run_dir: str) -> dict[int, dict]:
@@ -71,10 +93,20 @@ def metrics_jsonl(run_dir: str) -> dict[int, dict]:
 
 def test_a_killed_and_resumed_run_holds_each_step_once_with_the_values_of_metrics_jsonl(tmp_path):
   run_dir = str(tmp_path / "run")
-  flags = [f"--config.{k}={v}" for k, v in tiny(str(tmp_path / "data"), 24, wandb_project="tapernorm-test",
-                                                  wandb_mode="offline", wandb_tags=("a", "b")).items()]
-  cmd = [sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py", f"--workdir={run_dir}",
-         *flags]
+  flags = [
+    f"--config.{k}={v}"
+    for k, v in tiny(
+      str(tmp_path / "data"), 24, wandb_project="tapernorm-test", wandb_mode="offline", wandb_tags=("a", "b")
+    ).items()
+  ]
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.tinystories",
+    "--config=configs/all_taper.py",
+    f"--workdir={run_dir}",
+    *flags,
+  ]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
   while time.time() < deadline and proc.poll() is None:  # killed past the checkpoint of step 12, before 18's
@@ -128,10 +160,13 @@ def test_a_studys_cells_are_runs_in_a_group_named_after_the_study(tmp_path):
   assert run.run_group == "ladder-study" and run.display_name == cell.name
 
 
-@pytest.mark.parametrize("fields, message", [
+@pytest.mark.parametrize(
+  "fields, message",
+  [
     (dict(wandb_project="a/b", wandb_mode="offline"), "tracking.wandb_project='a/b': W&B project names cannot"),
     (dict(wandb_project="tapernorm-test", wandb_mode="online"), "W&B could not start the run"),  # no login
-])
+  ],
+)
 def test_a_tracker_that_cannot_start_is_one_line_and_the_run_trains_on(tmp_path, fields, message, caplog):
   cfg = run_config.get_config("baseline", "size=cpu")
   cfg = run_config.override(cfg, tiny(str(tmp_path / "data"), 4, **fields))

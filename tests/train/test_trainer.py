@@ -42,8 +42,9 @@ def test_calibration_at_the_taper_start(trainer):
     state, _ = trainer.train_step(state, data[k])
     assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == k + 1
   before = jax.device_get(state)
-  expected_params, expected_calib = calibration.calibrate(before["params"], before["calib"], trainer.method.norms,
-                                                          0.01, 1e-8)
+  expected_params, expected_calib = calibration.calibrate(
+    before["params"], before["calib"], trainer.method.norms, 0.01, 1e-8
+  )
   state, _ = trainer.train_step(state, data[start])
   after = jax.device_get(state)
   for path, c in calibration.norm_scalars(after["calib"], trainer.method.norms, "c").items():
@@ -52,14 +53,19 @@ def test_calibration_at_the_taper_start(trainer):
     assert np.isfinite(c) and abs(c - 1.0) > 1e-3
   np.testing.assert_allclose(after["calib"]["pre_logit"]["s_tgt"], expected_calib["pre_logit"]["s_tgt"], rtol=1e-6)
   # γ̃ started this step as a copy of γ; EMAs are frozen from here on.
-  assert not np.allclose(before["params"]["block_0"]["attn_norm"]["gamma_tilde"],
-                         before["params"]["block_0"]["attn_norm"]["gamma"])
-  np.testing.assert_allclose(after["params"]["block_0"]["attn_norm"]["gamma_tilde"],
-                             expected_params["block_0"]["attn_norm"]["gamma"], atol=2 * trainer.lr(start) + 1e-7)
+  assert not np.allclose(
+    before["params"]["block_0"]["attn_norm"]["gamma_tilde"], before["params"]["block_0"]["attn_norm"]["gamma"]
+  )
+  np.testing.assert_allclose(
+    after["params"]["block_0"]["attn_norm"]["gamma_tilde"],
+    expected_params["block_0"]["attn_norm"]["gamma"],
+    atol=2 * trainer.lr(start) + 1e-7,
+  )
   state, _ = trainer.train_step(state, data[start + 1])
   assert int(state["calib"]["block_0"]["attn_norm"]["count"]) == start
-  np.testing.assert_array_equal(state["calib"]["block_0"]["attn_norm"]["c"],
-                                after["calib"]["block_0"]["attn_norm"]["c"])
+  np.testing.assert_array_equal(
+    state["calib"]["block_0"]["attn_norm"]["c"], after["calib"]["block_0"]["attn_norm"]["c"]
+  )
 
 
 def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trainer):
@@ -68,8 +74,9 @@ def test_gate_moves_without_recompiling_and_aux_turns_on_at_the_taper_start(trai
   for k, batch in enumerate(batches(trainer.phases.taper_end, trainer.cfg, seed=1)):
     state, m = trainer.train_step(state, batch)
     gates.append(float(m["gate"]))
-    np.testing.assert_allclose(m["loss"], m["ce"] + (0.1 * m["scale_loss"] if k >= trainer.phases.taper_start else 0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+      m["loss"], m["ce"] + (0.1 * m["scale_loss"] if k >= trainer.phases.taper_start else 0), rtol=1e-6
+    )
   assert trainer.train_step._cache_size() == 1
   np.testing.assert_allclose(gates, [float(schedules.gate(k, trainer.phases)) for k in range(len(gates))], atol=1e-6)
   assert gates[0] == 1.0 and 0 < gates[-1] < 1
@@ -120,7 +127,9 @@ def test_sharded_fsdp_step_matches_a_single_device_step():
     np.testing.assert_allclose(m1["loss"], m8["loss"], rtol=1e-5)
 
 
-@pytest.mark.parametrize("overrides,field", [
+@pytest.mark.parametrize(
+  "overrides,field",
+  [
     ({"taper.gate_warmup_frac": 0.9, "taper.taper_end": 5}, "taper.gate_warmup_frac"),
     ({"taper.gate_warmup_frac": 1.5}, "taper.gate_warmup_frac"),
     ({"taper.taper_end": 50}, "taper.taper_end"),
@@ -129,7 +138,8 @@ def test_sharded_fsdp_step_matches_a_single_device_step():
     ({"taper.mu": 1.5}, "taper.mu"),
     ({"train.batch_size": 6}, "train.batch_size"),
     ({"taper.gate_warmup_frac": 0.0}, "taper.gate_warmup_frac"),
-])
+  ],
+)
 def test_inconsistent_configs_fail_before_compiling(overrides, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     Trainer(tiny(overrides=overrides), sharding.make_mesh())
@@ -148,6 +158,7 @@ def test_removing_the_final_anchor_without_aux_warns(caplog):
 @pytest.mark.parametrize("variant", ["dyt", "derf"])
 def test_a_pointwise_variant_trains_its_alphas_and_has_nothing_to_fold(variant, caplog):
   from tapernorm_jax.taper import fold  # noqa: PLC0415
+
   with caplog.at_level(logging.WARNING):
     trainer = Trainer(tiny(variant), sharding.make_mesh())
   assert "nothing anchors" not in caplog.text  # a bounded final function anchors the pre-logit scale itself

@@ -28,7 +28,7 @@ import numpy as np
 
 from tapernorm_jax.runtime import hardware
 from tapernorm_jax.benchmarks import decode as decode_bench
-from tapernorm_jax.benchmarks.pytorch import training
+from tapernorm_jax.benchmarks.pytorch import training, training_table
 from tapernorm_jax.benchmarks.decode import model_config
 from tapernorm_jax.benchmarks.timing import check_at_least, paired_ratio, summary, time_interleaved
 from tapernorm_jax.errors import UserError
@@ -42,8 +42,12 @@ Calls = dict[str, Callable[[], Any] | str]  # a call, or the reason it cannot ru
 MODES = (*decode_bench.MODES, "train")  # train: benchmarks/pytorch/training.py
 FORMS = ("baseline", "folded")  # this project's contenders; `baseline` is what the peer loads
 PEERS = ("hf_eager", "hf_compiled")
-LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
-          "folded": "ours folded"}
+LABELS = {
+  "hf_eager": "HF eager",
+  "hf_compiled": "HF torch.compile",
+  "baseline": "ours baseline",
+  "folded": "ours folded",
+}
 FULL_LABEL = "ours baseline, every position"  # decode_bench.FULL: the forward doing HF's work, a column of its own
 PARITY_TOLERANCE = 1e-3  # max |logit difference| between the peer and the baseline form, both in float32
 
@@ -87,9 +91,18 @@ class Settings(decode_bench.Settings):
     return MODES
 
 
-QUICK = dict(size="1m", batches=(1,), lengths=(128,), decode_batches=(1,), prompt=32, new_tokens=32, repeats=3,
-             warmup=1, min_sample_s=0.05,
-             train_cells=("1m:2x64",))  # a smoke run of a few minutes (mostly torch.compile)
+QUICK = dict(
+  size="1m",
+  batches=(1,),
+  lengths=(128,),
+  decode_batches=(1,),
+  prompt=32,
+  new_tokens=32,
+  repeats=3,
+  warmup=1,
+  min_sample_s=0.05,
+  train_cells=("1m:2x64",),
+)  # a smoke run of a few minutes (mostly torch.compile)
 
 
 def weights(s: Settings) -> dict[str, tuple[PyTree, ModelConfig]]:
@@ -123,10 +136,12 @@ def parity(ours_BxV: np.ndarray, theirs_BxV: np.ndarray, tolerance: float = PARI
   diff = float(np.abs(ours_BxV - theirs_BxV).max())
   out = {"max_abs_diff": diff, "max_abs_logit": float(np.abs(ours_BxV).max()), "tolerance": tolerance}
   if not diff <= tolerance:
-    raise ParityError(f"the Hugging Face model's last-token logits differ from this project's baseline form by up "
-                      f"to {diff:.3g} (tolerance {tolerance:g}; largest logit {out['max_abs_logit']:.3g}): the "
-                      "exported checkpoint is not the same model (tapernorm_jax/hf/llama.py's name table or "
-                      "config), so no timing is reported")
+    raise ParityError(
+      f"the Hugging Face model's last-token logits differ from this project's baseline form by up "
+      f"to {diff:.3g} (tolerance {tolerance:g}; largest logit {out['max_abs_logit']:.3g}): the "
+      "exported checkpoint is not the same model (tapernorm_jax/hf/llama.py's name table or "
+      "config), so no timing is reported"
+    )
   return out
 
 
@@ -136,9 +151,14 @@ def decode_calls(runs: dict[str, tuple[PyTree, Any, ModelConfig]], prompt_BxP: n
   prompt_BxP = jnp.asarray(prompt_BxP, jnp.int32)
   lengths_B = jnp.full((prompt_BxP.shape[0],), prompt_BxP.shape[1], jnp.int32)
   key = jax.random.key(0)
-  return {name: (lambda v=v, cfg=cfg, projection=projection: decode.generate(
-              v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens, projection=projection))
-          for name, (v, projection, cfg) in runs.items()}
+  return {
+    name: (
+      lambda v=v, cfg=cfg, projection=projection: decode.generate(
+        v, cfg, prompt_BxP, lengths_B, key, max_new_tokens=new_tokens, projection=projection
+      )
+    )
+    for name, (v, projection, cfg) in runs.items()
+  }
 
 
 def measure(calls: Calls, work: float, s: Settings) -> dict[str, dict]:
@@ -183,8 +203,9 @@ def bench_decode(peer: Peer, forms: dict, s: Settings) -> list[dict]:
     calls = {**peer.decode_calls(prompt_BxP, N), **decode_calls(runs, prompt_BxP, N)}
     row = {"B": B, "prompt": P, "new_tokens": N, "contenders": measure(calls, B * N, s)}
     ours_BxN = np.asarray(calls["baseline"]())
-    row["greedy_agreement"] = {name: agreement(ours_BxN, fn()) for name, fn in calls.items()
-                               if name in PEERS and callable(fn)}
+    row["greedy_agreement"] = {
+      name: agreement(ours_BxN, fn()) for name, fn in calls.items() if name in PEERS and callable(fn)
+    }
     rows.append(row)
     log_row(f"decode B={B} P={P} N={N}", row)
   return rows
@@ -199,24 +220,37 @@ def log_row(title: str, row: dict) -> None:
   print(f"{title}: {cells}" + (f"; {ratios}" if ratios else ""), flush=True)
 
 
-def run(s: Settings, description: dict[str, Any], peer: Peer | None = None,
-        forms: dict[str, tuple[PyTree, ModelConfig]] | None = None, checked: dict[str, float] | None = None,
-        spawn_train: training.Spawn | None = None) -> dict:
+def run(
+  s: Settings,
+  description: dict[str, Any],
+  peer: Peer | None = None,
+  forms: dict[str, tuple[PyTree, ModelConfig]] | None = None,
+  checked: dict[str, float] | None = None,
+  spawn_train: training.Spawn | None = None,
+) -> dict:
   """Times the selected modes: forward and decode on `forms` already checked against `peer` (`checked`: `parity`'s
   numbers), train with each contender in a worker process that `spawn_train` starts (`training.bench`)."""
-  results: dict[str, Any] = {"date": datetime.date.today().isoformat(), "hardware": hardware.describe(),
-                             "peer": description, "settings": dataclasses.asdict(s),
-                             "load_average": os.getloadavg()[0]}
+  results: dict[str, Any] = {
+    "date": datetime.date.today().isoformat(),
+    "hardware": hardware.describe(),
+    "peer": description,
+    "settings": dataclasses.asdict(s),
+    "load_average": os.getloadavg()[0],
+  }
   cores = os.cpu_count() or 1
   if results["load_average"] > cores:
-    print(f"warning: the machine is busy (load average {results['load_average']:.1f} on {cores} cores): "
-          "multi-threaded timings, PyTorch's above all, are unreliable; rerun on an idle machine, or pass "
-          "--threads=1", flush=True)
+    print(
+      f"warning: the machine is busy (load average {results['load_average']:.1f} on {cores} cores): "
+      "multi-threaded timings, PyTorch's above all, are unreliable; rerun on an idle machine, or pass "
+      "--threads=1",
+      flush=True,
+    )
   t0 = time.time()
   if forms:
     forms = {name: in_dtype(v, cfg, s.dtype) for name, (v, cfg) in forms.items()}
-    results.update(model=forms["baseline"][1].to_dict(), params=param_count(forms["baseline"][0]["params"]),
-                   parity=checked)
+    results.update(
+      model=forms["baseline"][1].to_dict(), params=param_count(forms["baseline"][0]["params"]), parity=checked
+    )
     if "forward" in s.modes:
       results["forward"] = bench_forward(peer, forms, s)
     if "decode" in s.modes:
@@ -255,39 +289,79 @@ def markdown(results: dict) -> str:
   """The forward (thousands of tokens/s) and decode (tokens/s) tables, ± half the min–max spread, with folded's ratio
   to each peer contender."""
   s, p, hw = results["settings"], results["peer"], results["hardware"]
-  lines = [f"Measured {results['date']} on {hardware.one_line(hw)}, load average {results['load_average']:.1f} at "
-           f"the start. Peer: torch {p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
-           f"transformers {p['transformers']}, LlamaForCausalLM with SDPA attention. Ours: jax {hw['jax']}, jitted.",
-           ""]
+  lines = [
+    f"Measured {results['date']} on {hardware.one_line(hw)}, load average {results['load_average']:.1f} at "
+    f"the start. Peer: torch {p['torch']} ({p['device']}, {p['threads']} thread{'s' * (p['threads'] != 1)}), "
+    f"transformers {p['transformers']}, LlamaForCausalLM with SDPA attention. Ours: jax {hw['jax']}, jitted.",
+    "",
+  ]
   if "parity" in results:
-    lines += [f"Inference: {s['size']} {s['variant']} model ({results['params']:,} parameters), {s['dtype']}, "
-              f"median of {s['repeats']} interleaved runs (± half the min–max spread; ratios: median and min–max over "
-              "those rounds of each round's ratio, which cancels load drifts slower than a round); the peer loads the "
-              f"baseline form's weights (last-token logits within {results['parity']['max_abs_diff']:.1e} of ours "
-              "in float32).", ""]
+    lines += [
+      f"Inference: {s['size']} {s['variant']} model ({results['params']:,} parameters), {s['dtype']}, "
+      f"median of {s['repeats']} interleaved runs (± half the min–max spread; ratios: median and min–max over "
+      "those rounds of each round's ratio, which cancels load drifts slower than a round); the peer loads the "
+      f"baseline form's weights (last-token logits within {results['parity']['max_abs_diff']:.1e} of ours "
+      "in float32).",
+      "",
+    ]
   if results.get("forward"):
     full = decode_bench.FULL
-    rows = [[r["B"], r["T"], *(cell(r["contenders"].get(n, {})) for n in (*LABELS, full)),
-             ratio(r["contenders"], "hf_eager"), ratio(r["contenders"], "hf_compiled"),
-             ratio(r["contenders"], "hf_eager", full)] for r in results["forward"]]
-    lines += ["Last-token-logits forward, no KV cache, thousands of tokens/s. Ours runs its last block on the last "
-              "position only (the one whose logits are asked for); HF's `logits_to_keep=1` runs every block on "
-              "every position and only the head on the last. The column 'ours baseline, every position' does the "
-              "work HF does:", "",
-              markdown_table(["B", "T", *LABELS.values(), FULL_LABEL, "folded / HF eager",
-                              "folded / HF compiled", "baseline every position / HF eager"], rows), ""]
+    rows = [
+      [
+        r["B"],
+        r["T"],
+        *(cell(r["contenders"].get(n, {})) for n in (*LABELS, full)),
+        ratio(r["contenders"], "hf_eager"),
+        ratio(r["contenders"], "hf_compiled"),
+        ratio(r["contenders"], "hf_eager", full),
+      ]
+      for r in results["forward"]
+    ]
+    lines += [
+      "Last-token-logits forward, no KV cache, thousands of tokens/s. Ours runs its last block on the last "
+      "position only (the one whose logits are asked for); HF's `logits_to_keep=1` runs every block on "
+      "every position and only the head on the last. The column 'ours baseline, every position' does the "
+      "work HF does:",
+      "",
+      markdown_table(
+        [
+          "B",
+          "T",
+          *LABELS.values(),
+          FULL_LABEL,
+          "folded / HF eager",
+          "folded / HF compiled",
+          "baseline every position / HF eager",
+        ],
+        rows,
+      ),
+      "",
+    ]
     lines += [f"* {line}" for line in reasons(results["forward"])] + [""] * bool(reasons(results["forward"]))
   if results.get("decode"):
-    rows = [[r["B"], r["prompt"], r["new_tokens"], *(cell(r["contenders"].get(n, {}), 1) for n in LABELS),
-             ratio(r["contenders"], "hf_eager"), ratio(r["contenders"], "hf_compiled"),
-             ", ".join(f"{a}/{r['new_tokens']}" for a in r["greedy_agreement"].values()) or "–"]
-            for r in results["decode"]]
-    lines += ["Greedy generation of N tokens after a P-token prompt, prefill included, new tokens/s "
-              "(HF: `generate`, compiled with a static cache; ours: `decode.generate`). Last column: leading "
-              "tokens equal to ours (baseline form), per HF contender:", "",
-              markdown_table(["B", "P", "N", *LABELS.values(), "folded / HF eager", "folded / HF compiled",
-                              "greedy = ours"], rows), ""]
+    rows = [
+      [
+        r["B"],
+        r["prompt"],
+        r["new_tokens"],
+        *(cell(r["contenders"].get(n, {}), 1) for n in LABELS),
+        ratio(r["contenders"], "hf_eager"),
+        ratio(r["contenders"], "hf_compiled"),
+        ", ".join(f"{a}/{r['new_tokens']}" for a in r["greedy_agreement"].values()) or "–",
+      ]
+      for r in results["decode"]
+    ]
+    lines += [
+      "Greedy generation of N tokens after a P-token prompt, prefill included, new tokens/s "
+      "(HF: `generate`, compiled with a static cache; ours: `decode.generate`). Last column: leading "
+      "tokens equal to ours (baseline form), per HF contender:",
+      "",
+      markdown_table(
+        ["B", "P", "N", *LABELS.values(), "folded / HF eager", "folded / HF compiled", "greedy = ours"], rows
+      ),
+      "",
+    ]
     lines += [f"* {line}" for line in reasons(results["decode"])] + [""] * bool(reasons(results["decode"]))
   if results.get("train"):
-    lines += [training.markdown(results["train"], s["repeats"], s["min_sample_s"]), ""]
+    lines += [training_table.markdown(results["train"], s["repeats"], s["min_sample_s"]), ""]
   return "\n".join(lines)

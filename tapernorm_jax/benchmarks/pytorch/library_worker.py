@@ -18,6 +18,8 @@ allocator.keep_freed_memory()  # the documented call, before jax is imported
 from tapernorm_jax.benchmarks.pytorch import training, workers  # noqa: E402 (after malloc's settings)
 
 if __name__ == "__main__":
-  workers.main(sys.argv, training.OurStep,
-               "python -m tapernorm_jax.benchmarks.pytorch.library_worker SPEC "
-               "(JSON; started by experiments.benchmark_peer)")
+  workers.main(
+    sys.argv,
+    training.OurStep,
+    "python -m tapernorm_jax.benchmarks.pytorch.library_worker SPEC (JSON; started by experiments.benchmark_peer)",
+  )

@@ -39,7 +39,6 @@ from tapernorm_jax.benchmarks.pytorch import workers
 from tapernorm_jax.benchmarks.timing import paired_ratio, summary
 from tapernorm_jax.hf import llama
 from tapernorm_jax.hf.hub import WEIGHTS_FILE
-from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.model import param_count
 from tapernorm_jax.taper.variants import SIZES
 from tapernorm_jax.train.trainer import Trainer
@@ -51,8 +50,13 @@ OURS = {"baseline": "baseline", "library": "baseline", "taper": "all_taper"}  # 
 # user's script or notebook builds a Trainer (malloc's documented call first, no entry point: library_worker.py).
 LIBRARY_WORKER = [sys.executable, "-m", "tapernorm_jax.benchmarks.pytorch.library_worker"]
 PEERS = ("hf_eager", "hf_compiled")  # experiments/peer_train_hf.py
-LABELS = {"hf_eager": "HF eager", "hf_compiled": "HF torch.compile", "baseline": "ours baseline",
-          "library": "ours baseline, library-built", "taper": "ours all_taper, 0 < g < 1"}
+LABELS = {
+  "hf_eager": "HF eager",
+  "hf_compiled": "HF torch.compile",
+  "baseline": "ours baseline",
+  "library": "ours baseline, library-built",
+  "taper": "ours all_taper, 0 < g < 1",
+}
 ALLOCATORS = {"default": "0", "project settings": "1"}  # row → TAPERNORM_KEEP_FREED_MEMORY in every worker
 OPT = {"lr": 1e-4, "weight_decay": 0.1}  # every contender's; decay > 0 so the one-step check covers its mask
 Spawn = Callable[[str, dict[str, Any], str], Any]  # (contender, spec, allocator row) → a ready workers.WorkerProcess
@@ -62,8 +66,7 @@ def parse_cell(cell: str) -> tuple[str, int, int]:
   """`9m:4x512` → ("9m", 4, 512); ValueError naming the cell otherwise."""
   m = re.fullmatch(r"(\w+):(\d+)x(\d+)", cell)
   if not m or m.group(1) not in SIZES or int(m.group(2)) < 1 or int(m.group(3)) < 2:
-    raise ValueError(f"train_cells: {cell!r} is not SIZE:BATCHxT with SIZE one of {', '.join(SIZES)} "
-                     "(e.g. 9m:4x512)")
+    raise ValueError(f"train_cells: {cell!r} is not SIZE:BATCHxT with SIZE one of {', '.join(SIZES)} (e.g. 9m:4x512)")
   return m.group(1), int(m.group(2)), int(m.group(3))
 
 
@@ -91,8 +94,9 @@ class OurStep:
     self.params_path = os.path.join(directory, f"{self.name}.npz")
     if self.name == "baseline":
       _, B, T = parse_cell(spec["cell"])
-      llama.save_llama({"params": state["params"], "calib": state["calib"]}, tr.model_cfg,
-                       os.path.join(directory, "llama"))
+      llama.save_llama(
+        {"params": state["params"], "calib": state["calib"]}, tr.model_cfg, os.path.join(directory, "llama")
+      )
       batch_BxT1 = np.random.default_rng(spec["seed"]).integers(0, tr.model_cfg.V, (B, T + 1), dtype=np.int32)
       np.save(os.path.join(directory, "batch.npy"), batch_BxT1)
     else:
@@ -106,11 +110,24 @@ class OurStep:
     started this process."""
     tr, opt = self.trainer, self.trainer.cfg.opt
     step = int(self.state["step"])
-    return {"backend": jax.default_backend(), "dtypes": dtypes(tr), "step": step, "cpu_paths": tr.paths_choice.record(),
-            "entry_point": "experiments" in sys.modules,  # false in the library-built baseline's process
-            "params": param_count(self.state["params"]), "L": tr.model_cfg.L, "D": tr.model_cfg.D,
-            "optimizer": {"lr": float(tr.lr(step)), "b1": opt.b1, "b2": opt.b2, "eps": opt.eps,
-                          "weight_decay": opt.weight_decay, "clip": opt.clip}}
+    return {
+      "backend": jax.default_backend(),
+      "dtypes": dtypes(tr),
+      "step": step,
+      "cpu_paths": tr.paths_choice.record(),
+      "entry_point": "experiments" in sys.modules,  # false in the library-built baseline's process
+      "params": param_count(self.state["params"]),
+      "L": tr.model_cfg.L,
+      "D": tr.model_cfg.D,
+      "optimizer": {
+        "lr": float(tr.lr(step)),
+        "b1": opt.b1,
+        "b2": opt.b2,
+        "eps": opt.eps,
+        "weight_decay": opt.weight_decay,
+        "clip": opt.clip,
+      },
+    }
 
   def check(self) -> dict[str, Any]:
     """The first step (it compiles): its loss; the baseline's parameters after it, under the Llama names."""
@@ -136,8 +153,9 @@ def placed(state: dict, step: int) -> dict:
   Adam's count stays, so the next update is Adam's first, as a fresh peer's is, at the learning rate of `step`."""
   at = lambda count: jax.device_put(jnp.asarray(step, count.dtype), count.sharding)
   is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
-  opt_state = jax.tree.map(lambda x: x._replace(count=at(x.count)) if is_schedule(x) else x, state["opt_state"],
-                           is_leaf=is_schedule)
+  opt_state = jax.tree.map(
+    lambda x: x._replace(count=at(x.count)) if is_schedule(x) else x, state["opt_state"], is_leaf=is_schedule
+  )
   return {**state, "step": at(state["step"]), "opt_state": opt_state}
 
 
@@ -145,9 +163,14 @@ def process_spawner(command: list[str], cwd: str | None = None, env: dict[str, s
   """Starts workers as `command + [SPEC as JSON]` (e.g. python -m experiments.peer_train_worker; the library-built
   baseline as `LIBRARY_WORKER`) with the row's TAPERNORM_KEEP_FREED_MEMORY, no preallocation of a GPU's memory by jax
   (several processes share it), and their stderr in the cell's directory."""
+
   def spawn(name: str, spec: dict[str, Any], allocator: str) -> workers.WorkerProcess:
-    environ = {**os.environ, **(env or {}), "TAPERNORM_KEEP_FREED_MEMORY": ALLOCATORS[allocator],
-               "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    environ = {
+      **os.environ,
+      **(env or {}),
+      "TAPERNORM_KEEP_FREED_MEMORY": ALLOCATORS[allocator],
+      "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    }
     log = os.path.join(spec["directory"], f"{name}.log")
     argv = [*(LIBRARY_WORKER if name == "library" else command), json.dumps({**spec, "contender": name})]
     return workers.WorkerProcess(name, argv, environ, log, cwd)
@@ -161,8 +184,13 @@ def start(cell: str, allocator: str, spawn: Spawn, s: Any, directory: str, start
   spec = {"cell": cell, "seed": s.seed, "dtype": s.dtype, "directory": directory}
   started["baseline"] = spawn("baseline", spec, allocator)
   ours = started["baseline"].ready
-  peer_spec = {**spec, "optimizer": ours["optimizer"], "dtypes": ours["dtypes"], "threads": s.threads,
-               "device": "cuda" if ours["backend"] == "gpu" else "cpu"}
+  peer_spec = {
+    **spec,
+    "optimizer": ours["optimizer"],
+    "dtypes": ours["dtypes"],
+    "threads": s.threads,
+    "device": "cuda" if ours["backend"] == "gpu" else "cpu",
+  }
   for name in (name for name in OURS if name not in started):  # the library-built baseline and TaperNorm
     started[name] = spawn(name, spec, allocator)
   for name in PEERS if s.compile else PEERS[:1]:
@@ -173,8 +201,13 @@ def checked(started: dict[str, Any], directory: str) -> tuple[dict[str, Any], di
   """The peers' dtypes against the baseline's (before any step), then each worker's first step and the peers' losses
   and parameters after it against the baseline's: (the checks, the reason per contender that cannot run)."""
   ours = started["baseline"].ready
-  checks: dict[str, Any] = {"dtypes": {name: parity.check_dtypes(ours["dtypes"], started[name].ready["dtypes"])
-                                       for name in PEERS if name in started}, "loss": {}, "params": {}}
+  checks: dict[str, Any] = {
+    "dtypes": {
+      name: parity.check_dtypes(ours["dtypes"], started[name].ready["dtypes"]) for name in PEERS if name in started
+    },
+    "loss": {},
+    "params": {},
+  }
   first = checks["first_step"] = {name: w.request("check") for name, w in started.items()}
   na = {name: c["na"] for name, c in first.items() if "na" in c}
   if "baseline" in na:
@@ -185,10 +218,16 @@ def checked(started: dict[str, Any], directory: str) -> tuple[dict[str, Any], di
   for name in PEERS:
     if name not in started or name in na:
       continue
-    checks["loss"][name] = parity.check_loss(first["baseline"]["loss"], first[name]["loss"],
-                                             parity.LOSS_TOLERANCE[compute], LABELS[name])
-    checks["params"][name] = parity.compare_params(ours_after, dict(np.load(first[name]["params"])), initial,
-                                                   parity.PARAM_TOLERANCE[compute], parity.UPDATE_TOLERANCE[compute])
+    checks["loss"][name] = parity.check_loss(
+      first["baseline"]["loss"], first[name]["loss"], parity.LOSS_TOLERANCE[compute], LABELS[name]
+    )
+    checks["params"][name] = parity.compare_params(
+      ours_after,
+      dict(np.load(first[name]["params"])),
+      initial,
+      parity.PARAM_TOLERANCE[compute],
+      parity.UPDATE_TOLERANCE[compute],
+    )
   return checks, na
 
 
@@ -224,13 +263,30 @@ def bench_cell(cell: str, allocator: str, spawn: Spawn, s: Any, peak: dict | Non
     elif name in samples:
       contenders[name] = summary(samples[name], B * T)
       contenders[name]["mfu"] = costs.mfu(contenders[name]["median"], flops, peak and peak["flops"])
-  ratios = {f"{a}/{b}": paired_ratio(samples[a], samples[b])
-            for a in OURS for b in (*PEERS, "baseline") if a != b and a in samples and b in samples}
-  row = {"cell": cell, "size": size, "B": B, "T": T, "allocator": allocator, "allocator_in_effect": in_effect,
-         "params": ours["params"], "flops_per_token": flops, "dtypes": checks["dtypes"], "loss": checks["loss"],
-         "param_agreement": checks["params"], "workers": described,
-         "first_step": {n: {k: v for k, v in c.items() if k != "params"} for n, c in checks["first_step"].items()},
-         "contenders": contenders, "ratios": ratios, "peak": peak}
+  ratios = {
+    f"{a}/{b}": paired_ratio(samples[a], samples[b])
+    for a in OURS
+    for b in (*PEERS, "baseline")
+    if a != b and a in samples and b in samples
+  }
+  row = {
+    "cell": cell,
+    "size": size,
+    "B": B,
+    "T": T,
+    "allocator": allocator,
+    "allocator_in_effect": in_effect,
+    "params": ours["params"],
+    "flops_per_token": flops,
+    "dtypes": checks["dtypes"],
+    "loss": checks["loss"],
+    "param_agreement": checks["params"],
+    "workers": described,
+    "first_step": {n: {k: v for k, v in c.items() if k != "params"} for n, c in checks["first_step"].items()},
+    "contenders": contenders,
+    "ratios": ratios,
+    "peak": peak,
+  }
   log_cell(row)
   return row
 
@@ -247,76 +303,3 @@ def log_cell(row: dict) -> None:
   cells = ", ".join(f"{LABELS[n]} " + (f"{x['median']:,.0f} tok/s" if "median" in x else "n/a") for n, x in c.items())
   ratios = ", ".join(f"{k} {v['median']:.2f}×" for k, v in r.items())
   print(f"train {row['cell']} (allocator: {row['allocator']}): {cells}; {ratios}", flush=True)
-
-
-def ratio_cell(row: dict, key: str) -> str:
-  """`1.23× (1.10–1.31)`: the median and min–max over rounds of one round-by-round ratio, or `–`."""
-  r = row["ratios"].get(key)
-  return f"{r['median']:.2f}× ({r['min']:.2f}–{r['max']:.2f})" if r else "–"
-
-
-def allocator_cell(row: dict) -> str:
-  """The row's malloc setting, and why it did not hold where it did not."""
-  effect = row["allocator_in_effect"]
-  held = effect["setting"] == row["allocator"]  # the rows are named as the workers name their setting
-  return row["allocator"] + ("" if held else f" (not in effect: {effect['keep_freed_memory']})")
-
-
-def markdown(rows: list[dict], repeats: int, min_sample_s: float) -> str:
-  """The train table: tokens/s per contender and allocator row, ours / HF round by round, TaperNorm / baseline, MFU;
-  then the checks and what each peer contender ran."""
-  tok = lambda x: f"{x['median']:,.0f}" if "median" in x else "n/a"
-  table = [[r["size"], f"{r['B']} × {r['T']}", allocator_cell(r), *(tok(r["contenders"].get(n, {})) for n in LABELS),
-            ratio_cell(r, "baseline/hf_eager"), ratio_cell(r, "baseline/hf_compiled"),
-            ratio_cell(r, "taper/baseline"), ratio_cell(r, "library/baseline"), mfu_cell(r)] for r in rows]
-  worst = lambda key, field: max((c[field] for r in rows for c in r[key].values() if field in c), default=0.0)
-  dtype = rows[0]["dtypes"].get("hf_eager", {}).get("ours", {}) if rows else {}
-  lines = [f"One optimiser step (forward, backward, global-norm clipping, AdamW), tokens/s, median of {repeats} "
-           f"interleaved rounds of at least {min_sample_s:g} s per contender, each contender in its own process; "
-           "ratios are per round (median and min–max over the rounds). Every cell runs twice: every process with "
-           "glibc malloc's defaults (allocator: default), and every process with this project's "
-           "(allocator.keep_freed_memory: one arena, no mmap, no trimming). Ours baseline runs in a process an entry "
-           "point started (python -m experiments...); library-built is the same step in a process started as a "
-           "user's script is (import tapernorm_jax, then a Trainer; benchmarks/pytorch/library_worker.py).", "",
-           markdown_table(["size", "B × T", "allocator", *LABELS.values(), "baseline / HF eager",
-                           "baseline / HF compiled", "all_taper / baseline", "library-built / baseline",
-                           "MFU (baseline)"], table), ""]
-  if dtype:
-    lines.append(f"Both sides in {dtype['param']} weights and {dtype['compute']} compute. First-step losses agree "
-                 f"within {worst('loss', 'relative_difference'):.1e} (relative); parameters after that step within "
-                 f"{worst('param_agreement', 'relative'):.1e} of each tensor's largest entry (the update itself: "
-                 f"{worst('param_agreement', 'update_relative_l2'):.1e}, relative L2).")
-  paths = {f"{r['size']} {LABELS[n]}": d["cpu_paths"]["name"] for r in rows
-           for n, d in r.get("workers", {}).items() if "cpu_paths" in d}
-  if paths:
-    lines.append("Our CPU paths (`train.cpu_paths=auto`, timed on this host): "
-                 + ", ".join(f"{k}: {v}" for k, v in paths.items()) + ".")
-  lines += [f"* {line}" for line in peer_notes(rows)]
-  peak = next((r["peak"] for r in rows if r["peak"]), None)
-  if peak:
-    lines.append(f"MFU: 6·N + 12·L·D·T FLOPs per token against {peak['source']}.")
-  return "\n".join(lines)
-
-
-def peer_notes(rows: list[dict]) -> list[str]:
-  """One line per peer contender: what it ran (compiled form, optimiser) or why it could not, each line once."""
-  seen: dict[str, None] = {}
-  for row in rows:
-    for name in PEERS:
-      first = row["first_step"].get(name, {})
-      na = row["contenders"].get(name, {}).get("na")
-      line = f"{LABELS[name]}: n/a ({na})" if na else f"{LABELS[name]}: {first.get('ran', '?')}"
-      worker = row.get("workers", {}).get(name, {})
-      if worker.get("cpu_capability") and worker.get("device") == "cpu":
-        line += f"; ATen CPU capability {worker['cpu_capability']}"
-        line += f", inductor {worker['inductor_isa']}" if name == "hf_compiled" and "inductor_isa" in worker else ""
-      if "graphs" in first and not na:
-        line += f"; {first['graphs']} graphs, split at: {'; '.join(first['graph_breaks']) or 'nothing'}"
-      seen.setdefault(line, None)
-  return list(seen)
-
-
-def mfu_cell(row: dict) -> str:
-  """The baseline's model FLOPs utilisation, or n/a."""
-  mfu = row["contenders"].get("baseline", {}).get("mfu")
-  return "n/a" if mfu is None else f"{100 * mfu:.1f}%"

@@ -58,8 +58,11 @@ def allocator_setting() -> dict[str, Any]:
   """The malloc setting this worker runs with (`allocator.in_effect`), as a benchmark row names it: `setting` (default
   or project settings), `keep_freed_memory` (set, or why not) and `set_before_jax`."""
   effect = allocator.in_effect()
-  return {"setting": "project settings" if effect["keeps_freed_memory"] else "default",
-          "keep_freed_memory": effect["why_not"] or "set", "set_before_jax": effect.get("set_before_jax", False)}
+  return {
+    "setting": "project settings" if effect["keeps_freed_memory"] else "default",
+    "keep_freed_memory": effect["why_not"] or "set",
+    "set_before_jax": effect.get("set_before_jax", False),
+  }
 
 
 def protocol_stream() -> IO[str]:
@@ -145,8 +148,9 @@ class WorkerProcess:
   def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: str, cwd: str | None = None):
     self.name, self.log_path = name, log_path
     with open(log_path, "w") as log:
-      self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                      env=env, cwd=cwd)
+      self.process = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=cwd
+      )
     self.lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=self._read, daemon=True).start()
     self.ready = self._reply(READY_TIMEOUT_S, "starting")

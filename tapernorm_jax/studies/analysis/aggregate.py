@@ -15,14 +15,18 @@ from tapernorm_jax.taper.variants import SIZES
 # (arXiv 2602.10408), Table 2: TinyStories validation loss (nats/token) at g = 0, mean ± std over 6 seeds.
 # Keys: (size, variant, aux). The setup is docs/method.md §8.
 PAPER_TABLE2 = {
-    ("1m", "baseline", 0): (2.1538, 0.0025), ("1m", "internal_taper", 1): (2.1852, 0.0040),
-    ("1m", "all_taper", 1): (2.1930, 0.0035),
-    ("3m", "baseline", 0): (1.7561, 0.0010), ("3m", "internal_taper", 1): (1.7828, 0.0029),
-    ("3m", "all_taper", 1): (1.7874, 0.0028),
-    ("9m", "baseline", 0): (1.4620, 0.0022), ("9m", "internal_taper", 1): (1.4837, 0.0016),
-    ("9m", "all_taper", 1): (1.4837, 0.0023),
-    ("30m", "baseline", 0): (1.2768, 0.0018), ("30m", "internal_taper", 1): (1.2859, 0.0010),
-    ("30m", "all_taper", 1): (1.2868, 0.0041),
+  ("1m", "baseline", 0): (2.1538, 0.0025),
+  ("1m", "internal_taper", 1): (2.1852, 0.0040),
+  ("1m", "all_taper", 1): (2.1930, 0.0035),
+  ("3m", "baseline", 0): (1.7561, 0.0010),
+  ("3m", "internal_taper", 1): (1.7828, 0.0029),
+  ("3m", "all_taper", 1): (1.7874, 0.0028),
+  ("9m", "baseline", 0): (1.4620, 0.0022),
+  ("9m", "internal_taper", 1): (1.4837, 0.0016),
+  ("9m", "all_taper", 1): (1.4837, 0.0023),
+  ("30m", "baseline", 0): (1.2768, 0.0018),
+  ("30m", "internal_taper", 1): (1.2859, 0.0010),
+  ("30m", "all_taper", 1): (1.2868, 0.0041),
 }
 
 
@@ -104,5 +108,7 @@ def aggregate(runs: Sequence[Run]) -> list[Group]:
 def paper_setting(runs: Sequence[Run]) -> bool:
   """True when the complete runs are the paper's setting: TinyStories, the paper's sizes and step counts."""
   done = [r for r in runs if r.status == "complete"]
-  return bool(done) and all(r.corpus == "tinystories" and r.size in ("1m", "3m", "9m", "30m")
-                            and r.steps == SIZES[r.size]["steps"] for r in done)
+  return bool(done) and all(
+    r.corpus == "tinystories" and r.size in ("1m", "3m", "9m", "30m") and r.steps == SIZES[r.size]["steps"]
+    for r in done
+  )

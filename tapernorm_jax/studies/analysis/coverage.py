@@ -57,19 +57,19 @@ def quiet(_: str) -> None:
 READINGS = ("does not fit", "spans 0", "shrinks", "grows")  # what GapFit.reading says, by its key words
 
 
-def gap_coverage(s: Setting, echo: Callable[[str], None] = quiet, law: tuple[float, float] = GAP_LAW
-                 ) -> dict[str, Any]:
+def gap_coverage(s: Setting, echo: Callable[[str], None] = quiet, law: tuple[float, float] = GAP_LAW) -> dict[str, Any]:
   """Under the gap law `law`: how often the intervals of a, b and the fitted gap at every size hold the truth, how
   often the lack-of-fit test alarms, and how often the report reads each of READINGS."""
   rng = np.random.default_rng(s.seed)
   a, b = law
   x = PARAMS / PARAMS[0]
   reference_means = LOSS_LAW[0] + LOSS_LAW[1] * (COMPUTE / COMPUTE[0]) ** -LOSS_LAW[2]
-  true_gap = a * x ** -b
+  true_gap = a * x**-b
   hits = {"a": 0, "b": 0, "gap at every size": 0, "alarms at p < 0.1": 0, **{f"reads '{w}'": 0 for w in READINGS}}
   for i in range(s.studies):
-    fit = fits.gap_fit(PARAMS, draw(rng, reference_means * (1 + true_gap), s), draw(rng, reference_means, s),
-                       s.resamples, seed=i)
+    fit = fits.gap_fit(
+      PARAMS, draw(rng, reference_means * (1 + true_gap), s), draw(rng, reference_means, s), s.resamples, seed=i
+    )
     _, low, high = fit.curve(PARAMS)
     hits["a"] += fit.a.spans(a)
     hits["b"] += fit.b.spans(b)
@@ -101,18 +101,32 @@ def predict_coverage(s: Setting, echo: Callable[[str], None] = quiet) -> dict[st
 
 def measure(s: Setting, echo: Callable[[str], None] = quiet) -> dict[str, Any]:
   """Every coverage of one setting, with the setting and the nominal level."""
-  return {"setting": dataclasses.asdict(s), "level": fits.LEVEL, "gap_law": list(GAP_LAW),
-          "loss_law": list(LOSS_LAW), "params": PARAMS.tolist(), "held_out_params": HELD_OUT,
-          "rates": {**gap_coverage(s, echo), **predict_coverage(s, echo),
-                    **{f"flat gap (b = 0): {name}": r for name, r in gap_coverage(s, echo, (GAP_LAW[0], 0.0)).items()
-                       if name.startswith("reads")}}}
+  return {
+    "setting": dataclasses.asdict(s),
+    "level": fits.LEVEL,
+    "gap_law": list(GAP_LAW),
+    "loss_law": list(LOSS_LAW),
+    "params": PARAMS.tolist(),
+    "held_out_params": HELD_OUT,
+    "rates": {
+      **gap_coverage(s, echo),
+      **predict_coverage(s, echo),
+      **{
+        f"flat gap (b = 0): {name}": r
+        for name, r in gap_coverage(s, echo, (GAP_LAW[0], 0.0)).items()
+        if name.startswith("reads")
+      },
+    },
+  }
 
 
 def markdown(result: dict[str, Any]) -> str:
   """The measured rates beside what they should be."""
-  nominal = lambda name: ("10%" if name.startswith("alarms") else "—" if "reads" in name else f"{result['level']:.0%}")
-  rows = [[name, f"{100 * r['rate']:.1f}% ± {100 * r['se']:.1f}", str(r["n"]), nominal(name)]
-          for name, r in result["rates"].items()]
+  nominal = lambda name: "10%" if name.startswith("alarms") else "—" if "reads" in name else f"{result['level']:.0%}"
+  rows = [
+    [name, f"{100 * r['rate']:.1f}% ± {100 * r['se']:.1f}", str(r["n"]), nominal(name)]
+    for name, r in result["rates"].items()
+  ]
   return markdown_table(["interval, test or reading", "measured (± standard error)", "trials", "nominal"], rows)
 
 
@@ -123,10 +137,12 @@ def sentence(result: dict[str, Any] | None = None) -> str:
     return ""
   r, s = result["rates"], result["setting"]
   pct = lambda name: f"{100 * r[name]['rate']:.0f}%"
-  return (f"In {s['studies']:,} simulated studies with a known law (4 sizes spanning 8×, {s['seeds']} seeds, "
-          f"{100 * s['noise']:.1f}% seed noise; studies/coverage.json) the {result['level']:.0%} intervals held the "
-          f"true a in {pct('a')}, b in {pct('b')} and the gap at a size in {pct('gap at every size')} of them, and "
-          f"the measured mean fell inside the predicted interval in {pct('measured mean inside the prediction')}.")
+  return (
+    f"In {s['studies']:,} simulated studies with a known law (4 sizes spanning 8×, {s['seeds']} seeds, "
+    f"{100 * s['noise']:.1f}% seed noise; studies/coverage.json) the {result['level']:.0%} intervals held the "
+    f"true a in {pct('a')}, b in {pct('b')} and the gap at a size in {pct('gap at every size')} of them, and "
+    f"the measured mean fell inside the predicted interval in {pct('measured mean inside the prediction')}."
+  )
 
 
 def committed() -> dict[str, Any] | None:

@@ -13,8 +13,7 @@ from tapernorm_jax.taper import phases
 
 def series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
   """(steps, values) of the records that hold a finite number under `key`."""
-  pairs = [(r["step"], r[key]) for r in records
-           if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+  pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
   if not pairs:
     return np.zeros(0), np.zeros(0)
   steps, values = zip(*pairs)

@@ -2,82 +2,46 @@
 (logit norm, anchored vs unanchored), Figure 4 (gradient norm by weight type), and the training loss of baseline vs
 internal_taper with the gate; drawn without pyplot, saved as palette PNGs."""
 
-import io
-import math
 from collections.abc import Sequence
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 import numpy as np
-from PIL import Image
 
-from tapernorm_jax.storage import run_files
 from tapernorm_jax.studies.analysis import fits
 from tapernorm_jax.studies.analysis.aggregate import Group
-from tapernorm_jax.studies.analysis.curves import Curves, mean_curve, series, taper_start
-from tapernorm_jax.studies.analysis.run_rows import (Key, Run, budgets, label, params_text, size_order, split_size,
-                                            unanchored, variant_order)
+from tapernorm_jax.studies.analysis.curves import Curves, mean_curve, series
+from tapernorm_jax.studies.analysis.run_rows import (
+  Run,
+  budgets,
+  label,
+  params_text,
+  size_order,
+  split_size,
+  unanchored,
+  variant_order,
+)
 from tapernorm_jax.studies.analysis.scaling import StudyFits
+from tapernorm_jax.studies.analysis.plotting import (
+  log_y,
+  mark_taper,
+  method_style,
+  new_figure,
+  size_panels,
+  smoothing_window,
+)
 
 WEIGHT_TYPES = (("qkv", "QKV"), ("attn_out", "attention out"), ("mlp_in", "MLP in"), ("mlp_out", "MLP out"))
-COLORS = {("baseline", 0): "#222222", ("internal_taper", 1): "#1f77b4", ("all_taper", 1): "#2ca02c",
-          ("final_taper", 1): "#9467bd", ("internal_taper", 0): "#17becf", ("all_taper", 0): "#d62728",
-          ("final_taper", 0): "#ff7f0e", ("baseline", 1): "#7f7f7f", ("fakeln", 1): "#e377c2",
-          ("prepbn", 0): "#bcbd22", ("dyt", 0): "#8c564b", ("derf", 0): "#ff9896"}
-DPI = 110
 FIGURES = {  # file name → (title in report.md, caption)
-    "fig2_val_loss_vs_params.png": "Figure 2 — validation loss against parameter count",
-    "decode_throughput.png": "Decode throughput against size, each method in its inference form",
-    "fits_gap_vs_params.png": "The gap against size, with its fitted law",
-    "fits_loss_vs_compute.png": "Loss against training compute, with each method's fitted law",
-    "fig3_logit_norm.png": "Figure 3 — mean logit L2 norm, anchored vs unanchored",
-    "fig4_grad_norm.png": "Figure 4 — gradient norm by weight type",
-    "train_loss_gate.png": "Training loss, baseline vs internal_taper (+aux), with the gate",
+  "fig2_val_loss_vs_params.png": "Figure 2 — validation loss against parameter count",
+  "decode_throughput.png": "Decode throughput against size, each method in its inference form",
+  "fits_gap_vs_params.png": "The gap against size, with its fitted law",
+  "fits_loss_vs_compute.png": "Loss against training compute, with each method's fitted law",
+  "fig3_logit_norm.png": "Figure 3 — mean logit L2 norm, anchored vs unanchored",
+  "fig4_grad_norm.png": "Figure 4 — gradient norm by weight type",
+  "train_loss_gate.png": "Training loss, baseline vs internal_taper (+aux), with the gate",
 }
-
-
-def new_figure(width: float, height: float) -> Figure:
-  """A Figure drawn by the Agg backend (no pyplot, no global backend switch)."""
-  fig = Figure(figsize=(width, height), dpi=DPI)
-  FigureCanvasAgg(fig)
-  return fig
-
-
-def size_panels(count: int, panel_width: float) -> tuple[Figure, Any]:
-  """A figure with one panel per model size in a row (between 7.5 and 20 inches wide), and its axes."""
-  fig = new_figure(min(max(panel_width * count, 7.5), 20), 4.8)
-  return fig, fig.subplots(1, count, squeeze=False)[0]
-
-
-def _log_y(ax: Any) -> None:
-  """Log y axis with plain-number tick labels, and labelled minor ticks where the data span few decades."""
-  ax.set_yscale("log")
-  lo, hi = ax.get_ylim()
-  decades = math.log10(hi / lo) if lo > 0 else 99
-  subs = range(2, 10) if decades <= 1.2 else (2, 5) if decades <= 3 else ()
-  ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-  ax.yaxis.set_minor_formatter(FuncFormatter(
-      lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v) + 1e-9)) in subs else ""))
-
-
-def _style(key: Key) -> dict[str, Any]:
-  """Colour per variant; unanchored variants dashed."""
-  return {"color": COLORS.get(key, "#17becf"), "linestyle": "--" if unanchored(*key) else "-"}
-
-
-def _mark_taper(ax: Any, runs: Sequence[Run]) -> None:
-  """A dotted vertical line at the taper start (one per panel)."""
-  start = next((taper_start(r.config) for r in runs if taper_start(r.config) is not None), None)
-  if start is not None:
-    ax.axvline(start, color="#888888", linestyle=":", linewidth=1.2, label=f"taper start (step {start})")
-
-
-def _window(curves: Curves, size: str) -> int:
-  """Moving-average window for per-step curves: about 2% of the logged points."""
-  lengths = [len(curves.records[r.cell]) for r in curves.runs if r.size == size]
-  return max(1, (max(lengths) if lengths else 0) // 50)
 
 
 def figure_scaling(groups: Sequence[Group]) -> Figure | None:
@@ -92,26 +56,45 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
     return None
   sizes = sorted({split_size(g.size)[0] for g in done}, key=size_order)
   study_budgets = budgets(g.size for g in done)
-  params_at = lambda s, key=None: [g.params for g in done if split_size(g.size)[0] == s
-                                   and (key is None or (g.variant, g.aux) == key)]
+  params_at = lambda s, key=None: [
+    g.params for g in done if split_size(g.size)[0] == s and (key is None or (g.variant, g.aux) == key)
+  ]
   at = {s: float(next(iter(params_at(s, ("baseline", 0))), np.median(params_at(s)))) for s in sizes}
   fig = new_figure(7.0, 4.6)
   ax = fig.add_subplot()
   for i, key in enumerate(keys):
     shift = 1.0 + 0.025 * (i - (len(keys) - 1) / 2)
     for j, budget in enumerate(study_budgets):  # one line per token budget, told apart by its marker
-      line = [g for g in sorted(done, key=lambda g: size_order(g.size))
-              if (g.variant, g.aux) == key and split_size(g.size)[1] == budget]
+      line = [
+        g
+        for g in sorted(done, key=lambda g: size_order(g.size))
+        if (g.variant, g.aux) == key and split_size(g.size)[1] == budget
+      ]
       name = label(*key) + (f", budget {budget}" if budget else "")
       pts = [(at[split_size(g.size)[0]] * shift, g.mean, g.std or 0.0) for g in line if g.n]
       if pts:
         x, y, err = (np.asarray(v, float) for v in zip(*pts))
-        ax.errorbar(x, y, yerr=err, marker="osD^v<>"[j % 7], markersize=4, capsize=3, linewidth=1.5, label=name,
-                    **_style(key))
+        ax.errorbar(
+          x,
+          y,
+          yerr=err,
+          marker="osD^v<>"[j % 7],
+          markersize=4,
+          capsize=3,
+          linewidth=1.5,
+          label=name,
+          **method_style(key),
+        )
       unlearned = [(at[split_size(g.size)[0]] * shift, loss) for g in line for loss in g.no_context]
       if unlearned:  # seeds outside the mean, each shown where it ended
-        ax.plot(*zip(*unlearned), linestyle="none", marker="x", markersize=7, color=_style(key).get("color"),
-                label=f"{name}: learned no context (not in the mean)")
+        ax.plot(
+          *zip(*unlearned),
+          linestyle="none",
+          marker="x",
+          markersize=7,
+          color=method_style(key).get("color"),
+          label=f"{name}: learned no context (not in the mean)",
+        )
   ax.set_xscale("log")
   ax.set_xticks([at[s] for s in sizes], [f"{s}\n{params_text(int(at[s]))}" for s in sizes])
   ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -119,8 +102,10 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
   ax.set_xlim(lo / 1.4, hi * 1.4)
   ax.set_xlabel("parameters (log scale)")
   ax.set_ylabel("validation loss at g = 0 (nats/token)")
-  ax.set_title("Validation loss vs model size (mean ± std over seeds)"
-               + ("\n× a seed that learned no context" if any(g.no_context for g in done) else ""))
+  ax.set_title(
+    "Validation loss vs model size (mean ± std over seeds)"
+    + ("\n× a seed that learned no context" if any(g.no_context for g in done) else "")
+  )
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
@@ -139,14 +124,21 @@ def figure_throughput(result: dict[str, Any] | None) -> Figure | None:
   for i, key in enumerate(keys):
     mine = sorted((r for r in rows if (r["variant"], r["aux"]) == key), key=lambda r: r["params"])
     x = np.asarray([r["params"] for r in mine], float) * (1.0 + 0.02 * (i - (len(keys) - 1) / 2))
-    speed_ax.plot(x, [r["tokens_s"]["median"] for r in mine], marker="o", markersize=4, linewidth=1.5,
-                  label=f"{label(*key)} [{mine[0]['form']}]", **_style(key))
+    speed_ax.plot(
+      x,
+      [r["tokens_s"]["median"] for r in mine],
+      marker="o",
+      markersize=4,
+      linewidth=1.5,
+      label=f"{label(*key)} [{mine[0]['form']}]",
+      **method_style(key),
+    )
     rated = [(xi, r["vs_baseline"]) for xi, r in zip(x, mine) if r["vs_baseline"]]
     if rated:
       xs, ratios = zip(*rated)
       mid = np.asarray([q["median"] for q in ratios])
       err = np.asarray([[m - q["min"] for m, q in zip(mid, ratios)], [q["max"] - m for m, q in zip(mid, ratios)]])
-      ratio_ax.errorbar(xs, mid, yerr=err, marker="o", markersize=4, capsize=3, linewidth=1.2, **_style(key))
+      ratio_ax.errorbar(xs, mid, yerr=err, marker="o", markersize=4, capsize=3, linewidth=1.2, **method_style(key))
   ratio_ax.axhline(1.0, color="#888888", linewidth=0.8)
   for ax in (speed_ax, ratio_ax):
     ax.set_xscale("log")
@@ -159,8 +151,11 @@ def figure_throughput(result: dict[str, Any] | None) -> Figure | None:
   ratio_ax.set_title("Against the baseline (median, min–max over rounds)")
   speed_ax.legend(fontsize=7)
   s = result["settings"]
-  fig.suptitle(f"Decode throughput, batch {s['batch']}, {s['new_tokens']} tokens after a {s['prompt']}-token prompt, "
-               f"on {result['hardware']['cpu']}", fontsize=10)
+  fig.suptitle(
+    f"Decode throughput, batch {s['batch']}, {s['new_tokens']} tokens after a {s['prompt']}-token prompt, "
+    f"on {result['hardware']['cpu']}",
+    fontsize=10,
+  )
   fig.tight_layout()
   return fig
 
@@ -168,8 +163,10 @@ def figure_throughput(result: dict[str, Any] | None) -> Figure | None:
 def figure_gap_fits(study: StudyFits | None) -> Figure | None:
   """Each method's gap against its matched control (the baseline where it has none) against parameters, log-log
   (symmetric-log where a gap is negative): seeds' means ± standard error, the fitted ΔL(N) and its bootstrap band."""
-  fitted = [(m, m.vs_control or m.vs_baseline, m.control if m.vs_control else ("baseline", 0))
-            for m in (study.methods if study else [])]
+  fitted = [
+    (m, m.vs_control or m.vs_baseline, m.control if m.vs_control else ("baseline", 0))
+    for m in (study.methods if study else [])
+  ]
   if not fitted:
     return None
   fig = new_figure(7.5, 4.8)
@@ -179,15 +176,23 @@ def figure_gap_fits(study: StudyFits | None) -> Figure | None:
     n = np.asarray(fit.params)
     grid = np.geomspace(n.min(), n.max(), 50)
     line, low, high = (100 * y for y in fit.curve(grid))
-    style = _style(m.key)
+    style = method_style(m.key)
     ax.fill_between(grid, low, high, color=style["color"], alpha=0.12, linewidth=0)
     ax.plot(grid, line, linewidth=1.4, **style)
-    ax.errorbar(n, 100 * np.asarray(fit.gaps), yerr=100 * np.asarray(fit.errors), fmt="o", markersize=4, capsize=3,
-                color=style["color"], label=f"{label(*m.key)} − {label(*reference)}: b = {fit.b.text('{:.2f}')}")
+    ax.errorbar(
+      n,
+      100 * np.asarray(fit.gaps),
+      yerr=100 * np.asarray(fit.errors),
+      fmt="o",
+      markersize=4,
+      capsize=3,
+      color=style["color"],
+      label=f"{label(*m.key)} − {label(*reference)}: b = {fit.b.text('{:.2f}')}",
+    )
     lowest = min(lowest, float(np.min(np.concatenate([100 * np.asarray(fit.gaps), low]))))
   ax.set_xscale("log")
   if lowest > 0:
-    _log_y(ax)
+    log_y(ax)
     ax.set_ylabel("gap in validation loss (%, log scale)")
   else:
     ax.set_yscale("symlog", linthresh=0.1)
@@ -195,8 +200,10 @@ def figure_gap_fits(study: StudyFits | None) -> Figure | None:
     ax.axhline(0.0, color="#888888", linewidth=0.8)
     ax.set_ylabel("gap in validation loss (%, symmetric log: linear within ±0.1%)")
   ax.set_xlabel("parameters (log scale)")
-  ax.set_title(f"Gap against size, fitted ΔL(N) = a·N^(−b) with its {fits.LEVEL:.0%} bootstrap band"
-               + (f"\n(token budget {study.budget})" if study.budget else ""))
+  ax.set_title(
+    f"Gap against size, fitted ΔL(N) = a·N^(−b) with its {fits.LEVEL:.0%} bootstrap band"
+    + (f"\n(token budget {study.budget})" if study.budget else "")
+  )
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
@@ -205,8 +212,11 @@ def figure_gap_fits(study: StudyFits | None) -> Figure | None:
 
 def figure_compute_fits(study: StudyFits | None) -> Figure | None:
   """Validation loss against training compute per method, log-log: seeds' mean ± std and the fitted L(C)."""
-  laws = ([(("baseline", 0), study.baseline_law)] + [(m.key, m.law) for m in study.methods if m.law]
-          if study and study.baseline_law else [])
+  laws = (
+    [(("baseline", 0), study.baseline_law)] + [(m.key, m.law) for m in study.methods if m.law]
+    if study and study.baseline_law
+    else []
+  )
   if not laws:
     return None
   fig = new_figure(7.5, 4.8)
@@ -214,16 +224,19 @@ def figure_compute_fits(study: StudyFits | None) -> Figure | None:
   for key, law in laws:
     c = np.asarray(law.compute)
     grid = np.geomspace(c.min(), c.max(), 50)
-    style = _style(key)
+    style = method_style(key)
     ax.plot(grid, law.curve(grid), linewidth=1.4, **style)
-    ax.plot(c, law.losses, "o", markersize=4, color=style["color"],
-            label=f"{label(*key)}: α = {law.alpha.text('{:.2f}')}")
+    ax.plot(
+      c, law.losses, "o", markersize=4, color=style["color"], label=f"{label(*key)}: α = {law.alpha.text('{:.2f}')}"
+    )
   ax.set_xscale("log")
-  _log_y(ax)
+  log_y(ax)
   ax.set_xlabel("training compute (FLOPs, log scale)")
   ax.set_ylabel("validation loss at g = 0 (nats/token, log scale)")
-  ax.set_title("Loss against compute, fitted L(C) = E + A·C^(−α) per method"
-               + (f"\n(token budget {study.budget})" if study.budget else ""))
+  ax.set_title(
+    "Loss against compute, fitted L(C) = E + A·C^(−α) per method"
+    + (f"\n(token budget {study.budget})" if study.budget else "")
+  )
   ax.grid(True, which="both", alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
@@ -243,12 +256,12 @@ def figure_logit_norm(curves: Curves) -> Figure | None:
       if not seeds:
         continue
       for steps, values in seeds:
-        ax.plot(steps, values, linewidth=0.7, alpha=0.35, **_style(key))
+        ax.plot(steps, values, linewidth=0.7, alpha=0.35, **method_style(key))
       steps, mean = mean_curve(seeds)
       tag = "unanchored" if unanchored(*key) else "anchored"
-      ax.plot(steps, mean, linewidth=2.2, label=f"{label(*key)} — {tag}", **_style(key))
-    _mark_taper(ax, [r for rs in groups.values() for r in rs])
-    _log_y(ax)
+      ax.plot(steps, mean, linewidth=2.2, label=f"{label(*key)} — {tag}", **method_style(key))
+    mark_taper(ax, [r for rs in groups.values() for r in rs])
+    log_y(ax)
     ax.set_xlabel("training step")
     ax.set_ylabel("mean logit L2 norm (log scale)")
     params = next((r.params for rs in groups.values() for r in rs if r.params), None)
@@ -268,7 +281,7 @@ def figure_grad_norm(curves: Curves, size: str | None = None) -> Figure | None:
   if size is None:
     return None
   groups = curves.by_key(size)
-  window = _window(curves, size)
+  window = smoothing_window(curves, size)
   fig = new_figure(11, 7.4)
   axes = fig.subplots(2, 2, sharex=True).ravel()
   plotted = False
@@ -280,11 +293,11 @@ def figure_grad_norm(curves: Curves, size: str | None = None) -> Figure | None:
       steps, mean = mean_curve(seeds)
       lo = np.min([np.interp(steps, s, v) for s, v in seeds], axis=0)
       hi = np.max([np.interp(steps, s, v) for s, v in seeds], axis=0)
-      ax.fill_between(steps, lo, hi, alpha=0.15, color=_style(key)["color"], linewidth=0)
-      ax.plot(steps, mean, linewidth=1.6, label=label(*key), **_style(key))
+      ax.fill_between(steps, lo, hi, alpha=0.15, color=method_style(key)["color"], linewidth=0)
+      ax.plot(steps, mean, linewidth=1.6, label=label(*key), **method_style(key))
       plotted = True
-    _mark_taper(ax, [r for rs in groups.values() for r in rs])
-    _log_y(ax)
+    mark_taper(ax, [r for rs in groups.values() for r in rs])
+    log_y(ax)
     ax.set_title(f"{title} weights")
     ax.set_ylabel("gradient L2 norm (log scale)")
     ax.grid(True, which="both", alpha=0.3)
@@ -294,8 +307,10 @@ def figure_grad_norm(curves: Curves, size: str | None = None) -> Figure | None:
     ax.set_xlabel("training step")
   axes[0].legend(fontsize=7)
   params = next((r.params for rs in groups.values() for r in rs if r.params), None)
-  fig.suptitle(f"Gradient norm by weight type, {size} ({params_text(params)} params); unanchored dashed\n"
-               f"mean over seeds (band: min–max over seeds), moving average over {window} steps")
+  fig.suptitle(
+    f"Gradient norm by weight type, {size} ({params_text(params)} params); unanchored dashed\n"
+    f"mean over seeds (band: min–max over seeds), moving average over {window} steps"
+  )
   fig.tight_layout()
   return fig
 
@@ -309,12 +324,12 @@ def figure_train_loss(curves: Curves) -> Figure | None:
   fig, axes = size_panels(len(sizes), 5.4)
   for ax, size in zip(axes, sizes):
     groups = curves.by_key(size)
-    window = _window(curves, size)
+    window = smoothing_window(curves, size)
     tail_lo, tail_hi = np.inf, -np.inf
     for key in pair:
       steps, mean = mean_curve(curves.curves(groups[key], "loss", window))
-      ax.plot(steps, mean, linewidth=1.6, label=f"{label(*key)} (mean of {len(groups[key])})", **_style(key))
-      late = mean[len(mean) // 10:]
+      ax.plot(steps, mean, linewidth=1.6, label=f"{label(*key)} (mean of {len(groups[key])})", **method_style(key))
+      late = mean[len(mean) // 10 :]
       tail_lo, tail_hi = min(tail_lo, late.min()), max(tail_hi, late.max())
     if np.isfinite(tail_lo):
       pad = 0.05 * (tail_hi - tail_lo + 1e-9)
@@ -337,19 +352,31 @@ def figure_train_loss(curves: Curves) -> Figure | None:
   return fig
 
 
-def make_figures(runs: Sequence[Run], groups: Sequence[Group], curves: Curves | None = None,
-                 throughput: dict[str, Any] | None = None, studies: Sequence[StudyFits] = ()) -> dict[str, Figure]:
+def make_figures(
+  runs: Sequence[Run],
+  groups: Sequence[Group],
+  curves: Curves | None = None,
+  throughput: dict[str, Any] | None = None,
+  studies: Sequence[StudyFits] = (),
+) -> dict[str, Figure]:
   """Every figure the runs (the study's throughput.json and scaling fits, if any) have data for, by file name; the
   fits' figures once per token budget (`fits_gap_vs_params@tpp20.png`)."""
   curves = curves or Curves(runs)
-  figures = {"fig2_val_loss_vs_params.png": figure_scaling(groups),
-             "decode_throughput.png": figure_throughput(throughput)}
+  figures = {
+    "fig2_val_loss_vs_params.png": figure_scaling(groups),
+    "decode_throughput.png": figure_throughput(throughput),
+  }
   for study in studies:
     at = f"@{study.budget}" if study.budget else ""
-    figures |= {f"fits_gap_vs_params{at}.png": figure_gap_fits(study),
-                f"fits_loss_vs_compute{at}.png": figure_compute_fits(study)}
-  figures |= {"fig3_logit_norm.png": figure_logit_norm(curves), "fig4_grad_norm.png": figure_grad_norm(curves),
-              "train_loss_gate.png": figure_train_loss(curves)}
+    figures |= {
+      f"fits_gap_vs_params{at}.png": figure_gap_fits(study),
+      f"fits_loss_vs_compute{at}.png": figure_compute_fits(study),
+    }
+  figures |= {
+    "fig3_logit_norm.png": figure_logit_norm(curves),
+    "fig4_grad_norm.png": figure_grad_norm(curves),
+    "train_loss_gate.png": figure_train_loss(curves),
+  }
   return {name: fig for name, fig in figures.items() if fig is not None}
 
 
@@ -357,12 +384,3 @@ def figure_title(name: str) -> str:
   """The report's heading for a figure file: FIGURES's, with the token budget where the name has one."""
   base, _, budget = name.removesuffix(".png").partition("@")
   return FIGURES[f"{base}.png"] + (f" (token budget {budget})" if budget else "")
-
-
-def save_png(fig: Figure, path: str) -> None:
-  """Saves `fig` as a 256-colour palette PNG (about a third of the RGBA file; line plots look the same)."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=DPI)
-  image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-  with run_files.atomic_path(path) as tmp:
-    image.save(tmp, format="PNG", optimize=True)

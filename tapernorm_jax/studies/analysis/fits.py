@@ -32,11 +32,17 @@ class Interval:
     return f"{fmt.format(self.value)} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
 
-def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], jacobian: Callable[[np.ndarray], np.ndarray],
-                   start: np.ndarray, lower: Sequence[float], upper: Sequence[float]) -> np.ndarray:
+def _least_squares(
+  residuals: Callable[[np.ndarray], np.ndarray],
+  jacobian: Callable[[np.ndarray], np.ndarray],
+  start: np.ndarray,
+  lower: Sequence[float],
+  upper: Sequence[float],
+) -> np.ndarray:
   """scipy's bounded least squares with a Huber loss, on residuals already divided by the data's scale."""
-  return optimize.least_squares(residuals, start, jac=jacobian, bounds=(lower, upper), loss="huber",
-                                f_scale=HUBER_SCALE).x
+  return optimize.least_squares(
+    residuals, start, jac=jacobian, bounds=(lower, upper), loss="huber", f_scale=HUBER_SCALE
+  ).x
 
 
 def fit_gap(n: np.ndarray, gap: np.ndarray, start: Sequence[float] | None = None) -> tuple[float, float]:
@@ -53,8 +59,9 @@ def fit_gap(n: np.ndarray, gap: np.ndarray, start: Sequence[float] | None = None
   return float(a), float(b)
 
 
-def fit_loss_compute(c: np.ndarray, loss: np.ndarray,
-                     start: Sequence[float] | None = None) -> tuple[float, float, float]:
+def fit_loss_compute(
+  c: np.ndarray, loss: np.ndarray, start: Sequence[float] | None = None
+) -> tuple[float, float, float]:
   """(E, A, α) of loss ≈ E + A·(c/c_min)^(−α), 0 ≤ E ≤ the lowest loss (the irreducible part), α in (0, 3]."""
   x = np.asarray(c, float) / np.min(c)
   y = np.asarray(loss, float)
@@ -87,8 +94,13 @@ def stretch(dof: int) -> float:
   return float(stats.t.ppf(q, dof) / stats.norm.ppf(q))
 
 
-def bootstrap(cells: Sequence[Sequence[float]], statistic: Callable[[list[np.ndarray]], np.ndarray], noise: float,
-              resamples: int = 500, seed: int = 0) -> np.ndarray:
+def bootstrap(
+  cells: Sequence[Sequence[float]],
+  statistic: Callable[[list[np.ndarray]], np.ndarray],
+  noise: float,
+  resamples: int = 500,
+  seed: int = 0,
+) -> np.ndarray:
   """`statistic` of `resamples` parametric draws of `cells`, one row per draw: each cell becomes its mean moved by a
   normal draw of `noise` (the seeds' relative noise pooled over every cell: relative_noise) over √n; draws where
   the fit failed (NaN) are dropped. (Resampling each cell's own 3 seeds read the noise from 2 degrees of freedom a
@@ -137,7 +149,7 @@ class GapFit:
   def curve(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The fitted gap at parameters `n`, and the LEVEL band of the bootstrap's curves there."""
     x = np.asarray(n, float) / min(self.params)
-    fitted = self.a.value * x ** -self.b.value
+    fitted = self.a.value * x**-self.b.value
     if not len(self.draws):
       return fitted, fitted, fitted
     curves = self.draws[:, :1] * x[None, :] ** -self.draws[:, 1:]
@@ -159,17 +171,22 @@ class GapFit:
   def reading(self) -> str:
     """What the data can and cannot say about the trend, in words."""
     if len(self.params) < 3:
-      return (f"{len(self.params)} sizes: a two-parameter law goes through them exactly; no trend can be read "
-              f"(at least 3 sizes, better 4 or more)")
+      return (
+        f"{len(self.params)} sizes: a two-parameter law goes through them exactly; no trend can be read "
+        f"(at least 3 sizes, better 4 or more)"
+      )
     if (p := self.lack_of_fit()) < 1 - LEVEL:
       in_errors = np.asarray(self.residuals) / np.asarray(self.pooled_errors)
       worst = int(np.argmax(np.abs(in_errors)))
-      return (f"the law does not fit (p = {p:.2g} that the seeds' noise alone leaves residuals this large; the "
-              f"worst, at {self.params[worst]:.3g} parameters, is {in_errors[worst]:+.1f} standard errors): no trend "
-              f"can be read from it")
+      return (
+        f"the law does not fit (p = {p:.2g} that the seeds' noise alone leaves residuals this large; the "
+        f"worst, at {self.params[worst]:.3g} parameters, is {in_errors[worst]:+.1f} standard errors): no trend "
+        f"can be read from it"
+      )
     if self.b.spans(0.0):
-      return (f"the exponent's interval {self.b.text()} spans 0: the data do not show the gap shrinking or growing "
-              f"with size")
+      return (
+        f"the exponent's interval {self.b.text()} spans 0: the data do not show the gap shrinking or growing with size"
+      )
     way = "shrinks" if (self.b.value > 0) else "grows"
     return f"the gap {way} with size: b = {self.b.text()} ({LEVEL:.0%} interval)"
 
@@ -182,7 +199,7 @@ def gap_error(method: Sequence[float], reference: Sequence[float]) -> float:
   if len(m) < 2 or len(r) < 2:
     return 0.0
   ratio = m.mean() / r.mean()
-  return float(np.sqrt(m.var(ddof=1) / len(m) + ratio ** 2 * r.var(ddof=1) / len(r)) / r.mean())
+  return float(np.sqrt(m.var(ddof=1) / len(m) + ratio**2 * r.var(ddof=1) / len(r)) / r.mean())
 
 
 def relative_noise(cells: Sequence[Sequence[float]]) -> tuple[float, int]:
@@ -205,8 +222,13 @@ def pooled_std(cells: Sequence[Sequence[float]]) -> float:
   return float(np.sqrt(sum(float(np.sum((a - a.mean()) ** 2)) for a in arrays) / dof)) if dof else 0.0
 
 
-def gap_fit(params: Sequence[float], method: Sequence[Sequence[float]], reference: Sequence[Sequence[float]],
-            resamples: int = 500, seed: int = 0) -> GapFit:
+def gap_fit(
+  params: Sequence[float],
+  method: Sequence[Sequence[float]],
+  reference: Sequence[Sequence[float]],
+  resamples: int = 500,
+  seed: int = 0,
+) -> GapFit:
   """The relative gap of `method`'s losses to `reference`'s per size (each a list of seeds' losses), fitted against
   `params`, with bootstrap intervals over the seeds of both."""
   n = np.asarray(params, float)
@@ -218,14 +240,22 @@ def gap_fit(params: Sequence[float], method: Sequence[Sequence[float]], referenc
   observed = gaps([np.asarray(c, float) for c in (*method, *reference)])
   a, b = fit_gap(n, observed)
   noise, dof = relative_noise([*method, *reference])
-  samples = bootstrap([*method, *reference], lambda cells: np.asarray(fit_gap(n, gaps(cells), (a, b))), noise,
-                      resamples, seed)
+  samples = bootstrap(
+    [*method, *reference], lambda cells: np.asarray(fit_gap(n, gaps(cells), (a, b))), noise, resamples, seed
+  )
   residuals = observed - a * (n / n.min()) ** -b
   pooled = [(1.0 + g) * noise * np.sqrt(1 / len(m) + 1 / len(r)) for g, m, r in zip(observed, method, reference)]
-  return GapFit(n.tolist(), observed.tolist(), [gap_error(m, r) for m, r in zip(method, reference, strict=True)],
-                interval(a, samples[:, 0] if samples.size else samples, dof),
-                interval(b, samples[:, 1] if samples.size else samples, dof), residuals.tolist(),
-                samples.reshape(-1, 2), [float(e) for e in pooled], dof)
+  return GapFit(
+    n.tolist(),
+    observed.tolist(),
+    [gap_error(m, r) for m, r in zip(method, reference, strict=True)],
+    interval(a, samples[:, 0] if samples.size else samples, dof),
+    interval(b, samples[:, 1] if samples.size else samples, dof),
+    residuals.tolist(),
+    samples.reshape(-1, 2),
+    [float(e) for e in pooled],
+    dof,
+  )
 
 
 @dataclasses.dataclass
@@ -260,24 +290,37 @@ class ComputeFit:
     return self.e.value, self.a.value, self.alpha.value
 
 
-def compute_fit(compute: Sequence[float], losses: Sequence[Sequence[float]], resamples: int = 500,
-                seed: int = 0) -> ComputeFit:
+def compute_fit(
+  compute: Sequence[float], losses: Sequence[Sequence[float]], resamples: int = 500, seed: int = 0
+) -> ComputeFit:
   """`losses` (seeds per size) against `compute`, with bootstrap intervals over the seeds."""
   c = np.asarray(compute, float)
   means = lambda cells: np.asarray([np.mean(x) for x in cells])
   observed = means(losses)
   law = fit_loss_compute(c, observed)
   noise, dof = relative_noise(losses)
-  samples = bootstrap(losses, lambda cells: np.asarray(fit_loss_compute(c, means(cells), law)), noise, resamples,
-                      seed)
+  samples = bootstrap(losses, lambda cells: np.asarray(fit_loss_compute(c, means(cells), law)), noise, resamples, seed)
   residuals = observed - (law[0] + law[1] * (c / c.min()) ** -law[2])
   pick = lambda i: samples[:, i] if samples.size else samples
-  return ComputeFit(c.tolist(), observed.tolist(), interval(law[0], pick(0), dof), interval(law[1], pick(1), dof),
-                    interval(law[2], pick(2), dof), residuals.tolist(), samples.reshape(-1, 3), dof)
+  return ComputeFit(
+    c.tolist(),
+    observed.tolist(),
+    interval(law[0], pick(0), dof),
+    interval(law[1], pick(1), dof),
+    interval(law[2], pick(2), dof),
+    residuals.tolist(),
+    samples.reshape(-1, 3),
+    dof,
+  )
 
 
-def multiplier(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[float]], compute: Sequence[float],
-               resamples: int = 500, seed: int = 0) -> list[Interval]:
+def multiplier(
+  baseline: Sequence[Sequence[float]],
+  method: Sequence[Sequence[float]],
+  compute: Sequence[float],
+  resamples: int = 500,
+  seed: int = 0,
+) -> list[Interval]:
   """Per size, the compute multiplier of `method` against the baseline's law L(C) (both seeds per size, trained
   with the same `compute`): the baseline and the method resampled together."""
   c = np.asarray(compute, float)

@@ -23,29 +23,37 @@ def split_largest(cells: Sequence[Cell]) -> tuple[list[Cell], list[Cell]]:
   """(the cells of every size but the largest, the largest size's cells); a SweepError where too few sizes remain
   to fit a law."""
   if len(budgets := sorted({c.budget or "the sizes' own steps" for c in cells})) > 1:
-    raise SweepError(f"--hold_out_largest: the grid has {len(budgets)} token budgets ({', '.join(budgets)}); a "
-                     "prediction follows one budget's ladder, so sweep one budget at a time")
+    raise SweepError(
+      f"--hold_out_largest: the grid has {len(budgets)} token budgets ({', '.join(budgets)}); a "
+      "prediction follows one budget's ladder, so sweep one budget at a time"
+    )
   sizes = sorted({c.size for c in cells}, key=size_order)
   if len(sizes) < MIN_FITTED + 1:
-    raise SweepError(f"--hold_out_largest: the grid has {len(sizes)} size(s) ({', '.join(sizes)}); predicting the "
-                     f"largest needs at least {MIN_FITTED} below it to fit L(C) = E + A·C^(−α); add sizes")
+    raise SweepError(
+      f"--hold_out_largest: the grid has {len(sizes)} size(s) ({', '.join(sizes)}); predicting the "
+      f"largest needs at least {MIN_FITTED} below it to fit L(C) = E + A·C^(−α); add sizes"
+    )
   return [c for c in cells if c.size != sizes[-1]], [c for c in cells if c.size == sizes[-1]]
 
 
-def predict_once(workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float],
-                 resamples: int = RESAMPLES) -> list[str]:
+def predict_once(
+  workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float], resamples: int = RESAMPLES
+) -> list[str]:
   """Predicts the held-out size (`predict`) unless a prediction was written before; lines saying what holds. A
   size that has started without one gets none: it would not be a prediction."""
   if (earlier := read(workdir)) is not None:
     return [f"keeping the prediction written before {earlier['size']} started ({workdir}/{FILE})"]
   if started := [c.name for c in held_out if os.path.exists(os.path.join(workdir, c.name))]:
     return [f"no prediction: {held_out[0].point} had started before one was written ({', '.join(started)})"]
-  return [*describe(predict(workdir, held_out, planned, resamples)),
-          f"(written to {workdir}/{FILE} before {held_out[0].point} starts)"]
+  return [
+    *describe(predict(workdir, held_out, planned, resamples)),
+    f"(written to {workdir}/{FILE} before {held_out[0].point} starts)",
+  ]
 
 
-def predict(workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float],
-            resamples: int = RESAMPLES) -> dict[str, Any]:
+def predict(
+  workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float], resamples: int = RESAMPLES
+) -> dict[str, Any]:
   """Each held-out method's predicted loss at its size, from the study's complete smaller runs, at the training
   FLOPs `planned` gives each held-out cell by name (`grid.planned_compute`); writes FILE."""
   runs = read_runs(workdir)
@@ -55,11 +63,11 @@ def predict(workdir: str, held_out: Sequence[Cell], planned: Mapping[str, float]
   rows = []
   for key in sorted({(c.variant, c.aux) for c in held_out}, key=variant_order):
     target = planned[next(c.name for c in held_out if (c.variant, c.aux) == key)]
-    mine = sorted((g for g in groups if (g.variant, g.aux) == key and g.n and g.size in compute),
-                  key=lambda g: size_order(g.size))
+    mine = sorted(
+      (g for g in groups if (g.variant, g.aux) == key and g.n and g.size in compute), key=lambda g: size_order(g.size)
+    )
     seeds = sum(1 for c in held_out if (c.variant, c.aux) == key)
-    row = {"variant": key[0], "aux": key[1], "fitted_sizes": [g.size for g in mine], "seeds": seeds,
-           "compute": target}
+    row = {"variant": key[0], "aux": key[1], "fitted_sizes": [g.size for g in mine], "seeds": seeds, "compute": target}
     if len(mine) >= MIN_FITTED:
       law = fits.compute_fit([compute[g.size] for g in mine], [g.losses for g in mine], resamples)
       predicted = law.predict(target, fits.pooled_std([g.losses for g in mine]) / np.sqrt(seeds))
@@ -75,8 +83,11 @@ def describe(result: dict[str, Any]) -> list[str]:
   """One line per method: its prediction, or why there is none."""
   lines = []
   for r in result["rows"]:
-    what = (f"{r['predicted']:.4f} [{r['low']:.4f}, {r['high']:.4f}]" if "predicted" in r else
-            f"no prediction: {len(r['fitted_sizes'])} smaller size(s) complete, {MIN_FITTED} needed")
+    what = (
+      f"{r['predicted']:.4f} [{r['low']:.4f}, {r['high']:.4f}]"
+      if "predicted" in r
+      else f"no prediction: {len(r['fitted_sizes'])} smaller size(s) complete, {MIN_FITTED} needed"
+    )
     lines.append(f"predicted at {result['size']}: {label(r['variant'], r['aux'])} {what}")
   return lines
 

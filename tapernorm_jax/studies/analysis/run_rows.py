@@ -19,12 +19,44 @@ from tapernorm_jax.runtime import costs
 from tapernorm_jax.studies import manifest, spec
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 
-CSV_COLUMNS = ("cell", "variant", "aux", "scale_loss_weight", "size", "seed", "params", "steps", "tokens",
-               "final_val_loss", "unigram_loss", "wall_time_s", "tokens_per_s", "mfu", "status", "error", "corpus",
-               "device")
-VARIANT_ORDER = (("baseline", 0), ("baseline", 1), ("internal_taper", 1), ("all_taper", 1), ("final_taper", 1),
-                 ("fakeln", 1), ("prepbn", 0), ("prepbn", 1), ("dyt", 0), ("dyt", 1), ("derf", 0), ("derf", 1),
-                 ("internal_taper", 0), ("all_taper", 0), ("final_taper", 0), ("fakeln", 0))
+CSV_COLUMNS = (
+  "cell",
+  "variant",
+  "aux",
+  "scale_loss_weight",
+  "size",
+  "seed",
+  "params",
+  "steps",
+  "tokens",
+  "final_val_loss",
+  "unigram_loss",
+  "wall_time_s",
+  "tokens_per_s",
+  "mfu",
+  "status",
+  "error",
+  "corpus",
+  "device",
+)
+VARIANT_ORDER = (
+  ("baseline", 0),
+  ("baseline", 1),
+  ("internal_taper", 1),
+  ("all_taper", 1),
+  ("final_taper", 1),
+  ("fakeln", 1),
+  ("prepbn", 0),
+  ("prepbn", 1),
+  ("dyt", 0),
+  ("dyt", 1),
+  ("derf", 0),
+  ("derf", 1),
+  ("internal_taper", 0),
+  ("all_taper", 0),
+  ("final_taper", 0),
+  ("fakeln", 0),
+)
 Key = tuple[str, int]  # (variant, aux)
 # A complete run whose validation loss is above the unigram reference less this (nats/token) learned no context
 # worth the name (data/unigram.py); its loss enters no mean, gap, fit or prediction, and the report names it.
@@ -144,9 +176,10 @@ def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
       if body is None:
         _, damage = integrity.read_lines(epath.Path(path))
         raise integrity.DamagedLinesError(
-            f"{path}: {damage}; the history of this run cannot be trusted, so it is not reported. Run its training "
-            "command again on this directory (it cuts the history back to its last verified record, and says which "
-            "steps that loses), or move the run aside and train the cell again")
+          f"{path}: {damage}; the history of this run cannot be trusted, so it is not reported. Run its training "
+          "command again on this directory (it cuts the history back to its last verified record, and says which "
+          "steps that loses), or move the run aside and train the cell again"
+        )
       last, kept_last = body, i % every == 0 or '"logit_norm"' in line
       if kept_last:
         records.append(json.loads(body))
@@ -178,22 +211,37 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
   record = manifest.read_record(run_dir)
   ident = {**(expected or {}), **record}
   if config:
-    ident.update(variant=config.get("variant", ident.get("variant")), size=config.get("size", ident.get("size")),
-                 seed=config.get("seed", ident.get("seed")))
+    ident.update(
+      variant=config.get("variant", ident.get("variant")),
+      size=config.get("size", ident.get("size")),
+      seed=config.get("seed", ident.get("seed")),
+    )
   if results:
-    ident.update(variant=config_fields.current_value("variant", results["variant"]), size=results["size"],
-                 seed=results["seed"])
+    ident.update(
+      variant=config_fields.current_value("variant", results["variant"]), size=results["size"], seed=results["seed"]
+    )
   # The λ the run's method used: results.json's, else its config's (results.json before the rename recorded
   # taper.aux_weight whatever the method, so it is the last resort).
   weight = results.get("scale_loss_weight", scale_loss_weight(config) if config else results.get("aux_weight"))
   if weight is not None:
     ident["aux"] = int(weight > 0)
   if not all(k in ident for k in ("variant", "size", "seed", "aux")):
-    raise ValueError(f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
-                     "move it out of the study directory")
-  run = Run(cell=name, variant=ident["variant"], aux=int(ident["aux"]), seed=int(ident["seed"]),
-            size=spec.point(ident["size"], ident.get("budget", "")),
-            status=status.state, path=run_dir, error=status.error, config=config, scale_loss_weight=weight)
+    raise ValueError(
+      f"{run_dir}: neither results.json, config.json nor cell.json says which run this is; "
+      "move it out of the study directory"
+    )
+  run = Run(
+    cell=name,
+    variant=ident["variant"],
+    aux=int(ident["aux"]),
+    seed=int(ident["seed"]),
+    size=spec.point(ident["size"], ident.get("budget", "")),
+    status=status.state,
+    path=run_dir,
+    error=status.error,
+    config=config,
+    scale_loss_weight=weight,
+  )
   if status.state == "incomplete":
     where = f"at step {status.step} of {config.get('train', {}).get('steps', '?')}"
     run.error = f"running, or interrupted {where}" if record.get("status") == "running" else f"stopped {where}"
@@ -206,11 +254,14 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
       run.status, run.error = "failed", f"final validation loss is {run.final_val_loss}"
     elif learned_no_context(run):
       run.status = "no_context"
-      run.error = (f"validation loss {run.final_val_loss:.4g} against the unigram reference {run.unigram_loss:.4f}: "
-                   "it learned no context")
+      run.error = (
+        f"validation loss {run.final_val_loss:.4g} against the unigram reference {run.unigram_loss:.4f}: "
+        "it learned no context"
+      )
     run.wall_time_s, run.corpus = results.get("wall_time_s"), results.get("corpus", "")
     run.tokens_per_s = steady_tokens_per_s(read_metrics(run_dir)) or (
-        run.tokens / run.wall_time_s if run.tokens and run.wall_time_s else None)
+      run.tokens / run.wall_time_s if run.tokens and run.wall_time_s else None
+    )
     kind = results.get("device_kind") or record.get("device_kind", "")
     count = int(results.get("devices") or record.get("device_count") or 1)
     run.device = f"{kind} × {count}" if kind else f"{results.get('backend', '?')} × {count}"
@@ -234,24 +285,42 @@ def csv_text(runs: Sequence[Run]) -> str:
 def learned_no_context(run: Run) -> bool:
   """A complete run whose validation loss is above its unigram reference less NO_CONTEXT_MARGIN (or diverged above
   it); False where the run recorded no reference."""
-  return (run.status == "complete" and run.final_val_loss is not None and run.unigram_loss is not None
-          and run.final_val_loss > run.unigram_loss - NO_CONTEXT_MARGIN)
+  return (
+    run.status == "complete"
+    and run.final_val_loss is not None
+    and run.unigram_loss is not None
+    and run.final_val_loss > run.unigram_loss - NO_CONTEXT_MARGIN
+  )
 
 
 def is_run_dir(path: str) -> bool:
   """A directory that holds (or held) a run: results.json, config.json, metrics.jsonl or a sweep cell record."""
-  return os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in
-                                     ("results.json", "config.json", "metrics.jsonl", manifest.CELL_RECORD))
+  return os.path.isdir(path) and any(
+    os.path.exists(os.path.join(path, f))
+    for f in ("results.json", "config.json", "metrics.jsonl", manifest.CELL_RECORD)
+  )
 
 
 def read_runs(workdir: str) -> list[Run]:
   """Every run under `workdir`, plus a `missing` row for each cell of the sweep manifest without a directory."""
   listed = manifest.read_manifest(workdir) or {"cells": []}
   expected = {c["name"]: c for c in listed["cells"]}
-  runs = [read_run(os.path.join(workdir, name), expected.get(name)) for name in sorted(os.listdir(workdir))
-          if is_run_dir(os.path.join(workdir, name))]
+  runs = [
+    read_run(os.path.join(workdir, name), expected.get(name))
+    for name in sorted(os.listdir(workdir))
+    if is_run_dir(os.path.join(workdir, name))
+  ]
   present = {r.cell for r in runs}
-  runs += [Run(cell=name, variant=c["variant"], aux=int(c["aux"]), size=spec.point(c["size"], c.get("budget", "")),
-               seed=int(c["seed"]),
-               status="missing") for name, c in expected.items() if name not in present]
+  runs += [
+    Run(
+      cell=name,
+      variant=c["variant"],
+      aux=int(c["aux"]),
+      size=spec.point(c["size"], c.get("budget", "")),
+      seed=int(c["seed"]),
+      status="missing",
+    )
+    for name, c in expected.items()
+    if name not in present
+  ]
   return sorted(runs, key=lambda r: (size_order(r.size), r.size, variant_order(r.key), r.variant, r.aux, r.seed))

@@ -10,8 +10,16 @@ import numpy as np
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies.analysis import coverage, fits
 from tapernorm_jax.studies.analysis.aggregate import Group, control_of
-from tapernorm_jax.studies.analysis.run_rows import (Key, Run, budgets, flops_per_token, label, size_order, split_size,
-                                            variant_order)
+from tapernorm_jax.studies.analysis.run_rows import (
+  Key,
+  Run,
+  budgets,
+  flops_per_token,
+  label,
+  size_order,
+  split_size,
+  variant_order,
+)
 
 BASELINE: Key = ("baseline", 0)
 RESAMPLES = 300
@@ -116,51 +124,90 @@ def gaps_markdown(study: StudyFits) -> str:
       if fit is None:
         continue
       residuals = ", ".join(f"{r / e:+.1f}" if e > 0 else "—" for r, e in zip(fit.residuals, fit.pooled_errors))
-      rows.append([label(*m.key), label(*reference), ", ".join(m.sizes), _pct(fit.a), fit.b.text("{:.2f}"),
-                   residuals, f"{fit.lack_of_fit():.2g}", fit.reading()])
-  return markdown_table(["method", "against", "sizes", "gap at the smallest, a", "exponent b",
-                         "residuals (standard errors)", "lack of fit p", "reading"], rows)
+      rows.append(
+        [
+          label(*m.key),
+          label(*reference),
+          ", ".join(m.sizes),
+          _pct(fit.a),
+          fit.b.text("{:.2f}"),
+          residuals,
+          f"{fit.lack_of_fit():.2g}",
+          fit.reading(),
+        ]
+      )
+  return markdown_table(
+    [
+      "method",
+      "against",
+      "sizes",
+      "gap at the smallest, a",
+      "exponent b",
+      "residuals (standard errors)",
+      "lack of fit p",
+      "reading",
+    ],
+    rows,
+  )
 
 
 def compute_markdown(study: StudyFits) -> str:
   """One row per method (the baseline first): its law's E, A, α, and its compute multiplier at each size."""
   sizes = sorted(study.compute, key=size_order)
   rows = []
-  for key, law, multipliers, mine in ([(BASELINE, study.baseline_law, [], [])] +
-                                      [(m.key, m.law, m.multipliers, m.sizes) for m in study.methods if m.law]):
+  for key, law, multipliers, mine in [(BASELINE, study.baseline_law, [], [])] + [
+    (m.key, m.law, m.multipliers, m.sizes) for m in study.methods if m.law
+  ]:
     at = dict(zip(mine, multipliers))
     cells = [at[s].text("{:.2f}") + "×" if s in at else "—" for s in sizes]
-    rows.append([label(*key), law.e.text("{:.3f}"), law.a.text("{:.3f}"), law.alpha.text("{:.2f}"),
-                 *(cells if key != BASELINE else ["1× (the reference)"] * len(sizes))])
+    rows.append(
+      [
+        label(*key),
+        law.e.text("{:.3f}"),
+        law.a.text("{:.3f}"),
+        law.alpha.text("{:.2f}"),
+        *(cells if key != BASELINE else ["1× (the reference)"] * len(sizes)),
+      ]
+    )
   head = ["method", "E", "A", "α", *(f"× compute at {s}" for s in sizes)]
   return markdown_table(head, rows)
 
 
 COMPUTE_TEXT = (
-    "Loss against training compute C (6·N + 12·L·D·T FLOPs per token × tokens), L(C) = E + A·(C/C₀)^(−α) with C₀ the "
-    "smallest size's compute. The compute multiplier of a method at a size is the compute at which the baseline's law "
-    "reaches the method's loss, divided by the compute the method was trained with: above 1 the method is worth more "
-    "compute than it used, below 1 it costs compute (inf: the baseline's law never reaches that loss). With three "
-    "sizes the three-parameter law goes through the points (no degree of freedom left): read its intervals, not its "
-    "values.")
+  "Loss against training compute C (6·N + 12·L·D·T FLOPs per token × tokens), L(C) = E + A·(C/C₀)^(−α) with C₀ the "
+  "smallest size's compute. The compute multiplier of a method at a size is the compute at which the baseline's law "
+  "reaches the method's loss, divided by the compute the method was trained with: above 1 the method is worth more "
+  "compute than it used, below 1 it costs compute (inf: the baseline's law never reaches that loss). With three "
+  "sizes the three-parameter law goes through the points (no degree of freedom left): read its intervals, not its "
+  "values."
+)
 
 
 def markdown(study: StudyFits) -> str:
   """The report's scaling section: what was fitted, the two tables, how to read them."""
   span = max(study.params.values()) / min(study.params.values())
   measured = coverage.sentence()  # how often such intervals held the truth in simulation ('' without the file)
-  parts = [f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
-           f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's mean drawn again with the "
-           f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; studies/fits.py), the whole fit "
-           f"redone, and the percentile interval stretched by t/z for the noise's degrees of freedom. "
-           f"{measured + ' ' if measured else ''}The gap is the relative difference of mean validation losses, "
-           f"ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters (b > 0: the gap shrinks with size); the "
-           f"residuals are each size's measured gap minus the fitted one, in standard errors of that gap from the "
-           f"seeds' relative noise pooled over every cell of the fit; \"lack of fit p\" is the chance that the seeds' "
-           f"noise alone leaves residuals as large as the fit's (the sum of their squares over sizes − 2, against an F "
-           f"distribution; small: the law does not describe the data).", "",
-           gaps_markdown(study), ""]
+  parts = [
+    f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
+    f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's mean drawn again with the "
+    f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; studies/fits.py), the whole fit "
+    f"redone, and the percentile interval stretched by t/z for the noise's degrees of freedom. "
+    f"{measured + ' ' if measured else ''}The gap is the relative difference of mean validation losses, "
+    f"ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters (b > 0: the gap shrinks with size); the "
+    f"residuals are each size's measured gap minus the fitted one, in standard errors of that gap from the "
+    f"seeds' relative noise pooled over every cell of the fit; \"lack of fit p\" is the chance that the seeds' "
+    f"noise alone leaves residuals as large as the fit's (the sum of their squares over sizes − 2, against an F "
+    f"distribution; small: the law does not describe the data).",
+    "",
+    gaps_markdown(study),
+    "",
+  ]
   if study.baseline_law is None:
-    return "\n".join(parts + [f"No loss-compute law: the baseline has {len(study.params)} sizes, and the law's three "
-                               f"parameters need at least {MIN_LAW_SIZES}."])
+    return "\n".join(
+      parts
+      + [
+        f"No loss-compute law: the baseline has {len(study.params)} sizes, and the law's three "
+        f"parameters need at least {MIN_LAW_SIZES}."
+      ]
+    )
   return "\n".join(parts + [COMPUTE_TEXT, "", compute_markdown(study)])

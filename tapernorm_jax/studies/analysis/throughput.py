@@ -43,8 +43,10 @@ def markdown(result: dict[str, Any]) -> str:
 def settings_text(result: dict[str, Any]) -> str:
   """How the throughput was measured, in one sentence."""
   s, hw = result["settings"], result["hardware"]
-  return (f"KV-cache decoding of {s['new_tokens']} tokens after a {s['prompt']}-token prompt, batch {s['batch']}, "
-          f"tokens/s (median of {s['repeats']} rounds alternated over the methods of each size) · the per-round "
-          f"ratio to the baseline (median, min–max); each method's lowest complete seed, on {hw['cpu']} "
-          f"({hw['cpu_count']} cores, {hw['backend']}, jax {hw['jax']}). Re-measure with "
-          f"`python -m experiments.report --workdir=DIR --throughput`.")
+  return (
+    f"KV-cache decoding of {s['new_tokens']} tokens after a {s['prompt']}-token prompt, batch {s['batch']}, "
+    f"tokens/s (median of {s['repeats']} rounds alternated over the methods of each size) · the per-round "
+    f"ratio to the baseline (median, min–max); each method's lowest complete seed, on {hw['cpu']} "
+    f"({hw['cpu_count']} cores, {hw['backend']}, jax {hw['jax']}). Re-measure with "
+    f"`python -m experiments.report --workdir=DIR --throughput`."
+  )

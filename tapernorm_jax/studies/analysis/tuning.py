@@ -17,9 +17,17 @@ import numpy as np
 from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies import manifest
-from tapernorm_jax.studies.analysis.figures import new_figure, save_png
-from tapernorm_jax.studies.analysis.run_rows import (FINISHED, Key, Run, csv_text, label, read_run, size_order,
-                                                     variant_order)
+from tapernorm_jax.studies.analysis.plotting import new_figure, save_png
+from tapernorm_jax.studies.analysis.run_rows import (
+  FINISHED,
+  Key,
+  Run,
+  csv_text,
+  label,
+  read_run,
+  size_order,
+  variant_order,
+)
 
 FIGURE = "tuning_grid.png"
 Group = tuple[str, int, str]  # (variant, aux, size)
@@ -85,15 +93,21 @@ def read_trials(workdir: str) -> list[Trial]:
   trials: dict[tuple[str, int, str, str], Trial] = {}
   for name, cell in manifest.manifest_cells(workdir).items():
     path = os.path.join(workdir, name)
-    run = read_run(path, cell.to_json()) if os.path.isdir(path) else Run(
-        cell=name, variant=cell.variant, aux=cell.aux, size=cell.point, seed=cell.seed, status="missing")
-    trial = trials.setdefault((cell.variant, cell.aux, cell.point, cell.tag), Trial(
-        cell.variant, cell.aux, cell.point, cell.tag, dict(cell.overrides), [], []))
+    run = (
+      read_run(path, cell.to_json())
+      if os.path.isdir(path)
+      else Run(cell=name, variant=cell.variant, aux=cell.aux, size=cell.point, seed=cell.seed, status="missing")
+    )
+    trial = trials.setdefault(
+      (cell.variant, cell.aux, cell.point, cell.tag),
+      Trial(cell.variant, cell.aux, cell.point, cell.tag, dict(cell.overrides), [], []),
+    )
     trial.runs.append(run)
     if (loss := tune_loss(run)) is not None:
       trial.tune_losses.append(loss)
-  return sorted(trials.values(), key=lambda t: (variant_order(t.key), size_order(t.size), t.size, t.knob,
-                                                t.lr or 0.0, t.tag))
+  return sorted(
+    trials.values(), key=lambda t: (variant_order(t.key), size_order(t.size), t.size, t.knob, t.lr or 0.0, t.tag)
+  )
 
 
 def chosen(trials: Sequence[Trial]) -> dict[Group, Trial]:
@@ -118,8 +132,9 @@ def tuning_json(trials: Sequence[Trial]) -> dict[str, Any]:
   out: dict[str, Any] = {}
   for variant, aux, size in groups_of(trials):
     t = best.get((variant, aux, size))
-    out.setdefault(f"{variant}:aux={aux}", {})[size] = None if t is None else {
-        "tag": t.tag, "overrides": dict(t.overrides), "tune_loss": t.mean, "seeds": len(t.runs)}
+    out.setdefault(f"{variant}:aux={aux}", {})[size] = (
+      None if t is None else {"tag": t.tag, "overrides": dict(t.overrides), "tune_loss": t.mean, "seeds": len(t.runs)}
+    )
   return out
 
 
@@ -127,8 +142,10 @@ def loss_cell(t: Trial, best: Trial | None) -> str:
   """`2.143`, bold where chosen; the runs' state where it has no mean."""
   if t.mean is not None:
     return f"**{t.mean:.3f}**" if t is best else f"{t.mean:.3f}"
-  states = sorted({r.status for r in t.runs if r.status not in FINISHED} | (
-      {"no context"} if any(r.status == "no_context" for r in t.runs) else set()))
+  states = sorted(
+    {r.status for r in t.runs if r.status not in FINISHED}
+    | ({"no context"} if any(r.status == "no_context" for r in t.runs) else set())
+  )
   return " / ".join(states) or "no tune loss"
 
 
@@ -141,8 +158,9 @@ def grid_markdown(trials: Sequence[Trial]) -> str:
     rows = {}
     for t in (t for t in trials if t.key == key):
       rows.setdefault((t.knob, t.lr or 0.0), {})[t.size] = loss_cell(t, best.get((t.variant, t.aux, t.size)))
-    table = [[knob, f"{lr:g}" if lr else "", *(cells.get(s, "") for s in sizes)]
-             for (knob, lr), cells in sorted(rows.items())]
+    table = [
+      [knob, f"{lr:g}" if lr else "", *(cells.get(s, "") for s in sizes)] for (knob, lr), cells in sorted(rows.items())
+    ]
     parts.append(f"### {label(*key)}\n\n" + markdown_table(["setting", "opt.lr", *sizes], table))
   return "\n\n".join(parts)
 
@@ -153,10 +171,15 @@ def chosen_markdown(trials: Sequence[Trial]) -> str:
   rows = []
   for variant, aux, size in groups_of(trials):
     t = best.get((variant, aux, size))
-    rows.append([label(variant, aux), size, "none (no setting trained on every seed)" if t is None else t.tag,
-                 "" if t is None else f"{t.mean:.3f}",
-                 "" if t is None else ", ".join(f"`{k}={v}`" for k, v in sorted(t.overrides.items())
-                                                 if k not in SHARED_KEYS)])
+    rows.append(
+      [
+        label(variant, aux),
+        size,
+        "none (no setting trained on every seed)" if t is None else t.tag,
+        "" if t is None else f"{t.mean:.3f}",
+        "" if t is None else ", ".join(f"`{k}={v}`" for k, v in sorted(t.overrides.items()) if k not in SHARED_KEYS),
+      ]
+    )
   return markdown_table(["method", "size", "chosen", "tune loss", "overrides"], rows)
 
 
@@ -185,9 +208,15 @@ def figure_grid(trials: Sequence[Trial]) -> Any:
         ran_KxR[knobs.index(t.knob), lrs.index(t.lr or 0.0)] = True
       image = ax.imshow(grid_KxR, cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
       for (k, r), value in np.ndenumerate(grid_KxR):
-        ax.text(r, k, "" if not ran_KxR[k, r] else "×" if np.isnan(value) else f"{value:.2f}", ha="center",
-                va="center", fontsize=7,
-                color="white" if value > (lo + hi) / 2 else "black")  # NaN compares False: black on grey
+        ax.text(
+          r,
+          k,
+          "" if not ran_KxR[k, r] else "×" if np.isnan(value) else f"{value:.2f}",
+          ha="center",
+          va="center",
+          fontsize=7,
+          color="white" if value > (lo + hi) / 2 else "black",
+        )  # NaN compares False: black on grey
       if (t := best.get((*key, size))) is not None:
         ax.add_patch(_ring(lrs.index(t.lr or 0.0), knobs.index(t.knob)))
       ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
@@ -218,7 +247,8 @@ def write_tuning_report(workdir: str, out: str, generated: str) -> dict[str, Any
   write_text_atomically(os.path.join(out, "results.csv"), csv_text(runs))
   shared = {k: v for k, v in trials[0].overrides.items() if k in SHARED_KEYS} if trials else {}
   finished = sum(r.status in FINISHED for r in runs)
-  text = "\n\n".join([
+  text = "\n\n".join(
+    [
       f"# Tuning study `{os.path.basename(workdir)}`",
       f"{generated}. {finished} of {len(runs)} runs finished; {len(trials)} settings over "
       f"{len({(t.variant, t.aux, t.size) for t in trials})} method × size pairs.",
@@ -226,10 +256,19 @@ def write_tuning_report(workdir: str, out: str, generated: str) -> dict[str, Any
       f"{float(shared.get('data.tune_frac', 0)):.0%} of the training stream, whole documents, which these runs never "
       "train on. The validation split the other studies report is not used to choose. A setting is chosen only if "
       "every seed trained (no failure, no divergence, no run at the unigram reference).",
-      "## Chosen settings", chosen_markdown(trials),
-      "## Every setting (bold: chosen)", grid_markdown(trials),
-      f"![tuning grid](figures/{FIGURE})"])
+      "## Chosen settings",
+      chosen_markdown(trials),
+      "## Every setting (bold: chosen)",
+      grid_markdown(trials),
+      f"![tuning grid](figures/{FIGURE})",
+    ]
+  )
   write_text_atomically(os.path.join(out, "tuning.md"), text + "\n")
-  return {"report": os.path.join(out, "tuning.md"), "csv": os.path.join(out, "results.csv"),
-          "figures": [os.path.join(out, "figures", FIGURE)], "runs": len(runs), "complete": finished,
-          "no_context": sum(r.status == "no_context" for r in runs)}
+  return {
+    "report": os.path.join(out, "tuning.md"),
+    "csv": os.path.join(out, "results.csv"),
+    "figures": [os.path.join(out, "figures", FIGURE)],
+    "runs": len(runs),
+    "complete": finished,
+    "no_context": sum(r.status == "no_context" for r in runs),
+  }

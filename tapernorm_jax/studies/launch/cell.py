@@ -23,8 +23,9 @@ from tapernorm_jax.studies.launch import grid, runner  # noqa: E402
 from tapernorm_jax.studies.manifest import find_cell  # noqa: E402
 
 _STUDY = flags.DEFINE_string("study", None, "Study directory: the sweep's --workdir, which holds sweep.json.")
-_CELL = flags.DEFINE_string("cell", None, "The cell to train, <variant>-<size>-aux<0|1>-seed<N>, as sweep.json names "
-                            "it.")
+_CELL = flags.DEFINE_string(
+  "cell", None, "The cell to train, <variant>-<size>-aux<0|1>-seed<N>, as sweep.json names it."
+)
 flags.mark_flags_as_required(["study", "cell"])
 
 

@@ -29,8 +29,10 @@ def write_commands(cells: Sequence[Cell], workdir: str, python: str = sys.execut
   listed = manifest_cells(workdir)
   for cell in cells:
     if listed.get(cell.name) != cell:
-      raise SweepError(f"{cell.name}: {os.path.join(workdir, MANIFEST)} does not hold this cell as the grid has it; "
-                       "write the manifest first (manifest.write_manifest), the command lines read their cells from it")
+      raise SweepError(
+        f"{cell.name}: {os.path.join(workdir, MANIFEST)} does not hold this cell as the grid has it; "
+        "write the manifest first (manifest.write_manifest), the command lines read their cells from it"
+      )
   pending = [c for c in cells if cell_status(os.path.join(workdir, c.name)).state != "complete"]
   path = os.path.join(workdir, COMMANDS)
   workdir_path(workdir).mkdir(parents=True, exist_ok=True)

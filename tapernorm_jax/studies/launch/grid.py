@@ -32,8 +32,10 @@ def parse_budget(spec: Any, where: str) -> str:
   except ValueError:
     number = 0
   if kind not in BUDGET_KINDS or not number > 0:
-    raise SweepError(f"{where}={spec!r}: a budget is 'steps=<positive integer>', 'tokens_per_param=<positive "
-                     "number>' (steps = that × parameters ÷ tokens per step), or None for the size's own steps")
+    raise SweepError(
+      f"{where}={spec!r}: a budget is 'steps=<positive integer>', 'tokens_per_param=<positive "
+      "number>' (steps = that × parameters ÷ tokens per step), or None for the size's own steps"
+    )
   return f"{BUDGET_KINDS[kind]}{number:g}" if kind == "tokens_per_param" else f"steps{number}"
 
 
@@ -69,11 +71,14 @@ def budget_steps(budget: str, cfg: ml_collections.ConfigDict) -> int:
     return int(number)
   for field, value in (("train.batch_size", cfg.train.batch_size), ("model.T", cfg.model.T)):
     if value <= 0:
-      raise SweepError(f"overrides.{field}={value}: must be positive (a tokens_per_param budget's steps are its "
-                       "tokens ÷ (train.batch_size × model.T))")
+      raise SweepError(
+        f"overrides.{field}={value}: must be positive (a tokens_per_param budget's steps are its "
+        "tokens ÷ (train.batch_size × model.T))"
+      )
   internal, final, _ = VARIANTS["baseline"]  # the size's baseline: every variant of a size trains the same steps
-  params = model_params(dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal,
-                                             final_norm=final))
+  params = model_params(
+    dataclasses.replace(ModelConfig.from_config(cfg.model), internal_norm=internal, final_norm=final)
+  )
   return max(1, round(number * params / (cfg.train.batch_size * cfg.model.T)))
 
 
@@ -113,7 +118,7 @@ def set_field(cfg: ml_collections.ConfigDict, key: str, value: Any) -> None:
   node = cfg
   for i, section in enumerate(sections):
     if not isinstance(node, ml_collections.ConfigDict) or section not in node:
-      raise SweepError(f"overrides.{key}={value!r}: {'.'.join(sections[:i + 1])} is not a config section")
+      raise SweepError(f"overrides.{key}={value!r}: {'.'.join(sections[: i + 1])} is not a config section")
     node = node[section]
   if not isinstance(node, ml_collections.ConfigDict) or field not in node:
     raise SweepError(f"overrides.{key}={value!r}: no such config field")
@@ -147,8 +152,10 @@ def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -
   """The cells of one grid (sizes × variants × seeds), its fields checked; `sweep` gives the shared seeds and
   overrides."""
   _check_fields(grid, GRID_FIELDS, where)
-  variants = [parse_variant(v, f"{where}.variants[{i}]")
-              for i, v in enumerate(_as_list(grid.get("variants"), f"{where}.variants"))]
+  variants = [
+    parse_variant(v, f"{where}.variants[{i}]")
+    for i, v in enumerate(_as_list(grid.get("variants"), f"{where}.variants"))
+  ]
   sizes = _as_list(grid.get("sizes"), f"{where}.sizes")
   for i, size in enumerate(sizes):
     if size not in SIZES:
@@ -157,15 +164,23 @@ def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -
   for i, seed in enumerate(seeds):
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
       raise SweepError(f"{where}.seeds[{i}]={seed!r}: seeds are non-negative integers")
-  budgets = [parse_budget(b, f"{where}.budgets[{i}]") for i, b in enumerate(_as_list(grid.get("budgets", [None]),
-                                                                                   f"{where}.budgets"))]
+  budgets = [
+    parse_budget(b, f"{where}.budgets[{i}]")
+    for i, b in enumerate(_as_list(grid.get("budgets", [None]), f"{where}.budgets"))
+  ]
   overrides = frozen_overrides({**flatten(sweep.get("overrides") or {}), **flatten(grid.get("overrides") or {})})
   tag = grid.get("tag", "")
   if not isinstance(tag, str) or (tag and not TAG.fullmatch(tag)):
-    raise SweepError(f"{where}.tag={tag!r}: a tag is letters, digits and _ . + - (it names the grid's cells and "
-                     "their directories)")
-  return [Cell(variant, size, aux, seed, overrides, budget, tag) for size in sizes for budget in budgets
-          for variant, aux in variants for seed in seeds]
+    raise SweepError(
+      f"{where}.tag={tag!r}: a tag is letters, digits and _ . + - (it names the grid's cells and their directories)"
+    )
+  return [
+    Cell(variant, size, aux, seed, overrides, budget, tag)
+    for size in sizes
+    for budget in budgets
+    for variant, aux in variants
+    for seed in seeds
+  ]
 
 
 def _check_overrides(cells: Sequence[Cell]) -> None:
@@ -182,21 +197,22 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
       if "." not in name:
         raise SweepError(f"overrides.{name}={value!r}: set variants, sizes and seeds in the grid, not as overrides")
       if name == "train.steps" and any(c.budget for c in cells):
-        raise SweepError(f"overrides.train.steps={value!r}: the grid has budgets, which set each cell's steps; "
-                         "give the steps as a budget ('steps=N') instead")
+        raise SweepError(
+          f"overrides.train.steps={value!r}: the grid has budgets, which set each cell's steps; "
+          "give the steps as a budget ('steps=N') instead"
+        )
     cfg = cell_config(cell)
     if int(methods.scale_loss_weight(cfg) > 0) != cell.aux:
-      field = next(f"overrides.{n}={v!r}" for n, v in cell.overrides
-                   if n.endswith(("scale_loss_weight", "aux_weight")))
-      raise SweepError(f"{field} contradicts {cell.variant}:aux={cell.aux}; choose the aux setting in the variant "
-                       "list")
+      field = next(f"overrides.{n}={v!r}" for n, v in cell.overrides if n.endswith(("scale_loss_weight", "aux_weight")))
+      raise SweepError(f"{field} contradicts {cell.variant}:aux={cell.aux}; choose the aux setting in the variant list")
     try:
       run_config.validate(cfg, 1)  # the split of the batch over devices is checked where the cell runs
     except ValueError as e:
       refused.append(f"{e}")
   if refused and len(refused) == len(checked):
-    raise SweepError(f"every cell would be refused, e.g.: {refused[0]} (fix the sweep's overrides; nothing was "
-                     "started)")
+    raise SweepError(
+      f"every cell would be refused, e.g.: {refused[0]} (fix the sweep's overrides; nothing was started)"
+    )
 
 
 def expand(sweep: Mapping[str, Any]) -> list[Cell]:
@@ -206,8 +222,9 @@ def expand(sweep: Mapping[str, Any]) -> list[Cell]:
   for g, grid in enumerate(_as_list(sweep.get("grids"), "grids")):
     for cell in _grid_cells(grid, f"grids[{g}]", sweep):
       if cell.name in cells and cells[cell.name] != cell:
-        raise SweepError(f"grids[{g}]: cell {cell.name} appears twice with different overrides; give each grid its "
-                         "own tag")
+        raise SweepError(
+          f"grids[{g}]: cell {cell.name} appears twice with different overrides; give each grid its own tag"
+        )
       cells[cell.name] = cell
   _check_overrides(list(cells.values()))
   return list(cells.values())

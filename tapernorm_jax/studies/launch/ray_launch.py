@@ -51,10 +51,15 @@ def parse_resources(text: str) -> dict[str, float]:
     request = json.loads(text)
   except json.JSONDecodeError as e:
     raise SweepError(f"--cell_resources={text}: not JSON ({e.msg}); e.g. --cell_resources='{{\"GPU\": 1}}'") from None
-  if not isinstance(request, dict) or not request or not all(
-      isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in request.values()):
-    raise SweepError(f"--cell_resources={text}: give a JSON object of resource names to amounts >= 0, "
-                     "e.g. '{\"GPU\": 1}' or '{\"TPU\": 4}'")
+  if (
+    not isinstance(request, dict)
+    or not request
+    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in request.values())
+  ):
+    raise SweepError(
+      f"--cell_resources={text}: give a JSON object of resource names to amounts >= 0, "
+      "e.g. '{\"GPU\": 1}' or '{\"TPU\": 4}'"
+    )
   return {str(k): float(v) for k, v in request.items()}
 
 
@@ -71,10 +76,13 @@ def cell_request(nodes: Sequence[Node], override: Mapping[str, float] | None = N
   else:
     request = {"CPU": min((r["CPU"] for r in alive if r.get("CPU")), default=1.0)}
   if not any(all(r.get(k, 0) >= v for k, v in request.items()) for r in alive):
-    offered = "; ".join(show({k: v for k, v in r.items() if k not in NOT_ASKED and not k.startswith("node:")})
-                        for r in alive)
-    raise SweepError(f"--cell_resources={show(request)}: no node of the Ray cluster offers that (its nodes: "
-                     f"{offered or 'none alive'}); ask for what a node has, e.g. --cell_resources='{{\"CPU\": 1}}'")
+    offered = "; ".join(
+      show({k: v for k, v in r.items() if k not in NOT_ASKED and not k.startswith("node:")}) for r in alive
+    )
+    raise SweepError(
+      f"--cell_resources={show(request)}: no node of the Ray cluster offers that (its nodes: "
+      f"{offered or 'none alive'}); ask for what a node has, e.g. --cell_resources='{{\"CPU\": 1}}'"
+    )
   return request
 
 
@@ -86,8 +94,13 @@ def show(resources: Mapping[str, float]) -> str:
 def task_options(request: Mapping[str, float], max_retries: int) -> dict[str, Any]:
   """`.options(...)` for one cell's task: its resources, retried only when Ray loses the worker or its node."""
   custom = {k: v for k, v in request.items() if k not in ("CPU", "GPU")}
-  return dict(num_cpus=request.get("CPU", 0), num_gpus=request.get("GPU", 0), resources=custom,
-              max_retries=max_retries, retry_exceptions=False)
+  return dict(
+    num_cpus=request.get("CPU", 0),
+    num_gpus=request.get("GPU", 0),
+    resources=custom,
+    max_retries=max_retries,
+    retry_exceptions=False,
+  )
 
 
 def train_cell(study: str, name: str) -> CellStatus:
@@ -97,6 +110,7 @@ def train_cell(study: str, name: str) -> CellStatus:
   allocator.keep_freed_memory()
   import jax
   import ray
+
   cell = find_cell(study, name)
   where = {"ray_node": ray.get_runtime_context().get_node_id()}
   with Routed() as routed:  # the cell's progress bar and warnings go to DIR/<cell>/log.txt
@@ -116,24 +130,36 @@ def check_shared(ray: Any, workdir: str, nodes: Sequence[Node]) -> None:
   """A SweepError unless every alive node reads the file the driver writes into `workdir` (every cell writes its
   run there and the driver reads the cells' records back)."""
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
   token, path = uuid.uuid4().hex, os.path.join(workdir, PROBE)
   workdir_path(path).write_text(token)
   alive = [node for node in nodes if node.get("Alive")]
   probe = ray.remote(_read_probe)
-  why_not = ray.get([probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-      node["NodeID"], soft=False)).remote(path, token) for node in alive])
+  why_not = ray.get(
+    [
+      probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+        path, token
+      )
+      for node in alive
+    ]
+  )
   workdir_path(path).unlink()
   blind = [f"{node['NodeManagerAddress']} ({why[:120]})" for node, why in zip(alive, why_not) if why]
   if blind:
-    raise SweepError(f"--workdir={workdir}: the Ray node(s) at {', '.join(blind)} cannot read it; give a directory "
-                     "every node mounts at the same path (NFS, a shared disk) or a gs:// URL every node can reach")
+    raise SweepError(
+      f"--workdir={workdir}: the Ray node(s) at {', '.join(blind)} cannot read it; give a directory "
+      "every node mounts at the same path (NFS, a shared disk) or a gs:// URL every node can reach"
+    )
 
 
 def lost(run_dir: str, error: Exception) -> CellStatus:
   """Records in cell.json a cell whose task Ray gave up on (its node or worker lost more often than retried)."""
   record = read_record(run_dir)
-  record.update(status="failed", error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}",
-                finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+  record.update(
+    status="failed",
+    error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}",
+    finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  )
   write_record(run_dir, record)
   return cell_status(run_dir)
 
@@ -145,8 +171,10 @@ def _starts(pending: Mapping[Any, Cell], progress: Progress, workdir: str) -> li
     record = read_record(os.path.join(workdir, cell.name))
     if record.get("status") == "running" and progress.state[cell.name] != "running":
       progress.state[cell.name] = "running"
-      lines.append(f"{cell.name}: started on {record.get('host', '?')}, Ray node {record.get('ray_node', '?')[:8]} "
-                   f"(log: {cell.name}/{CELL_LOG})")
+      lines.append(
+        f"{cell.name}: started on {record.get('host', '?')}, Ray node {record.get('ray_node', '?')[:8]} "
+        f"(log: {cell.name}/{CELL_LOG})"
+      )
   return lines
 
 
@@ -165,8 +193,15 @@ def ctrl_c_noted() -> Iterator[threading.Event]:
     signal.signal(signal.SIGINT, previous)
 
 
-def _follow(ray: Any, pending: dict[Any, Cell], progress: Progress, workdir: str, progress_every: float,
-            echo: Callable[[str], None], pressed: threading.Event) -> None:
+def _follow(
+  ray: Any,
+  pending: dict[Any, Cell],
+  progress: Progress,
+  workdir: str,
+  progress_every: float,
+  echo: Callable[[str], None],
+  pressed: threading.Event,
+) -> None:
   """Waits for the tasks in `pending` (emptying it), echoing each cell's start and end and a progress line every
   `progress_every` seconds; a task Ray gave up on is recorded as failed. Raises KeyboardInterrupt within one look
   of `pressed` being set."""
@@ -191,9 +226,17 @@ def _follow(ray: Any, pending: dict[Any, Cell], progress: Progress, workdir: str
       last_line = time.time()
 
 
-def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Mapping[str, float] | None = None,
-        max_retries: int = 3, retry_failed: bool = True, progress_every: float = 30.0,
-        echo: Callable[[str], None] | None = None) -> dict[str, CellStatus]:
+def run(
+  cells: Sequence[Cell],
+  workdir: str,
+  *,
+  address: str = "",
+  resources: Mapping[str, float] | None = None,
+  max_retries: int = 3,
+  retry_failed: bool = True,
+  progress_every: float = 30.0,
+  echo: Callable[[str], None] | None = None,
+) -> dict[str, CellStatus]:
   """Runs every cell that is not complete as a Ray task on the cluster at `address` ('': Ray's own discovery, a
   local cluster when none is found); returns each cell's status. The study's DIR/sweep.json must hold the cells."""
   if max_retries < 0:
@@ -216,7 +259,9 @@ def run(cells: Sequence[Cell], workdir: str, *, address: str = "", resources: Ma
   except KeyboardInterrupt:
     for ref in pending:
       ray.cancel(ref, force=True)  # as Ray would when this driver exits; said here so the user sees it
-    echo(f"stopped: {len(pending)} cells not finished ({', '.join(c.name for c in pending.values())}); run the "
-         "same command again and they resume from their last checkpoints")
+    echo(
+      f"stopped: {len(pending)} cells not finished ({', '.join(c.name for c in pending.values())}); run the "
+      "same command again and they resume from their last checkpoints"
+    )
     raise
   return {c.name: cell_status(os.path.join(workdir, c.name)) for c in cells}

@@ -46,13 +46,15 @@ def device_groups(devices: Sequence[Any], parallel: int, oversubscribe: bool = F
     return [list(devices)]
   if parallel <= n:
     size = n // parallel
-    return [list(devices[i * size:(i + 1) * size]) for i in range(parallel)]
+    return [list(devices[i * size : (i + 1) * size]) for i in range(parallel)]
   if platform == "cpu" and oversubscribe:
     return [[devices[i % n]] for i in range(parallel)]
   if platform == "cpu":
-    raise SweepError(f"--parallel={parallel}: this host has {n} CPU device(s), so cells would share them and their "
-                     f"cores, each running slower than alone (on a few cores, slower in all than one after another); "
-                     f"use --parallel={n} or less, or add --oversubscribe to share them anyway")
+    raise SweepError(
+      f"--parallel={parallel}: this host has {n} CPU device(s), so cells would share them and their "
+      f"cores, each running slower than alone (on a few cores, slower in all than one after another); "
+      f"use --parallel={n} or less, or add --oversubscribe to share them anyway"
+    )
   raise SweepError(f"--parallel={parallel}: this host has {n} {platform} devices; at most one cell per device")
 
 
@@ -143,8 +145,10 @@ class Progress:
 
   def opening(self, todo: Sequence[Cell], how: str) -> str:
     """`sweep: 15 cells in DIR; 3 already done or skipped, 12 to run, <how>`."""
-    return (f"sweep: {len(self.cells)} cells in {self.workdir}; {len(self.cells) - len(todo)} already done or "
-            f"skipped, {len(todo)} to run, {how}")
+    return (
+      f"sweep: {len(self.cells)} cells in {self.workdir}; {len(self.cells) - len(todo)} already done or "
+      f"skipped, {len(todo)} to run, {how}"
+    )
 
   def started_share(self, name: str) -> float:
     """The share of a cell's steps that its metrics.jsonl records."""
@@ -167,13 +171,19 @@ class Progress:
     elapsed = time.time() - self.t0
     done = self.work_done()
     remaining = sum(self.cost[n] for n, s in self.state.items() if s not in ("complete", "failed")) - sum(
-        self.cost[n] * self.started_share(n) for n, s in self.state.items() if s in ("running", "incomplete"))
+      self.cost[n] * self.started_share(n) for n, s in self.state.items() if s in ("running", "incomplete")
+    )
     rate = (done - self.done0) / elapsed if elapsed > 0 else 0.0
     eta = duration(max(remaining, 0.0) / rate) if rate > 0 else "—"
-    running = [f"{n} (step {last_step(os.path.join(self.workdir, n))}/{self.steps[n]})"
-               for n, s in self.state.items() if s == "running"]
-    text = (f"sweep: {counts['complete']}/{len(self.state)} complete, {counts['running']} running, "
-            f"{counts['failed']} failed, {waiting} to run · {duration(elapsed)} elapsed · ETA {eta}")
+    running = [
+      f"{n} (step {last_step(os.path.join(self.workdir, n))}/{self.steps[n]})"
+      for n, s in self.state.items()
+      if s == "running"
+    ]
+    text = (
+      f"sweep: {counts['complete']}/{len(self.state)} complete, {counts['running']} running, "
+      f"{counts['failed']} failed, {waiting} to run · {duration(elapsed)} elapsed · ETA {eta}"
+    )
     return text + (" · running: " + ", ".join(running) if running else "")
 
 
@@ -205,16 +215,31 @@ def study_config(cell: Cell, workdir: str) -> ml_collections.ConfigDict:
   return cfg
 
 
-def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, routed: Routed | None = None, *,
-             reraise: bool = False, where: Mapping[str, str] | None = None) -> CellStatus:
+def run_cell(
+  cell: Cell,
+  workdir: str,
+  devices: Sequence[Any],
+  run_fn: RunFn,
+  routed: Routed | None = None,
+  *,
+  reraise: bool = False,
+  where: Mapping[str, str] | None = None,
+) -> CellStatus:
   """Trains (or resumes) one cell on `devices`; any exception is recorded in its cell.json (with the host and
   `where` it ran), and raised again only with `reraise` (one cell on its own, whose caller reports the error)."""
   run_dir = os.path.join(workdir, cell.name)
   run_files.workdir_path(run_dir).mkdir(parents=True, exist_ok=True)
   kind = getattr(devices[0], "device_kind", str(devices[0])) if devices else ""
-  record = {**cell.to_json(), "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "host": socket.gethostname(), **(where or {}),
-            "devices": [str(d) for d in devices], "device_kind": kind, "device_count": len(devices)}
+  record = {
+    **cell.to_json(),
+    "status": "running",
+    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    "host": socket.gethostname(),
+    **(where or {}),
+    "devices": [str(d) for d in devices],
+    "device_kind": kind,
+    "device_count": len(devices),
+  }
   write_record(run_dir, record)
   t0, error = time.time(), None
   with cell_log(run_dir) as log:
@@ -225,8 +250,7 @@ def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, ro
       record["status"] = "complete" if results.get("complete") else "incomplete"
     except Exception as e:  # noqa: BLE001 - one failing cell must not stop the sweep
       error = e
-      record.update(status="failed", error=f"{type(e).__name__}: {e}",
-                    traceback=traceback.format_exc(limit=8)[-4000:])
+      record.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8)[-4000:])
       log.write(traceback.format_exc())
     finally:
       if routed is not None:
@@ -241,6 +265,7 @@ def run_cell(cell: Cell, workdir: str, devices: Sequence[Any], run_fn: RunFn, ro
 def prepare_data(cells: Sequence[Cell]) -> None:
   """Prepares every corpus the cells read, once, before cells start in parallel."""
   from tapernorm_jax import data  # heavy import, only for real runs
+
   seen: set[str] = set()
   for cell in cells:
     data_cfg = grid.cell_config(cell).data
@@ -253,11 +278,13 @@ def prepare_data(cells: Sequence[Cell]) -> None:
 def trainer_run_fn() -> RunFn:
   """`loop.run`, imported only when cells really train (the grid tools stay importable without the trainer)."""
   from tapernorm_jax.train import loop
+
   return loop.run
 
 
-def _work(tasks: queue.Queue[Cell], events: queue.Queue[Event], group: list[Any], workdir: str, run_fn: RunFn,
-          routed: Routed) -> None:
+def _work(
+  tasks: queue.Queue[Cell], events: queue.Queue[Event], group: list[Any], workdir: str, run_fn: RunFn, routed: Routed
+) -> None:
   """A worker thread: runs cells from `tasks` on one device group until none are left, reporting to `events`."""
   while True:
     try:
@@ -272,8 +299,9 @@ def _work(tasks: queue.Queue[Cell], events: queue.Queue[Event], group: list[Any]
     events.put(("end", cell, status))
 
 
-def _follow(events: queue.Queue[Event], count: int, progress: Progress, echo: Callable[[str], None],
-            progress_every: float) -> None:
+def _follow(
+  events: queue.Queue[Event], count: int, progress: Progress, echo: Callable[[str], None], progress_every: float
+) -> None:
   """Echoes each cell's start and end and a progress line every `progress_every` seconds until `count` cells end."""
   finished = 0
   while finished < count:
@@ -293,10 +321,18 @@ def _follow(events: queue.Queue[Event], count: int, progress: Progress, echo: Ca
     echo(progress.line())
 
 
-def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, oversubscribe: bool = False,
-        devices: Sequence[Any] | None = None,
-        run_fn: RunFn | None = None, retry_failed: bool = True, progress_every: float = 30.0,
-        echo: Callable[[str], None] | None = None) -> dict[str, CellStatus]:
+def run(
+  cells: Sequence[Cell],
+  workdir: str,
+  *,
+  parallel: int = 0,
+  oversubscribe: bool = False,
+  devices: Sequence[Any] | None = None,
+  run_fn: RunFn | None = None,
+  retry_failed: bool = True,
+  progress_every: float = 30.0,
+  echo: Callable[[str], None] | None = None,
+) -> dict[str, CellStatus]:
   """Runs every cell that is not complete, `parallel` at a time on disjoint device groups; returns each status.
 
   Complete cells are skipped, incomplete ones resume from their checkpoints, failed ones are retried
@@ -320,8 +356,10 @@ def run(cells: Sequence[Cell], workdir: str, *, parallel: int = 0, oversubscribe
     tasks.put(cell)
   events: queue.Queue[Event] = queue.Queue()
   with Routed() as routed:
-    threads = [threading.Thread(target=_work, args=(tasks, events, g, workdir, run_fn, routed), daemon=True)
-               for g in groups[:max(len(todo), 1)]]
+    threads = [
+      threading.Thread(target=_work, args=(tasks, events, g, workdir, run_fn, routed), daemon=True)
+      for g in groups[: max(len(todo), 1)]
+    ]
     for t in threads:
       t.start()
     _follow(events, len(todo), progress, echo, progress_every)

@@ -34,8 +34,21 @@ DEFAULTS = {module.NAME: module.DEFAULTS for module in MODULES}  # each method's
 DEFAULT = "taper"  # configs without a `method` field (written before FakeLN) are TaperNorm runs
 Method = TaperNorm | FakeLN | PRepBN
 
-__all__ = ["CLASSES", "DEFAULT", "DEFAULTS", "METHODS", "FakeLN", "PRepBN", "TaperNorm", "build", "name",
-           "prepbn_steps", "removal_steps", "scale_loss_weight", "validate"]
+__all__ = [
+  "CLASSES",
+  "DEFAULT",
+  "DEFAULTS",
+  "METHODS",
+  "FakeLN",
+  "PRepBN",
+  "TaperNorm",
+  "build",
+  "name",
+  "prepbn_steps",
+  "removal_steps",
+  "scale_loss_weight",
+  "validate",
+]
 
 
 def name(cfg: ml_collections.ConfigDict) -> str:
@@ -50,8 +63,10 @@ def validate(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: sch
   """The checks of the method `cfg.method` names (before anything compiles)."""
   method = name(cfg)
   if method != "prepbn" and "repbn" in (model_cfg.internal_norm, model_cfg.final_norm):
-    raise ValueError(f"method={method!r} with a 'repbn' norm: only method=prepbn moves RepBN's gate and statistics; "
-                     "set method=prepbn (the prepbn variant does) or another norm mode")
+    raise ValueError(
+      f"method={method!r} with a 'repbn' norm: only method=prepbn moves RepBN's gate and statistics; "
+      "set method=prepbn (the prepbn variant does) or another norm mode"
+    )
   CLASSES[method].check(cfg, model_cfg, phases)
   for line in unused_settings(cfg, method):
     logging.warning(line)
@@ -61,11 +76,14 @@ def unused_settings(cfg: ml_collections.ConfigDict, method: str) -> list[str]:
   """One line per field of another removal method's section (fakeln, prepbn) set away from its default: the run's
   method reads none of them. (The `taper` section is shared: configs set it for every variant; so is every section's
   scale_loss_weight, which the variant's aux sets.)"""
-  return [f"{section}.{field}={cfg[section][field]!r} does nothing for variant {cfg.get('variant', '?')!r}: it "
-          f"trains with method={method!r}, which reads no {section}.* field (drop it, or choose the {section} variant)"
-          for section, defaults in DEFAULTS.items() if section not in (method, DEFAULT) and section in cfg
-          for field, default in defaults.items()
-          if field != "scale_loss_weight" and field in cfg[section] and cfg[section][field] != default]
+  return [
+    f"{section}.{field}={cfg[section][field]!r} does nothing for variant {cfg.get('variant', '?')!r}: it "
+    f"trains with method={method!r}, which reads no {section}.* field (drop it, or choose the {section} variant)"
+    for section, defaults in DEFAULTS.items()
+    if section not in (method, DEFAULT) and section in cfg
+    for field, default in defaults.items()
+    if field != "scale_loss_weight" and field in cfg[section] and cfg[section][field] != default
+  ]
 
 
 def scale_loss_weight(cfg: ml_collections.ConfigDict) -> float:

@@ -19,14 +19,16 @@ from tapernorm_jax.taper import calibration, losses, schedules
 PyTree = Any
 NAME = "fakeln"
 DEFAULTS = dict(  # the `fakeln` section (method=fakeln: one norm replaced at a time)
-    start=20,  # the step the first MLP norm is replaced at
-    gap_mlp=2, gap_attn=2,  # steps between consecutive MLP-norm / attention-norm (query/key path) removals
-    gap_attn_v=3,  # steps between consecutive value-path removals, which start after the last query/key one
-    gap_final=3,  # steps from the last value-path removal to the final norm
-    mu=0.01,  # EMA weight of each norm's σ statistics (positions 1…T−1)
-    sigma_steps=0,  # σ from the first this many steps only (1: the starting model's σ); 0: until each removal
-    scale_loss_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; from step 0
-    eot_id=-1)  # the end-of-text token id, which s̄ leaves out with position 0 (-1: none)
+  start=20,  # the step the first MLP norm is replaced at
+  gap_mlp=2,
+  gap_attn=2,  # steps between consecutive MLP-norm / attention-norm (query/key path) removals
+  gap_attn_v=3,  # steps between consecutive value-path removals, which start after the last query/key one
+  gap_final=3,  # steps from the last value-path removal to the final norm
+  mu=0.01,  # EMA weight of each norm's σ statistics (positions 1…T−1)
+  sigma_steps=0,  # σ from the first this many steps only (1: the starting model's σ); 0: until each removal
+  scale_loss_weight=0.1,  # λ of mean((s(h) − s̄)²), s̄ the batch mean of s(h) over ordinary tokens; from step 0
+  eot_id=-1,
+)  # the end-of-text token id, which s̄ leaves out with position 0 (-1: none)
 
 
 @dataclasses.dataclass
@@ -49,31 +51,51 @@ class FakeLN:
   def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
     """Raises ValueError naming the first bad `fakeln.*` field, or a schedule that does not end before the run."""
     del phases
-    config_fields.check(cfg, [
-        (cfg.fakeln.start >= 1, "fakeln.start",
-         "must be >= 1 (σ_avg needs at least one step of statistics before the first removal)"),
-        *[(cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0")
-          for f in ("gap_mlp", "gap_attn", "gap_attn_v", "gap_final")],
+    config_fields.check(
+      cfg,
+      [
+        (
+          cfg.fakeln.start >= 1,
+          "fakeln.start",
+          "must be >= 1 (σ_avg needs at least one step of statistics before the first removal)",
+        ),
+        *[
+          (cfg.fakeln[f] >= 0, f"fakeln.{f}", "must be >= 0")
+          for f in ("gap_mlp", "gap_attn", "gap_attn_v", "gap_final")
+        ],
         (0.0 < cfg.fakeln.mu <= 1.0, "fakeln.mu", "the EMA weight μ must lie in (0, 1]"),
-        (cfg.fakeln.sigma_steps >= 0, "fakeln.sigma_steps",
-         "must be >= 0 (0: σ until each norm's removal; N: from the first N steps)"),
-        (cfg.fakeln.scale_loss_weight >= 0, "fakeln.scale_loss_weight",
-         "λ must be >= 0 (0 turns the scale loss off)"),
-        (-1 <= cfg.fakeln.eot_id < model_cfg.V, "fakeln.eot_id",
-         f"must be a token id below model.V={model_cfg.V}, or -1 (no end-of-text token)")])
+        (
+          cfg.fakeln.sigma_steps >= 0,
+          "fakeln.sigma_steps",
+          "must be >= 0 (0: σ until each norm's removal; N: from the first N steps)",
+        ),
+        (cfg.fakeln.scale_loss_weight >= 0, "fakeln.scale_loss_weight", "λ must be >= 0 (0 turns the scale loss off)"),
+        (
+          -1 <= cfg.fakeln.eot_id < model_cfg.V,
+          "fakeln.eot_id",
+          f"must be a token id below model.V={model_cfg.V}, or -1 (no end-of-text token)",
+        ),
+      ],
+    )
     last = max(removal_steps(model_cfg, cfg.fakeln)[0].values())
     if last >= cfg.train.steps:
-      raise ValueError(f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
-                       "lower fakeln.start or the gaps, or raise train.steps")
+      raise ValueError(
+        f"fakeln removes its last norm at step {last}, not before train.steps={cfg.train.steps}; "
+        "lower fakeln.start or the gaps, or raise train.steps"
+      )
 
   def gates(self, step: jax.Array) -> Gates:
     """Each norm's gate, and each attention norm's value path's: 1 before its removal step, 0 from it on."""
     on = lambda at: jnp.where(step >= at, 0.0, 1.0).astype(jnp.float32)
-    blocks = lambda removal, name: jnp.stack([on(removal[(param_paths.block(i), name)])
-                                              for i in range(self.model_cfg.L)])
-    return Gates(attn=blocks(self.removal, param_paths.ATTN_NORM), mlp=blocks(self.removal, param_paths.MLP_NORM),
-                 final=on(self.removal[(param_paths.FINAL_NORM,)]),
-                 attn_value=blocks(self.value_removal, param_paths.ATTN_NORM))
+    blocks = lambda removal, name: jnp.stack(
+      [on(removal[(param_paths.block(i), name)]) for i in range(self.model_cfg.L)]
+    )
+    return Gates(
+      attn=blocks(self.removal, param_paths.ATTN_NORM),
+      mlp=blocks(self.removal, param_paths.MLP_NORM),
+      final=on(self.removal[(param_paths.FINAL_NORM,)]),
+      attn_value=blocks(self.value_removal, param_paths.ATTN_NORM),
+    )
 
   def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
     """At a norm's removal step: its c = 1/σ_avg and γ̃ ← γ; every other norm unchanged."""
@@ -88,15 +110,17 @@ class FakeLN:
     until = {n: min(self.removal[n], sigma_steps) if sigma_steps else self.removal[n] for n in self.norms}
     return {(param_paths.PRE_LOGIT,): step < self.off_step, **{n: step < until[n] for n in self.norms}}
 
-  def scale_loss_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
-                       tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def scale_loss_terms(
+    self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array, tokens_BxT: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     """λ (from step 0) and mean((s(h) − s̄)²) over every token, s̄ the batch mean over the tokens neither at position
     0 nor end-of-text, held constant."""
     del calib, step
     ordinary_BxT = losses.ordinary_tokens(tokens_BxT, self.cfg.fakeln.eot_id)
     cfg = self.model_cfg
-    return jnp.float32(self.cfg.fakeln.scale_loss_weight), losses.batch_scale_loss(h_BxTxD, cfg.norm_kind, cfg.eps,
-                                                                            ordinary_BxT)
+    return jnp.float32(self.cfg.fakeln.scale_loss_weight), losses.batch_scale_loss(
+      h_BxTxD, cfg.norm_kind, cfg.eps, ordinary_BxT
+    )
 
 
 def removal_steps(model_cfg: ModelConfig, fakeln: ml_collections.ConfigDict) -> tuple[dict, dict]:
@@ -120,7 +144,7 @@ def select_per_norm(preds: dict[param_paths.Path, jax.Array], on_true: PyTree, o
   flat_true, flat_false = traverse_util.flatten_dict(on_true), traverse_util.flatten_dict(on_false)
   out = {}
   for key, old in flat_false.items():
-    pred = next((p for norm, p in preds.items() if key[:len(norm)] == norm), None)
+    pred = next((p for norm, p in preds.items() if key[: len(norm)] == norm), None)
     out[key] = old if pred is None else jnp.where(pred, flat_true[key], old)
   return traverse_util.unflatten_dict(out)
 

@@ -18,12 +18,13 @@ from tapernorm_jax.taper import calibration, losses, schedules
 PyTree = Any
 NAME = "taper"
 DEFAULTS = dict(  # the `taper` section
-    gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
-    min_calibration_step=100,  # ... and at least this many, where the run is long enough (schedules.Phases)
-    taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
-    mu=0.01,  # EMA weight of the calibration statistics
-    delta=1e-8,  # c* = num / (den + δ)
-    scale_loss_weight=0.1)  # λ of the fixed-target scale loss, on from the taper start (0: off)
+  gate_warmup_frac=0.05,  # gate = 1 (and calibration EMAs run) for this share of the steps
+  min_calibration_step=100,  # ... and at least this many, where the run is long enough (schedules.Phases)
+  taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
+  mu=0.01,  # EMA weight of the calibration statistics
+  delta=1e-8,  # c* = num / (den + δ)
+  scale_loss_weight=0.1,
+)  # λ of the fixed-target scale loss, on from the taper start (0: off)
 # A calibration before this step is warned about: c came out at 3.9–46 at the cpu preset's step 15 and 48–49 at a
 # 40-step 1m run's step 2, which then diverged (docs/methods/early_calibration/); the paper calibrates at step
 # 25,000 of 500,000. It is also the default floor of the calibration step (taper.min_calibration_step).
@@ -46,27 +47,46 @@ class TaperNorm:
   @staticmethod
   def check(cfg: ml_collections.ConfigDict, model_cfg: ModelConfig, phases: schedules.Phases) -> None:
     """Raises ValueError naming the first bad `taper.*` field; warns when nothing anchors the pre-logit scale."""
-    config_fields.check(cfg, [
+    config_fields.check(
+      cfg,
+      [
         (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
         (cfg.taper.scale_loss_weight >= 0, "taper.scale_loss_weight", "λ must be >= 0 (0 turns the scale loss off)"),
         (cfg.taper.delta >= 0, "taper.delta", "must be >= 0"),
-        (cfg.taper.min_calibration_step >= 0, "taper.min_calibration_step",
-         "must be >= 0 (0: calibrate at round(gate_warmup_frac · steps), e.g. when fine-tuning a trained model)")])
+        (
+          cfg.taper.min_calibration_step >= 0,
+          "taper.min_calibration_step",
+          "must be >= 0 (0: calibrate at round(gate_warmup_frac · steps), e.g. when fine-tuning a trained model)",
+        ),
+      ],
+    )
     tapered = "taper" in (model_cfg.internal_norm, model_cfg.final_norm)
     if tapered and phases.taper_start < 1:
-      raise ValueError(f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
-                       "needs at least one (raise it or train.steps)")
+      raise ValueError(
+        f"taper.gate_warmup_frac={cfg.taper.gate_warmup_frac} gives no warmup step; calibration "
+        "needs at least one (raise it or train.steps)"
+      )
     if tapered and phases.taper_start < EARLY_CALIBRATION:
-      logging.warning("calibration at step %d of %d (taper.gate_warmup_frac=%s; taper.min_calibration_step=%d "
-                      "applies only up to half the run), early in training: calibrations this early set c up to "
-                      "46–49 (the cpu preset's step 15; a 40-step 1m run's step 2, which then diverged: "
-                      "docs/methods/early_calibration). Read the run as a smoke test, or calibrate from step %d on "
-                      "(train.steps >= %d)", phases.taper_start, phases.steps, cfg.taper.gate_warmup_frac,
-                      cfg.taper.min_calibration_step, EARLY_CALIBRATION, 2 * EARLY_CALIBRATION)
+      logging.warning(
+        "calibration at step %d of %d (taper.gate_warmup_frac=%s; taper.min_calibration_step=%d "
+        "applies only up to half the run), early in training: calibrations this early set c up to "
+        "46–49 (the cpu preset's step 15; a 40-step 1m run's step 2, which then diverged: "
+        "docs/methods/early_calibration). Read the run as a smoke test, or calibrate from step %d on "
+        "(train.steps >= %d)",
+        phases.taper_start,
+        phases.steps,
+        cfg.taper.gate_warmup_frac,
+        cfg.taper.min_calibration_step,
+        EARLY_CALIBRATION,
+        2 * EARLY_CALIBRATION,
+      )
     if model_cfg.final_norm in ("taper", "fixed", "identity") and cfg.taper.scale_loss_weight == 0:
-      logging.warning("final_norm=%r with taper.scale_loss_weight=0: nothing anchors the pre-logit scale, so logits "
-                      "may grow without bound (logit chasing). A legitimate ablation; set taper.scale_loss_weight>0 "
-                      "to anchor.", model_cfg.final_norm)
+      logging.warning(
+        "final_norm=%r with taper.scale_loss_weight=0: nothing anchors the pre-logit scale, so logits "
+        "may grow without bound (logit chasing). A legitimate ablation; set taper.scale_loss_weight>0 "
+        "to anchor.",
+        model_cfg.final_norm,
+      )
 
   def gates(self, step: jax.Array) -> Gates:
     """The global gate on every norm (1 throughout for a model without tapered norms, which nothing would gate)."""
@@ -81,8 +101,9 @@ class TaperNorm:
     """Every EMA runs until the taper start."""
     return step < self.phases.taper_start
 
-  def scale_loss_terms(self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array,
-                       tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def scale_loss_terms(
+    self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array, tokens_BxT: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     """λ (from the taper start on) and the fixed-target scale loss mean((s(h) − s_tgt)²)."""
     del tokens_BxT
     weight = jnp.where(step >= self.phases.taper_start, self.cfg.taper.scale_loss_weight, 0.0)

@@ -13,7 +13,6 @@ from tapernorm_jax.benchmarks.timing import paired_ratio
 from locations import ROOT
 
 
-
 def test_parity_passes_within_tolerance_and_refuses_beyond():
   ours_BxV = np.random.default_rng(0).normal(size=(2, 7)).astype(np.float32)
   checked = forward.parity(ours_BxV, ours_BxV + 1e-5)
@@ -33,30 +32,63 @@ def test_agreement_counts_leading_tokens_equal_in_every_row():
 
 def test_measure_times_the_runnable_calls_and_keeps_the_reasons():
   s = forward.Settings(size="cpu", repeats=2, warmup=0, min_sample_s=0.0, dtype="float32")
-  measured = forward.measure({"hf_eager": lambda: 1, "hf_compiled": "InductorError: no compiler", "folded": lambda: 2},
-                          work=100, s=s)
+  measured = forward.measure(
+    {"hf_eager": lambda: 1, "hf_compiled": "InductorError: no compiler", "folded": lambda: 2}, work=100, s=s
+  )
   assert measured["hf_compiled"] == {"na": "InductorError: no compiler"}
   assert len(measured["folded"]["seconds"]) == 2 and measured["folded"]["median"] > 0
 
 
 def test_markdown_shows_ratios_and_the_reason_for_n_a(capsys):
   drift = (1.0, 1.6, 0.9)  # the machine's speed round by round, shared by every contender: cancels from the ratios
-  rate = lambda median: {"median": median, "min": median, "max": median, "spread": 0.02,
-                         "seconds": [f / median for f in drift]}
+  rate = lambda median: {
+    "median": median,
+    "min": median,
+    "max": median,
+    "spread": 0.02,
+    "seconds": [f / median for f in drift],
+  }
   results = {
-      "date": "2026-01-01", "params": 1000, "parity": {"max_abs_diff": 2e-7}, "load_average": 0.5,
-      "hardware": {"backend": "cpu", "cpu": "Some CPU", "cpu_count": 2, "l3_cache": "32M", "jax": "0.10.2"},
-      "peer": {"torch": "2.13.0", "transformers": "5.24.0", "device": "cpu", "threads": 2},
-      "settings": {"size": "30m", "variant": "internal_taper", "dtype": "float32", "repeats": 7},
-      "forward": [{"B": 1, "T": 128, "contenders": {"hf_eager": rate(2000.0), "hf_compiled": {"na": "Boom: why"},
-                                                   "baseline": rate(3000.0), "folded": rate(4000.0),
-                                                   "baseline_every_position": rate(2500.0)}}],
-      "decode": [{"B": 1, "prompt": 128, "new_tokens": 128, "greedy_agreement": {"hf_eager": 128},
-                  "contenders": {"hf_eager": rate(100.0), "hf_compiled": rate(200.0), "baseline": rate(300.0),
-                                 "folded": rate(400.0)}}]}
+    "date": "2026-01-01",
+    "params": 1000,
+    "parity": {"max_abs_diff": 2e-7},
+    "load_average": 0.5,
+    "hardware": {"backend": "cpu", "cpu": "Some CPU", "cpu_count": 2, "l3_cache": "32M", "jax": "0.10.2"},
+    "peer": {"torch": "2.13.0", "transformers": "5.24.0", "device": "cpu", "threads": 2},
+    "settings": {"size": "30m", "variant": "internal_taper", "dtype": "float32", "repeats": 7},
+    "forward": [
+      {
+        "B": 1,
+        "T": 128,
+        "contenders": {
+          "hf_eager": rate(2000.0),
+          "hf_compiled": {"na": "Boom: why"},
+          "baseline": rate(3000.0),
+          "folded": rate(4000.0),
+          "baseline_every_position": rate(2500.0),
+        },
+      }
+    ],
+    "decode": [
+      {
+        "B": 1,
+        "prompt": 128,
+        "new_tokens": 128,
+        "greedy_agreement": {"hf_eager": 128},
+        "contenders": {
+          "hf_eager": rate(100.0),
+          "hf_compiled": rate(200.0),
+          "baseline": rate(300.0),
+          "folded": rate(400.0),
+        },
+      }
+    ],
+  }
   table = forward.markdown(results)
-  assert ("| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.50 ± 1.0% | 2.00× (2.00–2.00) | – | "
-          "1.25× (1.25–1.25) |") in table  # the last: the baseline doing HF's work (every block on every position)
+  assert (
+    "| 1 | 128 | 2.00 ± 1.0% | n/a | 3.00 ± 1.0% | 4.00 ± 1.0% | 2.50 ± 1.0% | 2.00× (2.00–2.00) | – | "
+    "1.25× (1.25–1.25) |"
+  ) in table  # the last: the baseline doing HF's work (every block on every position)
   assert "* HF torch.compile: n/a (Boom: why)" in table
   rates = " | ".join(f"{x}.00 ± 1.0%" for x in (100, 200, 300, 400))
   assert f"| 1 | 128 | 128 | {rates} | 4.00× (4.00–4.00) | 2.00× (2.00–2.00) | 128/128 |" in table
@@ -76,9 +108,14 @@ def test_paired_ratio_cancels_a_slowdown_shared_by_a_round_and_ignores_one_outli
     paired_ratio(ours, theirs[:-1])
 
 
-@pytest.mark.parametrize("changes, message", [(dict(modes=("prefill",)), r"modes=\['prefill'\]: unknown"),
-                                              (dict(variant="baseline"), "a model with tapered norms"),
-                                              (dict(threads=-1), "threads=-1: must be >= 0")])
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (dict(modes=("prefill",)), r"modes=\['prefill'\]: unknown"),
+    (dict(variant="baseline"), "a model with tapered norms"),
+    (dict(threads=-1), "threads=-1: must be >= 0"),
+  ],
+)
 def test_settings_name_the_bad_field(changes, message):
   with pytest.raises(ValueError, match=message):
     forward.Settings(**changes)
@@ -86,8 +123,15 @@ def test_settings_name_the_bad_field(changes, message):
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="PyTorch is installed here")
 def test_without_pytorch_the_entry_point_says_how_to_install_it():
-  done = subprocess.run([sys.executable, "-m", "experiments.benchmark_peer", "--quick"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120)
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.benchmark_peer", "--quick"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 2
-  assert done.stderr.strip() == ("error: experiments/benchmark_peer.py needs PyTorch and transformers (torch is not "
-                                 "installed); install the peer extra: pip install -e '.[peer]' -c constraints.txt")
+  assert done.stderr.strip() == (
+    "error: experiments/benchmark_peer.py needs PyTorch and transformers (torch is not "
+    "installed); install the peer extra: pip install -e '.[peer]' -c constraints.txt"
+  )

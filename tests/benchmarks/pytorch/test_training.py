@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from tapernorm_jax.benchmarks.pytorch import forward, parity, training, workers
+from tapernorm_jax.benchmarks.pytorch import forward, parity, training, training_table, workers
 from tapernorm_jax.train import run_config
 from locations import ROOT
 
@@ -59,8 +59,9 @@ def test_parameters_after_one_step_must_agree_and_so_must_the_update():
 def test_the_dtypes_must_agree():
   f32 = {"param": "float32", "compute": "float32"}
   assert parity.check_dtypes(f32, dict(f32))["peer"] == f32
-  with pytest.raises(parity.DtypeMismatchError, match="float32 weights and float32 compute, this project with "
-                     "float32 and bfloat16"):
+  with pytest.raises(
+    parity.DtypeMismatchError, match="float32 weights and float32 compute, this project with float32 and bfloat16"
+  ):
     parity.check_dtypes({"param": "float32", "compute": "bfloat16"}, f32)
 
 
@@ -133,22 +134,31 @@ def test_a_cell_checks_the_peers_then_times_every_contender_in_turn():
   assert c["hf_compiled"] == {"na": "InductorError: no C++ compiler"}
   assert all(len(c[name]["seconds"]) == 2 for name in ("hf_eager", "baseline", "taper"))
   assert made[3].steps >= 1 + 2  # warm-up, then one sample per round
-  assert set(row["ratios"]) == {"baseline/hf_eager", "library/hf_eager", "library/baseline", "taper/hf_eager",
-                                "taper/baseline"}
+  assert set(row["ratios"]) == {
+    "baseline/hf_eager",
+    "library/hf_eager",
+    "library/baseline",
+    "taper/hf_eager",
+    "taper/baseline",
+  }
   assert row["first_step"]["library"]["loss"] == row["first_step"]["baseline"]["loss"]
   assert row["first_step"]["taper"]["gate"] < 1 and row["first_step"]["baseline"]["lr"] == pytest.approx(1e-4)
   model = run_config.get_config("baseline", "size=cpu").model
   assert row["flops_per_token"] == 6 * row["params"] + 12 * model.L * model.D * 16
   assert c["baseline"]["mfu"] == pytest.approx(c["baseline"]["median"] * row["flops_per_token"] / 1e11)
-  table = training.markdown([row], repeats=2, min_sample_s=0.0)
+  table = training_table.markdown([row], repeats=2, min_sample_s=0.0)
   assert "| cpu | 8 × 16 | project settings |" in table and "n/a" in table
   assert "* HF torch.compile: n/a (InductorError: no C++ compiler)" in table and "* HF eager: a stand-in" in table
   assert "Both sides in float32 weights and float32 compute" in table
 
 
-@pytest.mark.parametrize("peer_kind, error", [
+@pytest.mark.parametrize(
+  "peer_kind, error",
+  [
     (lambda spec: StandInPeer(spec, loss_offset=0.01), parity.LossMismatchError),
-    (lambda spec: StandInPeer(spec, update_scale=1.2), parity.ParamMismatchError)])
+    (lambda spec: StandInPeer(spec, update_scale=1.2), parity.ParamMismatchError),
+  ],
+)
 def test_a_peer_that_computes_otherwise_is_never_timed(peer_kind, error):
   made = []
   with pytest.raises(error, match="no timing is reported"):
@@ -162,8 +172,11 @@ def test_this_project_s_worker_runs_in_its_own_process_with_the_row_s_allocator(
   worker = spawn("baseline", spec, "default")
   try:
     ready = worker.ready
-    assert ready["allocator"] == {"setting": "default", "set_before_jax": True,
-                                  "keep_freed_memory": "turned off by TAPERNORM_KEEP_FREED_MEMORY=0"}
+    assert ready["allocator"] == {
+      "setting": "default",
+      "set_before_jax": True,
+      "keep_freed_memory": "turned off by TAPERNORM_KEEP_FREED_MEMORY=0",
+    }
     assert ready["pid"] != os.getpid() and ready["dtypes"] == {"param": "float32", "compute": "float32"}
     assert worker.request("check")["params"] == str(tmp_path / "baseline.npz")
     assert worker.request("warmup 1 0.0")["loops"] == 1 and worker.request("time")["seconds"] > 0
@@ -184,8 +197,11 @@ def test_the_library_built_baseline_starts_as_a_script_does_with_the_entry_point
       started[name] = spawn(name, spec, "project settings")
     ready = {name: worker.ready for name, worker in started.items()}
     assert ready["baseline"]["entry_point"] is True and ready["library"]["entry_point"] is False
-    assert ready["library"]["allocator"] == ready["baseline"]["allocator"] == {
-        "setting": "project settings", "keep_freed_memory": "set", "set_before_jax": True}
+    assert (
+      ready["library"]["allocator"]
+      == ready["baseline"]["allocator"]
+      == {"setting": "project settings", "keep_freed_memory": "set", "set_before_jax": True}
+    )
     assert ready["library"]["cpu_paths"] == ready["baseline"]["cpu_paths"]
     first = {name: worker.request("check") for name, worker in started.items()}
     assert first["library"]["loss"] == first["baseline"]["loss"] and first["library"]["lr"] == first["baseline"]["lr"]
@@ -203,25 +219,49 @@ def test_a_worker_that_dies_is_reported_with_its_stderr(tmp_path):
 def test_the_table_has_a_row_per_allocator_and_takes_ratios_round_by_round():
   drift = (1.0, 1.6, 0.9)  # the machine's speed per round, shared by every contender: cancels from each ratio
   rate = lambda median: {"median": median, "seconds": [1 / (median * f) for f in drift], "mfu": 0.25}
-  contenders = {"hf_eager": rate(1000.0), "hf_compiled": rate(1500.0), "baseline": rate(1800.0),
-                "library": rate(1782.0), "taper": rate(1764.0)}
+  contenders = {
+    "hf_eager": rate(1000.0),
+    "hf_compiled": rate(1500.0),
+    "baseline": rate(1800.0),
+    "library": rate(1782.0),
+    "taper": rate(1764.0),
+  }
   seconds = lambda name: contenders[name]["seconds"]
-  ratios = {key: forward.paired_ratio(seconds(key.split("/")[0]), seconds(key.split("/")[1]))
-            for key in ("baseline/hf_eager", "baseline/hf_compiled", "taper/baseline", "library/baseline")}
+  ratios = {
+    key: forward.paired_ratio(seconds(key.split("/")[0]), seconds(key.split("/")[1]))
+    for key in ("baseline/hf_eager", "baseline/hf_compiled", "taper/baseline", "library/baseline")
+  }
   f32 = {"param": "float32", "compute": "float32"}
   row = lambda allocator, effect: {
-      "size": "9m", "B": 4, "T": 512, "allocator": allocator, "allocator_in_effect": effect, "contenders": contenders,
-      "ratios": ratios, "loss": {"hf_eager": {"relative_difference": 2e-8}},
-      "param_agreement": {"hf_eager": {"relative": 3e-6, "update_relative_l2": 4e-5}},
-      "dtypes": {"hf_eager": {"ours": f32, "peer": f32}}, "peak": {"flops": 1e11, "source": "a test peak"},
-      "first_step": {"hf_eager": {"ran": "eager; AdamW fused=True"},
-                     "hf_compiled": {"ran": "torch.compile of the whole step", "graphs": 4,
-                                     "graph_breaks": ["Unsupported Tensor.backward() call"]}}}
-  rows = [row("default", {"setting": "default"}),
-          row("project settings", {"setting": "default", "keep_freed_memory": "malloc is not glibc's on darwin"})]
-  table = training.markdown(rows, repeats=3, min_sample_s=3.0)
-  assert ("| 9m | 4 × 512 | default | 1,000 | 1,500 | 1,800 | 1,782 | 1,764 | 1.80× (1.80–1.80) | 1.20× (1.20–1.20) | "
-          "0.98× (0.98–0.98) | 0.99× (0.99–0.99) | 25.0% |") in table
+    "size": "9m",
+    "B": 4,
+    "T": 512,
+    "allocator": allocator,
+    "allocator_in_effect": effect,
+    "contenders": contenders,
+    "ratios": ratios,
+    "loss": {"hf_eager": {"relative_difference": 2e-8}},
+    "param_agreement": {"hf_eager": {"relative": 3e-6, "update_relative_l2": 4e-5}},
+    "dtypes": {"hf_eager": {"ours": f32, "peer": f32}},
+    "peak": {"flops": 1e11, "source": "a test peak"},
+    "first_step": {
+      "hf_eager": {"ran": "eager; AdamW fused=True"},
+      "hf_compiled": {
+        "ran": "torch.compile of the whole step",
+        "graphs": 4,
+        "graph_breaks": ["Unsupported Tensor.backward() call"],
+      },
+    },
+  }
+  rows = [
+    row("default", {"setting": "default"}),
+    row("project settings", {"setting": "default", "keep_freed_memory": "malloc is not glibc's on darwin"}),
+  ]
+  table = training_table.markdown(rows, repeats=3, min_sample_s=3.0)
+  assert (
+    "| 9m | 4 × 512 | default | 1,000 | 1,500 | 1,800 | 1,782 | 1,764 | 1.80× (1.80–1.80) | 1.20× (1.20–1.20) | "
+    "0.98× (0.98–0.98) | 0.99× (0.99–0.99) | 25.0% |"
+  ) in table
   assert "| 9m | 4 × 512 | project settings (not in effect: malloc is not glibc's on darwin) | 1,000 |" in table
   assert "parameters after that step within 3.0e-06 of each tensor's largest entry" in table
   assert "* HF torch.compile: torch.compile of the whole step; 4 graphs, split at: Unsupported Tensor" in table

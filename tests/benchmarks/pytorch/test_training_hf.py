@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch", reason="PyTorch (the peer extra) is not installed here; .ci/peer runs these tests")
 pytest.importorskip("transformers", reason="transformers (the peer extra) is not installed here; .ci/peer runs them")
 
-from tapernorm_jax.benchmarks.pytorch import forward, parity, training  # noqa: E402
+from tapernorm_jax.benchmarks.pytorch import forward, parity, training, training_table  # noqa: E402
 from locations import ROOT  # noqa: E402
 
 CELL = "cpu:8x16"  # B a multiple of the tests' 8 fake devices (the workers inherit them)
@@ -44,9 +44,11 @@ def test_after_one_step_the_peer_s_parameters_are_ours_eager_and_compiled():
 def test_bf16_compute_runs_the_peer_under_autocast_over_float32_weights_and_aten_held_to_avx2_says_so():
   row = bench("default", {"ATEN_CPU_CAPABILITY": "avx2"}, dtype="bfloat16", compile=False)
   assert row["workers"]["hf_eager"]["cpu_capability"] == "AVX2"
-  assert "* HF eager: eager; AdamW fused=True; ATen CPU capability AVX2" in training.markdown([row], 1, 0.0)
-  assert row["dtypes"]["hf_eager"] == {"ours": {"param": "float32", "compute": "bfloat16"},
-                                       "peer": {"param": "float32", "compute": "bfloat16"}}
+  assert "* HF eager: eager; AdamW fused=True; ATen CPU capability AVX2" in training_table.markdown([row], 1, 0.0)
+  assert row["dtypes"]["hf_eager"] == {
+    "ours": {"param": "float32", "compute": "bfloat16"},
+    "peer": {"param": "float32", "compute": "bfloat16"},
+  }
   assert row["workers"]["hf_eager"]["autocast"] is True
   assert row["loss"]["hf_eager"]["relative_difference"] < parity.LOSS_TOLERANCE["bfloat16"]
   assert row["contenders"]["hf_compiled"] == {"na": "skipped: --nocompile"}
