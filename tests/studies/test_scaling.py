@@ -160,6 +160,21 @@ def test_a_prediction_from_an_exact_law_is_the_law():
   assert widened.high - widened.low == pytest.approx(2 * 1.645 * 0.01, rel=0.35)  # the noise alone, ± z(0.95)·σ
 
 
+def test_a_prediction_from_an_exactly_determined_law_says_its_interval_cannot_hold_the_laws_own_error():
+  row = lambda sizes: {
+    "variant": "all_taper",
+    "aux": 1,
+    "fitted_sizes": sizes,
+    "predicted": 2.0,
+    "low": 1.9,
+    "high": 2.1,
+  }
+  three = predict.markdown({"size": "cpu_xl", "level": 0.9, "rows": [row(["cpu_xs", "cpu", "cpu_m"])]}, [])
+  four = predict.markdown({"size": "cpu_xl", "level": 0.9, "rows": [row(["cpu_xs", "cpu", "cpu_m", "cpu_l"])]}, [])
+  assert "Fitted on 3 sizes (all_taper (+aux)), the 3-parameter law goes through its points exactly" in three
+  assert "goes through its points" not in four and four.startswith("| method | fitted on |")
+
+
 @pytest.mark.slow
 def test_predict_then_check_end_to_end(tmp_path, data_dir):
   sweep_file = write_sweep_file(tmp_path / "ladder.py", ladder_sweep(data_dir))
