@@ -15,13 +15,13 @@ from tapernorm_jax.data import corpora
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper import methods, schedules
 from tapernorm_jax.train.checkpoint import ON_DAMAGED
-from tapernorm_jax.train import peers, tracking
+from tapernorm_jax.train import peers, tracking, tuned
 from tapernorm_jax.taper.variants import METHODS as VARIANT_METHODS, SIZES, VARIANTS
 
 
 def parse_arg(
   arg: str | None,
-  known: tuple[str, ...] = ("size", "aux", "seed"),
+  known: tuple[str, ...] = ("size", "aux", "seed", "tuned"),
   example: str = "configs/all_taper.py:size=9m,aux=0,seed=3",
 ) -> dict[str, str]:
   """Parses `size=9m,aux=0,seed=3` into a dict; keys outside `known` are an error that shows `example`."""
@@ -37,8 +37,8 @@ def parse_arg(
   return out
 
 
-def variant_arguments(variant: str, arg: str | None) -> tuple[str, bool, int]:
-  """(size, aux, seed) from `size=9m,aux=0,seed=3` for `variant`; ValueError naming a bad one."""
+def variant_arguments(variant: str, arg: str | None) -> tuple[str, bool, int, bool]:
+  """(size, aux, seed, tuned) from `size=9m,aux=0,seed=3[,tuned=0]` for `variant`; ValueError naming a bad one."""
   args = parse_arg(arg)
   size = args.get("size", "cpu")
   if size not in SIZES:
@@ -46,15 +46,19 @@ def variant_arguments(variant: str, arg: str | None) -> tuple[str, bool, int]:
   if args.get("aux", "1") not in ("0", "1", "on", "off"):
     raise ValueError(f"aux={args['aux']!r}: use aux=1 (on) or aux=0 (off)")
   aux = args["aux"] in ("1", "on") if "aux" in args else VARIANTS[variant][2]
+  if args.get("tuned", "1") not in ("0", "1", "on", "off"):
+    raise ValueError(f"tuned={args['tuned']!r}: use tuned=1 (the tuned presets, train/tuned.py) or tuned=0 (defaults)")
+  tuned_presets = args.get("tuned", "1") in ("1", "on")
   try:
-    return size, aux, int(args.get("seed", "0"))
+    return size, aux, int(args.get("seed", "0")), tuned_presets
   except ValueError:
     raise ValueError(f"seed={args['seed']!r} is not an integer") from None
 
 
 def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collections.ConfigDict:
-  """The full config for `variant` with `size`, `aux` and `seed` taken from `arg`."""
-  size, aux, seed = variant_arguments(variant, arg)
+  """The full config for `variant` with `size`, `aux` and `seed` taken from `arg`, with the method's tuned preset at
+  that size (train/tuned.py; `tuned=0`: the defaults)."""
+  size, aux, seed, tuned_presets = variant_arguments(variant, arg)
   internal, final, _ = VARIANTS[variant]
   steps = SIZES[size]["steps"]
   cpu = SIZES[size].get("cpu_scale", False)
@@ -146,6 +150,13 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       wandb_group="",
     )
   )  # "": none for a run, the study directory's name for a sweep's cells
+  c.tuned = ""  # the tuned preset applied (its tuning-study tag), "" for none
+  if tuned_presets and (chosen := tuned.preset(variant, aux, size)):
+    c.tuned, changes = chosen
+    try:
+      override(c, changes)
+    except ValueError as e:
+      raise ValueError(f"{tuned.TUNED_FILE}, {variant}:aux={int(aux)} at {size}: {e}") from None
   return c
 
 

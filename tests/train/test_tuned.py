@@ -1,0 +1,76 @@
+"""The tuned presets (train/tuned.py): a method's chosen setting applied at the sizes the tuning study tuned, the
+defaults elsewhere and with tuned=0, and a presets file that names a field no config has is one error naming it."""
+
+import json
+
+import pytest
+
+from tapernorm_jax.train import run_config, tuned
+
+CHOSEN = {
+  "dyt:aux=0": {
+    "cpu": {
+      "tag": "lr0.01_alpha25x",
+      "overrides": {"opt.lr": 0.01, "model.norm_alpha": [20.0, 5.0, 5.0]},
+      "tune_loss": 2.1,
+      "seeds": 1,
+    },
+    "cpu_l": None,  # no setting trained there: the defaults
+  },
+  "baseline:aux=1": {
+    "cpu": {
+      "tag": "lr0.001_gain3",
+      "overrides": {"opt.lr": 0.001, "model.norm_gain_init": 3.0},
+      "tune_loss": 1.9,
+      "seeds": 1,
+    }
+  },
+}
+
+
+@pytest.fixture
+def presets_file(tmp_path, monkeypatch):
+  path = tmp_path / "tuned.json"
+  path.write_text(json.dumps(CHOSEN))
+  monkeypatch.setattr(tuned, "TUNED_FILE", str(path))
+  return path
+
+
+def test_a_tuned_method_gets_its_chosen_setting_at_its_size_and_the_defaults_elsewhere(presets_file):
+  default = run_config.get_config("dyt", "size=cpu,tuned=0")
+  assert (default.tuned, default.opt.lr, tuple(default.model.norm_alpha)) == ("", 3e-3, ())
+  cfg = run_config.get_config("dyt", "size=cpu")
+  assert (cfg.tuned, cfg.opt.lr, tuple(cfg.model.norm_alpha)) == ("lr0.01_alpha25x", 0.01, (20.0, 5.0, 5.0))
+  for arg in ("size=cpu_l", "size=cpu_xs", "size=cpu,aux=1"):  # none chosen; not tuned; another method (aux)
+    other = run_config.get_config("dyt", arg)
+    assert (other.tuned, other.opt.lr) == ("", 3e-3)
+  baseline = run_config.get_config("baseline", "size=cpu,aux=1,seed=2")
+  assert (baseline.tuned, baseline.opt.lr, baseline.model.norm_gain_init, baseline.seed) == (
+    "lr0.001_gain3",
+    1e-3,
+    3.0,
+    2,
+  )
+  assert run_config.get_config("baseline", "size=cpu").tuned == ""  # the baseline without aux was tuned apart
+
+
+def test_a_bad_tuned_argument_and_a_presets_file_naming_no_field_are_one_error_each(presets_file):
+  with pytest.raises(ValueError, match=r"tuned='maybe': use tuned=1 .* or tuned=0"):
+    run_config.get_config("dyt", "size=cpu,tuned=maybe")
+  presets_file.write_text(json.dumps({"dyt:aux=0": {"cpu": {"tag": "t", "overrides": {"opt.lrate": 0.01}}}}))
+  tuned.presets.cache_clear()
+  with pytest.raises(
+    ValueError, match=r"tuned.json, dyt:aux=0 at cpu: config field 'opt.lrate' does not exist.*'opt.lr'"
+  ):
+    run_config.get_config("dyt", "size=cpu")
+  tuned.presets.cache_clear()
+
+
+def test_every_committed_preset_applies_to_its_method_and_size():
+  tuned.presets.cache_clear()
+  for method, sizes in tuned.presets(tuned.TUNED_FILE).items():
+    variant, aux = method.split(":aux=")
+    for size, entry in sizes.items():
+      if entry:
+        cfg = run_config.get_config(variant, f"size={size},aux={aux}")
+        assert cfg.tuned == entry["tag"] and cfg.opt.lr == entry["overrides"].get("opt.lr", cfg.opt.lr)
