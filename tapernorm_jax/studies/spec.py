@@ -37,8 +37,9 @@ class Cell:
 
   @property
   def config_arg(self) -> str:
-    """The argument after `:` in `--config=configs/<variant>.py:<arg>` (and of `run_config.get_config`)."""
-    return f"size={self.size},aux={self.aux},seed={self.seed}"
+    """The argument after `:` in `--config=configs/<variant>.py:<arg>` (and of `run_config.get_config`). A cell with a
+    token budget trains at the defaults (`tuned=0`): the tuned presets were chosen at each size's own steps."""
+    return f"size={self.size},aux={self.aux},seed={self.seed}" + (",tuned=0" if self.budget else "")
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-friendly description (the manifest and cell records hold it)."""

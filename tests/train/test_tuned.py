@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from tapernorm_jax.studies import spec
+from tapernorm_jax.studies.launch import grid
 from tapernorm_jax.train import run_config, tuned
 
 CHOSEN = {
@@ -74,3 +76,10 @@ def test_every_committed_preset_applies_to_its_method_and_size():
       if entry:
         cfg = run_config.get_config(variant, f"size={size},aux={aux}")
         assert cfg.tuned == entry["tag"] and cfg.opt.lr == entry["overrides"].get("opt.lr", cfg.opt.lr)
+
+
+def test_a_study_cell_gets_the_preset_at_its_sizes_own_steps_and_the_defaults_under_a_token_budget(presets_file):
+  own = grid.cell_config(spec.Cell("dyt", "cpu", 0, 0))
+  budget = grid.cell_config(spec.Cell("dyt", "cpu", 0, 0, budget="tpp5"))
+  assert (own.tuned, own.opt.lr) == ("lr0.01_alpha25x", 0.01)
+  assert (budget.tuned, budget.opt.lr, tuple(budget.model.norm_alpha)) == ("", 3e-3, ())
