@@ -2,7 +2,7 @@
 
 Draws studies from known laws (4 sizes spanning 8×, `--seeds` seeds per cell, `--noise` relative seed noise), fits
 each as a report does and counts how often each interval holds the true value; prints the table and writes
-`--out` (default tapernorm_jax/studies/coverage.json, the measurement reports and predictions.json quote).
+`--out` (default tapernorm_jax/studies/analysis/coverage.json, the measurement reports and predictions.json quote).
 """
 
 from absl import app, flags

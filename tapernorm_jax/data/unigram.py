@@ -1,8 +1,8 @@
 """The unigram reference: the validation loss of a model that learned each token's frequency and no context.
 
 A run whose validation loss sits at this reference learned the tokens' frequencies and nothing of their context; the
-study tools mark such runs instead of averaging them (studies/run_rows.py). It is computed from the run's own data:
-token frequencies of the training stream (add-one smoothed, so an id never seen in training has a finite cost)
+study tools mark such runs instead of averaging them (studies/analysis/run_rows.py). It is computed from the run's own
+data: token frequencies of the training stream (add-one smoothed, so an id never seen in training has a finite cost)
 scored on the very windows the run evaluates.
 """
 

@@ -1,5 +1,5 @@
 """How often the fits' intervals hold the truth: studies drawn from known laws with seed noise, fitted as a report
-fits them (studies/fits.py), counted. `python -m experiments.fit_coverage` runs it and writes COVERAGE_FILE, which
+fits them (fits.py), counted. `python -m experiments.fit_coverage` runs it and writes COVERAGE_FILE, which
 the report and predictions.json quote beside every interval they print."""
 
 import dataclasses
@@ -139,7 +139,7 @@ def sentence(result: dict[str, Any] | None = None) -> str:
   pct = lambda name: f"{100 * r[name]['rate']:.0f}%"
   return (
     f"In {s['studies']:,} simulated studies with a known law (4 sizes spanning 8×, {s['seeds']} seeds, "
-    f"{100 * s['noise']:.1f}% seed noise; studies/coverage.json) the {result['level']:.0%} intervals held the "
+    f"{100 * s['noise']:.1f}% seed noise; coverage.json) the {result['level']:.0%} intervals held the "
     f"true a in {pct('a')}, b in {pct('b')} and the gap at a size in {pct('gap at every size')} of them, and "
     f"the measured mean fell inside the predicted interval in {pct('measured mean inside the prediction')}."
   )

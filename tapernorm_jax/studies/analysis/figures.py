@@ -114,7 +114,7 @@ def figure_scaling(groups: Sequence[Group]) -> Figure | None:
 
 def figure_throughput(result: dict[str, Any] | None) -> Figure | None:
   """Decode tokens/s of each method's inference form against parameters (log-log), and its ratio to the baseline
-  with the min–max over rounds (studies/throughput.py)."""
+  with the min–max over rounds (throughput.py)."""
   rows = (result or {}).get("rows") or []
   if not rows:
     return None

@@ -1,7 +1,7 @@
 """Scaling laws fitted to a study, with scipy: a method's relative gap against parameters, ΔL(N) = a·(N/N₀)^(−b), and
 loss against training compute, L(C) = E + A·(C/C₀)^(−α), each by a Huber-loss least squares; intervals by a
 parametric bootstrap of the cells' means with the seeds' relative noise pooled over the cells, stretched by t/z for
-the noise's degrees of freedom (their coverage measured by simulation: studies/coverage.py); a method's effect as a
+the noise's degrees of freedom (their coverage measured by simulation: coverage.py); a method's effect as a
 compute multiplier against the baseline's law. N₀ and C₀ are the smallest size's, so that a and A are the gap and
 excess loss there."""
 

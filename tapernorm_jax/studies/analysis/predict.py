@@ -1,5 +1,5 @@
 """Predict, then check: before a study's largest size trains, each method's loss there is predicted from its
-loss-compute law fitted on the smaller sizes (studies/fits.py), with an interval, and written to
+loss-compute law fitted on the smaller sizes (fits.py), with an interval, and written to
 DIR/predictions.json; the report then says whether each measured loss fell inside its interval."""
 
 import os

@@ -122,7 +122,7 @@ class Run:
   cell: str
   variant: str
   aux: int  # the scale loss on (1) or off (0)
-  size: str  # the size preset, `@` its token budget where the sweep gave one (`cpu@tpp20`; studies/grid.py)
+  size: str  # the size preset, `@` its token budget where the sweep gave one (`cpu@tpp20`; studies/launch/grid.py)
   seed: int
   # complete | no_context (complete, its loss within NO_CONTEXT_MARGIN of the unigram reference or above it) | failed
   # | incomplete | pending (never started) | missing (in the grid, no directory)

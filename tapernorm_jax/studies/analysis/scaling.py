@@ -1,4 +1,4 @@
-"""The scaling fits of a study (studies/fits.py on its groups): each method's gap to the baseline and to its matched
+"""The scaling fits of a study (fits.py on its groups): each method's gap to the baseline and to its matched
 control against parameters, each method's loss against training compute, and its compute multiplier; as tables and
 a reading in words for report.md."""
 
@@ -190,7 +190,7 @@ def markdown(study: StudyFits) -> str:
   parts = [
     f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
     f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's mean drawn again with the "
-    f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; studies/fits.py), the whole fit "
+    f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; fits.py), the whole fit "
     f"redone, and the percentile interval stretched by t/z for the noise's degrees of freedom. "
     f"{measured + ' ' if measured else ''}The gap is the relative difference of mean validation losses, "
     f"ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters (b > 0: the gap shrinks with size); the "

@@ -1,4 +1,4 @@
-"""Scaling-law fits (studies/fits.py) against known answers: synthetic data drawn from a known law."""
+"""Scaling-law fits (fits.py) against known answers: synthetic data drawn from a known law."""
 
 import numpy as np
 import pytest
@@ -63,7 +63,7 @@ def test_the_90_percent_intervals_hold_the_truth_about_90_percent_of_the_time_at
   setting = coverage.Setting(studies=200, resamples=200, seed=7)
   rates = {**coverage.gap_coverage(setting), **coverage.predict_coverage(setting)}
   # 200 studies: a rate's standard error is 2.1 points at 90%, so ±3 of them; the old bootstrap's 78–83% at this
-  # design fails it. The precise measurement is the committed one (1,000 studies a row: studies/coverage.json).
+  # design fails it. The precise measurement is the committed one (1,000 studies a row: coverage.json).
   for name in ("a", "b", "gap at every size", "measured mean inside the prediction"):
     assert 0.835 <= rates[name]["rate"] <= 0.965, (name, rates[name])
 

@@ -1,4 +1,4 @@
-"""A study's scaling fits (studies/scaling.py) on runs drawn from known laws, and predict-then-check (predict.py)."""
+"""A study's scaling fits (scaling.py) on runs drawn from known laws, and predict-then-check (predict.py)."""
 
 import dataclasses
 import os

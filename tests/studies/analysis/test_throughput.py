@@ -1,4 +1,4 @@
-"""Each method's inference-form decode throughput beside a study's losses (studies/throughput.py)."""
+"""Each method's inference-form decode throughput beside a study's losses (throughput.py)."""
 
 import json
 import os
