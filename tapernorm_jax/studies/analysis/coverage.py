@@ -139,7 +139,8 @@ def sentence(result: dict[str, Any] | None = None) -> str:
   pct = lambda name: f"{100 * r[name]['rate']:.0f}%"
   return (
     f"In {s['studies']:,} simulated studies with a known law (4 sizes spanning 8×, {s['seeds']} seeds, "
-    f"{100 * s['noise']:.1f}% seed noise; coverage.json) the {result['level']:.0%} intervals held the "
+    f"{100 * s['noise']:.1f}% seed noise; tapernorm_jax/studies/analysis/coverage.json) the "
+    f"{result['level']:.0%} intervals held the "
     f"true a in {pct('a')}, b in {pct('b')} and the gap at a size in {pct('gap at every size')} of them, and "
     f"the measured mean fell inside the predicted interval in {pct('measured mean inside the prediction')}."
   )

@@ -166,7 +166,7 @@ def report_markdown(
         f"interval adds the seed noise of the mean to be measured to the bootstrap's spread of the law."
         + (
           f" In simulation it held the measured mean in {100 * predicted['coverage']['rate']:.0f}% of "
-          f"studies drawn from a known law (coverage.json)."
+          f"studies drawn from a known law (tapernorm_jax/studies/analysis/coverage.json)."
           if predicted.get("coverage")
           else ""
         )

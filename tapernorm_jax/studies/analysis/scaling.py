@@ -190,7 +190,8 @@ def markdown(study: StudyFits) -> str:
   parts = [
     f"Fitted with scipy (Huber-loss least squares) over {len(study.params)} sizes spanning {span:.1f}× in "
     f"parameters. Every bracket is a {fits.LEVEL:.0%} bootstrap interval: each cell's mean drawn again with the "
-    f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; fits.py), the whole fit "
+    f"seeds' relative noise pooled over the fit's cells ({RESAMPLES} times; tapernorm_jax/studies/analysis/fits.py), "
+    f"the whole fit "
     f"redone, and the percentile interval stretched by t/z for the noise's degrees of freedom. "
     f"{measured + ' ' if measured else ''}The gap is the relative difference of mean validation losses, "
     f"ΔL(N) = a·(N/N₀)^(−b) with N₀ the smallest size's parameters (b > 0: the gap shrinks with size); the "
