@@ -15,6 +15,7 @@ RENAMED_FIELDS = {
   "taper.fast_path": "train.fixed_step",  # old dotted name → new
   "taper.aux_weight": "taper.scale_loss_weight",
   "fakeln.aux_weight": "fakeln.scale_loss_weight",
+  "mesh.peer_timeout_s": "mesh.process_timeout_s",
 }
 RENAMED_VALUES = {"variant": {"vanilla": "baseline"}}  # field → {old value → new}
 

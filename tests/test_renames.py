@@ -19,6 +19,15 @@ def test_an_old_field_in_overrides_sets_the_new_one():
   assert cfg.train.fixed_step is False and "fast_path" not in cfg.taper
 
 
+def test_the_lost_process_timeout_reads_under_its_old_name():
+  """`mesh.peer_timeout_s` became `mesh.process_timeout_s` ('peer' is the PyTorch benchmark's contender)."""
+  with pytest.warns(TaperNormDeprecationWarning, match="'mesh.peer_timeout_s' is now 'mesh.process_timeout_s'"):
+    cfg = run_config.override(run_config.get_config("all_taper"), {"mesh.peer_timeout_s": 7})
+  assert cfg.mesh.process_timeout_s == 7 and "peer_timeout_s" not in cfg.mesh
+  with pytest.warns(TaperNormDeprecationWarning):
+    assert config_fields.upgrade({"mesh": {"peer_timeout_s": 9}}) == {"mesh": {"process_timeout_s": 9}}
+
+
 def test_an_old_config_on_disk_reads_with_today_s_names():
   old = {"variant": "vanilla", "size": "s", "taper": {"mu": 0.1, "fast_path": False}, "train": {"steps": 300}}
   with pytest.warns(TaperNormDeprecationWarning) as caught:

@@ -90,18 +90,19 @@ def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> di
   """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
   import jax  # the training stack: only for the entry points that train
   from tapernorm_jax.storage import run_files
-  from tapernorm_jax.train import loop, peers
+  from tapernorm_jax.train import loop
+  from tapernorm_jax.train import processes
 
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if stop_after is not None and stop_after < 1:
     raise app.UsageError(f"--stop_after={stop_after}: must be a step >= 1 (leave it out to train to the end)")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
-  peers.initialize(cfg.mesh)  # with mesh.distributed: one process per host (or per GPU)
+  processes.initialize(cfg.mesh)  # with mesh.distributed: one process per host (or per GPU)
   try:
     results = loop.run(cfg, workdir, stop_after=stop_after)
   except Exception:
-    peers.settle()  # a collective failed as another process was lost: that process's line and exit 1, not this
+    processes.settle()  # a collective failed as another process was lost: that process's line and exit 1, not this
     raise
   if jax.process_index() == 0:
     print(json.dumps(results, indent=2))

@@ -30,7 +30,8 @@ from tapernorm_jax.data import unigram
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
 from tapernorm_jax.taper import methods
-from tapernorm_jax.train import peers, tracking
+from tapernorm_jax.train import tracking
+from tapernorm_jax.train import processes
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter
 from tapernorm_jax.train.run_dir import PATHS_FILE, RESULTS_SCHEMA, RunDir, log
@@ -243,7 +244,7 @@ def train_steps(
   cfg, steps = trainer.cfg, trainer.cfg.train.steps
   evaluated = {"step": -1, "gate": 0.0, "losses": {}}
   for k in range(start, steps):
-    peers.at_step(k, reporter.ckpt.directory)  # named if another process is lost (multi-process runs)
+    processes.at_step(k, reporter.ckpt.directory)  # named if another process is lost (multi-process runs)
     t0 = time.time()
     batch = global_batch(trainer, next(train_it))
     reporter.data_wait_s += time.time() - t0

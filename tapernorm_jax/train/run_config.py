@@ -15,7 +15,7 @@ from tapernorm_jax.data import corpora
 from tapernorm_jax.model import ModelConfig
 from tapernorm_jax.taper import methods, schedules
 from tapernorm_jax.train.checkpoint import ON_DAMAGED
-from tapernorm_jax.train import peers, tracking, tuned
+from tapernorm_jax.train import processes, tracking, tuned
 from tapernorm_jax.taper.variants import METHODS as VARIANT_METHODS, SIZES, VARIANTS
 
 
@@ -135,9 +135,9 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       coordinator_address="",
       num_processes=-1,
       process_id=-1,  # its arguments; ""/-1: auto-detected
-      peer_timeout_s=peers.DEFAULT_TIMEOUT_S,
+      process_timeout_s=processes.DEFAULT_TIMEOUT_S,
     )
-  )  # a process unheard this long is lost: the others stop (train/peers.py)
+  )  # a process unheard this long is lost: the others stop (train/processes.py)
   c.checkpoint = ml_collections.ConfigDict(
     dict(every=100 if cpu else 5_000, keep=3, on_damaged="stop")
   )  # a latest checkpoint that cannot be read: stop (naming it), or fallback to an older one
@@ -220,7 +220,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       f"checkpoint.on_damaged={cfg.checkpoint.on_damaged!r}: choose one of {ON_DAMAGED} (fallback "
       "resumes from the newest checkpoint that restores and moves damaged ones aside)"
     )
-  peers.check_timeout(cfg.mesh.get("peer_timeout_s", peers.DEFAULT_TIMEOUT_S))
+  processes.check_timeout(cfg.mesh.get("process_timeout_s", processes.DEFAULT_TIMEOUT_S))
   methods.validate(cfg, model_cfg, phases)
 
 

@@ -18,7 +18,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from tapernorm_jax import cli  # noqa: E402
 from tapernorm_jax.storage import run_files  # noqa: E402
-from tapernorm_jax.train import peers  # noqa: E402
+from tapernorm_jax.train import processes  # noqa: E402
 from tapernorm_jax.studies.launch import grid, runner  # noqa: E402
 from tapernorm_jax.studies.manifest import find_cell  # noqa: E402
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save step at INFO; our own progress goes to the bar
   study = str(run_files.workdir_path(_STUDY.value))  # a local path or a URL (gs://...)
   cell = find_cell(study, _CELL.value)
-  peers.initialize(grid.cell_config(cell).mesh)  # with mesh.distributed: one process per host (or per GPU)
+  processes.initialize(grid.cell_config(cell).mesh)  # with mesh.distributed: one process per host (or per GPU)
   status = runner.run_cell(cell, study, jax.devices(), runner.trainer_run_fn(), reraise=True)
   if jax.process_index() == 0:
     print(f"{cell.name}: {status.state}; run directory: {os.path.join(study, cell.name)}")

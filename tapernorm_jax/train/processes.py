@@ -1,4 +1,4 @@
-"""A lost process in a multi-process run stops the others within `mesh.peer_timeout_s` seconds, with one line that
+"""A lost process in a multi-process run stops the others within `mesh.process_timeout_s` seconds, with one line that
 names it, the step and the checkpoint a relaunch resumes from.
 
     initialize(mesh)   jax.distributed.initialize (with mesh.distributed), then this process's watchdog (`start`)
@@ -7,14 +7,14 @@ names it, the step and the checkpoint a relaunch resumes from.
 
 The watchdog is one daemon thread per process. Every `interval` seconds it bumps this process's counter under
 `tapernorm/heartbeat/<process>` in the key-value store of JAX's coordination service (hosted by process 0) and reads
-everyone's. A process whose counter has not moved for `mesh.peer_timeout_s` seconds (or, seen from the others, a
+everyone's. A process whose counter has not moved for `mesh.process_timeout_s` seconds (or, seen from the others, a
 process 0 whose store no longer answers) is lost: the watchdog writes the line on stderr and ends this process with
 exit code 1 (`os._exit`: a collective waiting for the lost process may never return, and JAX's own shutdown would
 wait for it). The thread beats whatever the main thread does (compiling, blocked in a collective, saving a
 checkpoint), so a slow step is never taken for a lost process.
 
 Without it, a survivor waits for JAX's own heartbeat timeout (`jax.distributed.initialize`'s
-heartbeat_timeout_seconds, 100 s by default; measured: 94 s after its peer was killed, on CPU), then aborts
+heartbeat_timeout_seconds, 100 s by default; measured: 94 s after the other process was killed, on CPU), then aborts
 (SIGABRT) with a coordination-service error that names neither the step nor the checkpoint. That timeout is set above
 ours (`jax_heartbeat_timeout_s`), so the watchdog speaks first. A lost process 0 takes the coordination service
 with it: JAX's client then aborts the others at once (measured: 0.15 s), with its own message ("the leader task was
@@ -45,10 +45,10 @@ _watchdog: "Watchdog | None" = None
 
 
 def check_timeout(value: Any) -> None:
-  """Raises ValueError naming `mesh.peer_timeout_s` unless it is a finite number of seconds >= 1."""
+  """Raises ValueError naming `mesh.process_timeout_s` unless it is a finite number of seconds >= 1."""
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
     raise ValueError(
-      f"mesh.peer_timeout_s={value!r}: must be a finite number of seconds >= 1 (how long a silent "
+      f"mesh.process_timeout_s={value!r}: must be a finite number of seconds >= 1 (how long a silent "
       f"process may go unheard before the others stop; default {DEFAULT_TIMEOUT_S:g})"
     )
 
@@ -80,13 +80,13 @@ class Watchdog:
     self.client, self.index, self.timeout_s = client, index, float(timeout_s)
     self.interval = min(max(self.timeout_s / 10, 0.2), 2.0)
     now = time.monotonic()
-    self.seen = {p: ("", now) for p in range(count) if p != index}  # a peer's counter and when it last moved
+    self.seen = {p: ("", now) for p in range(count) if p != index}  # another process's counter and when it last moved
     self.answered = now  # when the store last answered
     self.stopping = threading.Event()  # set at exit (`close`), before JAX's shutdown closes the client
     self.beats = 0
     self.step: int | None = None
     self.checkpoints: epath.Path | None = None
-    self.thread = threading.Thread(target=self.run, name="tapernorm-peers", daemon=True)
+    self.thread = threading.Thread(target=self.run, name="tapernorm-processes", daemon=True)
 
   @property
   def exiting(self) -> bool:
@@ -143,7 +143,7 @@ class Watchdog:
     who = f"process {lost[0]} was" if len(lost) == 1 else f"processes {', '.join(map(str, lost))} were"
     step = "before the first step" if self.step is None else f"at step {self.step}"
     line = (
-      f"\nerror: {who} lost ({why}, mesh.peer_timeout_s={self.timeout_s:g}) {step} of process {self.index}; "
+      f"\nerror: {who} lost ({why}, mesh.process_timeout_s={self.timeout_s:g}) {step} of process {self.index}; "
       f"{last_checkpoint(self.checkpoints)}; relaunch every process with the same command to resume\n"
     )
     os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock, blocked for good
@@ -170,9 +170,9 @@ def at_step(step: int, checkpoints: epath.Path) -> None:
 
 
 def settle() -> None:
-  """After an error in the main thread (a collective that failed as its peer died): returns once every other process
-  has beaten since, so the error is this process's own; else the watchdog ends this process, naming the lost one.
-  Returns at once with one process."""
+  """After an error in the main thread (a collective that failed as another process died): returns once every other
+  process has beaten since, so the error is this process's own; else the watchdog ends this process, naming the lost
+  one. Returns at once with one process."""
   watchdog = _watchdog
   if watchdog is None:
     return
@@ -187,7 +187,7 @@ def initialize(mesh_cfg: ml_collections.ConfigDict) -> None:
   this process's watchdog (`start`)."""
   options = sharding.distributed_options(mesh_cfg)
   if options is not None:
-    timeout_s = mesh_cfg.get("peer_timeout_s", DEFAULT_TIMEOUT_S)
+    timeout_s = mesh_cfg.get("process_timeout_s", DEFAULT_TIMEOUT_S)
     check_timeout(timeout_s)
     jax.distributed.initialize(**options, heartbeat_timeout_seconds=jax_heartbeat_timeout_s(timeout_s))
     start(timeout_s)

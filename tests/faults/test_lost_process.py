@@ -1,8 +1,8 @@
 """A lost process in a 2-process run (every parameter sharded across both, as on a pod): SIGKILL process 1 after a
-checkpoint, and process 0 stops within `mesh.peer_timeout_s` (+ a margin for a loaded machine) with exit code 1 and
+checkpoint, and process 0 stops within `mesh.process_timeout_s` (+ a margin for a loaded machine) with exit code 1 and
 one line naming process 1, its step and the checkpoint a relaunch resumes from, not at JAX's own heartbeat timeout
 (100 s). Relaunched, both processes resume from that checkpoint and end with the uninterrupted run's losses, bit for
-bit (train/peers.py)."""
+bit (train/processes.py)."""
 
 import re
 import signal
@@ -16,13 +16,14 @@ import kills
 from configs import base
 from locations import ROOT
 from multihost import MESHES, finish, free_port, prepare_shared, read, results_of, start
-from tapernorm_jax.train import peers, run_config
+from tapernorm_jax.train import run_config
+from tapernorm_jax.train import processes
 
 STEPS, EVERY, TIMEOUT_S = 12, 4, 5
 MARGIN_S = 10  # detection takes TIMEOUT_S + one heartbeat interval (0.5 s); the rest is for 2 busy cores
-CHANGES = {"train.steps": STEPS, "checkpoint.every": EVERY, "checkpoint.keep": 100, "mesh.peer_timeout_s": TIMEOUT_S}
+CHANGES = {"train.steps": STEPS, "checkpoint.every": EVERY, "checkpoint.keep": 100, "mesh.process_timeout_s": TIMEOUT_S}
 LINE = re.compile(
-  r"error: process 1 was lost \(no heartbeat for 5 s, mesh\.peer_timeout_s=5\) at step (\d+) of "
+  r"error: process 1 was lost \(no heartbeat for 5 s, mesh\.process_timeout_s=5\) at step (\d+) of "
   r"process 0; (?:the last complete checkpoint is step (\d+) in \S+|no complete checkpoint in \S+ "
   r"\(a relaunch starts over\)); relaunch every process with the same command to resume"
 )
@@ -64,12 +65,12 @@ import jax
 jax.config.update("jax_platforms", "cpu")
 from etils import epath
 from configs import base
-from tapernorm_jax.train import peers
+from tapernorm_jax.train import processes
 port, index, checkpoints = sys.argv[1:]
 cfg = base.override(base.get_config("all_taper"), {"mesh.distributed": True, "mesh.num_processes": 2,
-    "mesh.coordinator_address": f"localhost:{port}", "mesh.process_id": int(index), "mesh.peer_timeout_s": 2})
-peers.initialize(cfg.mesh)
-peers.at_step(7, epath.Path(checkpoints))
+    "mesh.coordinator_address": f"localhost:{port}", "mesh.process_id": int(index), "mesh.process_timeout_s": 2})
+processes.initialize(cfg.mesh)
+processes.at_step(7, epath.Path(checkpoints))
 print("blocked", flush=True)
 time.sleep(600)
 """
@@ -104,9 +105,9 @@ def test_a_process_blocked_for_good_is_stopped_when_the_other_is_lost(tmp_path, 
       p.kill()
       p.wait()
   if lost == 1:
-    assert survivor.returncode == peers.EXIT_LOST and 2 <= stopped_s < 2 + 10, (stopped_s, stderr[-3000:])
+    assert survivor.returncode == processes.EXIT_LOST and 2 <= stopped_s < 2 + 10, (stopped_s, stderr[-3000:])
     assert (
-      f"\nerror: process 1 was lost (no heartbeat for 2 s, mesh.peer_timeout_s=2) at step 7 of process 0; the "
+      f"\nerror: process 1 was lost (no heartbeat for 2 s, mesh.process_timeout_s=2) at step 7 of process 0; the "
       f"last complete checkpoint is step 6 in {checkpoints}; relaunch every process with the same command to "
       "resume\n"
     ) in stderr
@@ -116,20 +117,20 @@ def test_a_process_blocked_for_good_is_stopped_when_the_other_is_lost(tmp_path, 
 
 
 @pytest.mark.parametrize("value", [0.0, 0.5, -1.0, float("nan"), float("inf")])
-def test_a_bad_peer_timeout_is_one_line_naming_the_field_before_anything_runs(value):
+def test_a_bad_process_timeout_is_one_line_naming_the_field_before_anything_runs(value):
   cfg = base.override(base.get_config("all_taper"), {"mesh.distributed": True})
-  cfg.mesh.peer_timeout_s = value
-  expected = f"mesh.peer_timeout_s={value!r}: must be a finite number of seconds >= 1"
-  for check in (lambda: run_config.validate(cfg, 1), lambda: peers.initialize(cfg.mesh)):
+  cfg.mesh.process_timeout_s = value
+  expected = f"mesh.process_timeout_s={value!r}: must be a finite number of seconds >= 1"
+  for check in (lambda: run_config.validate(cfg, 1), lambda: processes.initialize(cfg.mesh)):
     with pytest.raises(ValueError, match=re.escape(expected)):
       check()
 
 
 def test_one_process_starts_no_watchdog():
-  assert peers.start(peers.DEFAULT_TIMEOUT_S) is None and peers._watchdog is None
-  assert not [t for t in __import__("threading").enumerate() if t.name == "tapernorm-peers"]
-  peers.at_step(3, None)  # nothing to note
-  peers.settle()  # returns at once
+  assert processes.start(processes.DEFAULT_TIMEOUT_S) is None and processes._watchdog is None
+  assert not [t for t in __import__("threading").enumerate() if t.name == "tapernorm-processes"]
+  processes.at_step(3, None)  # nothing to note
+  processes.settle()  # returns at once
 
 
 class SlowStore:
@@ -150,7 +151,7 @@ class SlowStore:
 
 def test_closing_the_watchdog_stops_its_thread_outside_the_store_before_the_interpreter_exits():
   store = SlowStore()
-  watchdog = peers.Watchdog(store, 0, 2, timeout_s=5)  # beats every 0.5 s
+  watchdog = processes.Watchdog(store, 0, 2, timeout_s=5)  # beats every 0.5 s
   watchdog.thread.start()
   time.sleep(1.3)
   t0 = time.monotonic()
