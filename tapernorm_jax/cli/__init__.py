@@ -90,8 +90,7 @@ def train(argv: list[str], cfg: Any, workdir: str, stop_after: int | None) -> di
   """The body of a training entry point: checks, multi-host start, `loop.run`, the results printed on process 0."""
   import jax  # the training stack: only for the entry points that train
   from tapernorm_jax.storage import run_files
-  from tapernorm_jax.train import loop
-  from tapernorm_jax.train import processes
+  from tapernorm_jax.train import loop, processes
 
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")

@@ -30,8 +30,7 @@ from tapernorm_jax.data import unigram
 from tapernorm_jax.hf import pretrained
 from tapernorm_jax.model import param_count, sharding
 from tapernorm_jax.taper import methods
-from tapernorm_jax.train import tracking
-from tapernorm_jax.train import processes
+from tapernorm_jax.train import processes, tracking
 from tapernorm_jax.train.checkpoint import Checkpointer
 from tapernorm_jax.train.metrics import MetricsWriter
 from tapernorm_jax.train.run_dir import PATHS_FILE, RESULTS_SCHEMA, RunDir, log

@@ -33,9 +33,8 @@ import optax
 import safetensors.numpy
 
 from tapernorm_jax.runtime import costs, hardware
-from tapernorm_jax.benchmarks.pytorch import parity as parity
 from tapernorm_jax.benchmarks import train as train_bench
-from tapernorm_jax.benchmarks.pytorch import workers
+from tapernorm_jax.benchmarks.pytorch import parity, workers
 from tapernorm_jax.benchmarks.timing import paired_ratio, summary
 from tapernorm_jax.hf import llama
 from tapernorm_jax.hf.hub import WEIGHTS_FILE
