@@ -18,6 +18,8 @@ from tapernorm_jax.train.checkpoint import ON_DAMAGED
 from tapernorm_jax.train import processes, tracking, tuned
 from tapernorm_jax.taper.variants import METHODS as VARIANT_METHODS, SIZES, VARIANTS
 
+GATHER_DTYPES = ("compute", "param")  # mesh.gather_dtype
+
 
 def parse_arg(
   arg: str | None,
@@ -135,9 +137,10 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       coordinator_address="",
       num_processes=-1,
       process_id=-1,  # its arguments; ""/-1: auto-detected
-      process_timeout_s=processes.DEFAULT_TIMEOUT_S,
+      process_timeout_s=processes.DEFAULT_TIMEOUT_S,  # a process unheard this long is lost: the others stop
+      gather_dtype="compute",  # what FSDP gathers: compute (weights cast where they lie; bf16: half the bytes), param
     )
-  )  # a process unheard this long is lost: the others stop (train/processes.py)
+  )
   c.checkpoint = ml_collections.ConfigDict(
     dict(every=100 if cpu else 5_000, keep=3, on_damaged="stop")
   )  # a latest checkpoint that cannot be read: stop (naming it), or fallback to an older one
@@ -221,6 +224,11 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int) -> None:
       "resumes from the newest checkpoint that restores and moves damaged ones aside)"
     )
   processes.check_timeout(cfg.mesh.get("process_timeout_s", processes.DEFAULT_TIMEOUT_S))
+  if (gather := cfg.mesh.get("gather_dtype", "compute")) not in GATHER_DTYPES:
+    raise ValueError(
+      f"mesh.gather_dtype={gather!r}: choose compute (weights cast to the compute dtype before FSDP gathers them)"
+      " or param (gathered in their own dtype, then cast)"
+    )
   methods.validate(cfg, model_cfg, phases)
 
 

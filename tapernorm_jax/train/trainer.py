@@ -224,17 +224,30 @@ class Trainer:
     group of k rows goes to microbatch j, so each device keeps its rows; every output is the mean over microbatches."""
     loss_fn = lambda p, batch: self._loss(p, calib, batch, gates, step, model_cfg, record, candidate)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    compute = self.compute_copy(params, model_cfg)  # differentiated in its own dtype; grads summed in the params'
+    as_params = lambda out: (out[0], jax.tree.map(lambda g, p: g.astype(p.dtype), out[1], params))
     if self.cfg.train.microbatches == 1:
-      return grad_fn(params, batch_BxT1)
+      return as_params(grad_fn(compute, batch_BxT1))
     micro_KxMxT1 = self.microbatches(batch_BxT1)
     k = micro_KxMxT1.shape[0]
 
     def add(total, micro_MxT1):
-      return jax.tree.map(jnp.add, total, grad_fn(params, micro_MxT1)), None
+      return jax.tree.map(jnp.add, total, as_params(grad_fn(compute, micro_MxT1))), None
 
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, micro_KxMxT1[0]))
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda b: as_params(grad_fn(compute, b)), micro_KxMxT1[0]))
     total, _ = jax.lax.scan(add, zeros, micro_KxMxT1)
     return jax.tree.map(lambda x: x / k, total)
+
+  def compute_copy(self, params: PyTree, model_cfg: ModelConfig) -> PyTree:
+    """The weights (every parameter of two or more axes) cast to the compute dtype where they lie, so FSDP gathers
+    compute-dtype weights (half the bytes in bfloat16) and reduce-scatters their gradients in it
+    (`mesh.gather_dtype=compute`); `param`, or a compute dtype that is the parameters' own, leaves them as they are
+    and the model casts after the gather."""
+    dtype = jnp.dtype(model_cfg.compute_dtype)
+    if self.cfg.mesh.get("gather_dtype", "compute") == "param":
+      return params
+    cast = lambda p, s: jax.lax.with_sharding_constraint(p.astype(dtype), s) if p.ndim >= 2 and p.dtype != dtype else p
+    return jax.tree.map(cast, params, self.state_shardings["params"])
 
   def microbatches(self, batch_BxT1: jax.Array) -> jax.Array:
     """The batch as `train.microbatches` microbatches, k × (B/k) × (T+1): row j of every k rows goes to microbatch j,

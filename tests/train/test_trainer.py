@@ -127,6 +127,25 @@ def test_sharded_fsdp_step_matches_a_single_device_step():
     np.testing.assert_allclose(m1["loss"], m8["loss"], rtol=1e-5)
 
 
+def test_weights_cast_before_the_fsdp_gather_train_as_weights_cast_after_it():
+  """mesh.gather_dtype=compute differentiates a bf16 copy of the weights where they lie; the forward is the same
+  computation as casting after the gather (param), and the gradients differ only by their bf16 rounding."""
+  runs = {}
+  for gather in ("compute", "param"):
+    cfg = tiny(overrides={"model.dtype": "bfloat16", "mesh.gather_dtype": gather})
+    trainer = Trainer(cfg, sharding.make_mesh(data=2, fsdp=4))
+    state, metrics = trainer.init_state(0), []
+    for batch in batches(3, cfg, seed=5):
+      state, m = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
+      metrics.append(jax.device_get(m))
+    runs[gather] = metrics
+  compute, param = runs["compute"], runs["param"]
+  assert compute[0]["loss"] == param[0]["loss"]  # the same forward pass
+  assert compute[0]["grad_norm"] != param[0]["grad_norm"]  # compute's gradients come through the bf16 copy
+  np.testing.assert_allclose(compute[0]["grad_norm"], param[0]["grad_norm"], rtol=1e-2)
+  np.testing.assert_allclose([m["loss"] for m in compute], [m["loss"] for m in param], rtol=1e-2)
+
+
 @pytest.mark.parametrize(
   "overrides,field",
   [
@@ -138,6 +157,7 @@ def test_sharded_fsdp_step_matches_a_single_device_step():
     ({"taper.mu": 1.5}, "taper.mu"),
     ({"train.batch_size": 6}, "train.batch_size"),
     ({"taper.gate_warmup_frac": 0.0}, "taper.gate_warmup_frac"),
+    ({"mesh.gather_dtype": "fp8"}, "mesh.gather_dtype"),
   ],
 )
 def test_inconsistent_configs_fail_before_compiling(overrides, field):
