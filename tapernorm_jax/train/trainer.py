@@ -239,13 +239,13 @@ class Trainer:
     return jax.tree.map(lambda x: x / k, total)
 
   def compute_copy(self, params: PyTree, model_cfg: ModelConfig) -> PyTree:
-    """The weights (every parameter of two or more axes) cast to the compute dtype where they lie, so FSDP gathers
-    compute-dtype weights (half the bytes in bfloat16) and reduce-scatters their gradients in it
-    (`mesh.gather_dtype=compute`); `param`, or a compute dtype that is the parameters' own, leaves them as they are
-    and the model casts after the gather."""
-    dtype = jnp.dtype(model_cfg.compute_dtype)
+    """The weights (every parameter of two or more axes) cast to the compute dtype where they lie, so what FSDP
+    gathers, and the gradients it sums, are in the compute dtype whatever the compiler does (`mesh.gather_dtype=
+    compute`; XLA's TPU compiler already moves the cast before the gather: docs/tpu.md); `param`, or a compute dtype
+    that is the parameters' own, leaves them as they are and the model casts where it uses them."""
     if self.cfg.mesh.get("gather_dtype", "compute") == "param":
       return params
+    dtype = jnp.dtype(model_cfg.compute_dtype)
     cast = lambda p, s: jax.lax.with_sharding_constraint(p.astype(dtype), s) if p.ndim >= 2 and p.dtype != dtype else p
     return jax.tree.map(cast, params, self.state_shardings["params"])
 
