@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from tapernorm_jax.studies.analysis.run_rows import (
 )
 
 FIGURE = "tuning_grid.png"
+UNENDED = ("pending", "incomplete", "missing")  # run states that say nothing yet of a setting
 Group = tuple[str, int, str]  # (variant, aux, size)
 SHARED_KEYS = ("data.tune_frac", "train.eval_batches")  # the study's own settings, the same for every trial
 
@@ -72,6 +74,11 @@ class Trial:
     """The tag without its learning-rate part: `lr3e-3_gain5` → `gain5` (the method's own setting)."""
     head, _, rest = self.tag.partition("_")
     return rest if head.startswith("lr") and rest else self.tag
+
+
+def knob_order(knob: str) -> tuple:
+  """A knob's place among its method's: by the numbers in it (gain3 before gain10, blend36-299 after blend20-210)."""
+  return tuple(float(n) for n in re.findall(r"\d+(?:\.\d+)?", knob)), knob
 
 
 def is_tuning_study(workdir: str) -> bool:
@@ -159,7 +166,8 @@ def grid_markdown(trials: Sequence[Trial]) -> str:
     for t in (t for t in trials if t.key == key):
       rows.setdefault((t.knob, t.lr or 0.0), {})[t.size] = loss_cell(t, best.get((t.variant, t.aux, t.size)))
     table = [
-      [knob, f"{lr:g}" if lr else "", *(cells.get(s, "") for s in sizes)] for (knob, lr), cells in sorted(rows.items())
+      [knob, f"{lr:g}" if lr else "", *(cells.get(s, "") for s in sizes)]
+      for (knob, lr), cells in sorted(rows.items(), key=lambda item: (knob_order(item[0][0]), item[0][1]))
     ]
     parts.append(f"### {label(*key)}\n\n" + markdown_table(["setting", "opt.lr", *sizes], table))
   return "\n\n".join(parts)
@@ -171,11 +179,18 @@ def chosen_markdown(trials: Sequence[Trial]) -> str:
   rows = []
   for variant, aux, size in groups_of(trials):
     t = best.get((variant, aux, size))
+    ended = any(
+      r.status not in UNENDED
+      for trial in trials
+      if (trial.variant, trial.aux, trial.size) == (variant, aux, size)
+      for r in trial.runs
+    )
+    none = "none (no setting trained on every seed)" if ended else "none yet (its runs have not trained)"
     rows.append(
       [
         label(variant, aux),
         size,
-        "none (no setting trained on every seed)" if t is None else t.tag,
+        none if t is None else t.tag,
         "" if t is None else f"{t.mean:.3f}",
         "" if t is None else ", ".join(f"`{k}={v}`" for k, v in sorted(t.overrides.items()) if k not in SHARED_KEYS),
       ]
@@ -199,7 +214,7 @@ def figure_grid(trials: Sequence[Trial]) -> Any:
     for j, size in enumerate(sizes):
       ax = axes[i][j]
       here = [t for t in trials if t.key == key and t.size == size]
-      knobs = sorted({t.knob for t in here})
+      knobs = sorted({t.knob for t in here}, key=knob_order)
       lrs = sorted({t.lr or 0.0 for t in here})
       grid_KxR = np.full((len(knobs), len(lrs)), np.nan)
       ran_KxR = np.zeros_like(grid_KxR, bool)  # the settings in the grid (the rest: a blank grey cell)

@@ -110,6 +110,20 @@ def test_the_least_mean_tune_loss_is_chosen_among_settings_whose_every_seed_trai
     assert png.size[0] > 300 and png.size[1] > 300
 
 
+def test_a_size_whose_runs_have_not_trained_is_none_yet_and_one_whose_every_run_failed_is_none(tmp_path):
+  workdir = str(tmp_path / "study")
+  fabricated_study(workdir, {"lr0.001_gain1": [None], "lr0.003_gain1": [None]})  # at cpu every run failed
+  cells = [
+    spec.Cell("baseline", "cpu", 0, 0, (("data.tune_frac", 0.1), ("opt.lr", lr)), tag=f"lr{lr:g}_gain1")
+    for lr in (0.001, 0.003)
+  ]
+  waiting = [spec.Cell("baseline", "cpu_l", 0, 0, c.overrides, tag=c.tag) for c in cells]  # never started
+  manifest.write_manifest(workdir, {"name": "t"}, cells + waiting)
+  text = open(report.write_report(workdir)["report"]).read()
+  assert "| baseline | cpu | none (no setting trained on every seed) |" in text
+  assert "| baseline | cpu_l | none yet (its runs have not trained) |" in text
+
+
 @pytest.mark.slow  # ~30 s: two cells trained, then reported
 def test_a_tuning_study_trains_on_the_held_out_tail_and_scores_there(tmp_path, data_dir):
   grids = [
@@ -136,3 +150,9 @@ def test_a_tuning_study_trains_on_the_held_out_tail_and_scores_there(tmp_path, d
   assert json.loads(open(os.path.join(workdir, "tuning.json")).read()) == {"baseline:aux=0": {"cpu": None}}
   text = open(os.path.join(workdir, "tuning.md")).read()
   assert "| baseline | cpu | none (no setting trained on every seed) |" in text and text.count("| no context |") == 2
+
+
+def test_a_methods_settings_are_listed_in_the_order_of_their_numbers():
+  assert sorted(["gain10", "gain3", "gain1"], key=tuning.knob_order) == ["gain1", "gain3", "gain10"]
+  assert sorted(["alpha25x", "alpha1x", "alpha5x"], key=tuning.knob_order) == ["alpha1x", "alpha5x", "alpha25x"]
+  assert sorted(["blend36-299", "blend10-150"], key=tuning.knob_order) == ["blend10-150", "blend36-299"]
