@@ -55,6 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "tuning"
   c.seeds = (0,)
+  c.tuned = False  # every setting from the defaults, whatever train/tuned.json holds
   c.grids = [
     dict(variants=[variant], sizes=SIZES, tag=f"lr{lr:g}_{knob}", overrides=nested({"opt.lr": lr, **overrides}))
     for variant, knobs in SETTINGS.items()

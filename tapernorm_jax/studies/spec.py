@@ -14,7 +14,8 @@ class SweepError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One run of the grid: a variant with its aux setting, a size, a seed, the config overrides and a token budget."""
+  """One run of the grid: a variant with its aux setting, a size, a seed, the config overrides, a token budget and
+  whether the tuned presets apply."""
 
   variant: str
   size: str
@@ -23,6 +24,7 @@ class Cell:
   overrides: tuple[tuple[str, Any], ...] = ()  # (dotted config key, value), sorted by key
   budget: str = ""  # "": the size's own steps; "steps600": 600 steps; "tpp20": 20 training tokens per parameter
   tag: str = ""  # a grid's name for its settings (a tuning study's `lr1e-2`): cells that differ only in overrides
+  tuned: bool = True  # False: the variant's defaults, not the tuned presets (train/tuned.py), under the overrides
 
   @property
   def point(self) -> str:
@@ -38,8 +40,9 @@ class Cell:
   @property
   def config_arg(self) -> str:
     """The argument after `:` in `--config=configs/<variant>.py:<arg>` (and of `run_config.get_config`). A cell with a
-    token budget trains at the defaults (`tuned=0`): the tuned presets were chosen at each size's own steps."""
-    return f"size={self.size},aux={self.aux},seed={self.seed}" + (",tuned=0" if self.budget else "")
+    token budget trains at the defaults (`tuned=0`) too: the tuned presets were chosen at each size's own steps."""
+    defaults = self.budget or not self.tuned
+    return f"size={self.size},aux={self.aux},seed={self.seed}" + (",tuned=0" if defaults else "")
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-friendly description (the manifest and cell records hold it)."""
@@ -52,6 +55,7 @@ class Cell:
       "overrides": dict(self.overrides),
       **({"budget": self.budget} if self.budget else {}),
       **({"tag": self.tag} if self.tag else {}),
+      **({} if self.tuned else {"tuned": False}),
     }
 
   @classmethod
@@ -65,6 +69,7 @@ class Cell:
       frozen_overrides(entry.get("overrides") or {}),
       entry.get("budget", ""),
       entry.get("tag", ""),
+      bool(entry.get("tuned", True)),
     )
 
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from configs.sweeps import cpu_mini, ladder, tuning
 from tapernorm_jax.studies import spec
 from tapernorm_jax.studies.launch import grid
 from tapernorm_jax.train import run_config, tuned
@@ -83,3 +84,18 @@ def test_a_study_cell_gets_the_preset_at_its_sizes_own_steps_and_the_defaults_un
   budget = grid.cell_config(spec.Cell("dyt", "cpu", 0, 0, budget="tpp5"))
   assert (own.tuned, own.opt.lr) == ("lr0.01_alpha25x", 0.01)
   assert (budget.tuned, budget.opt.lr, tuple(budget.model.norm_alpha)) == ("", 3e-3, ())
+
+
+def test_a_sweep_or_grid_with_tuned_false_trains_its_cells_at_the_defaults(presets_file):
+  sweep = {"name": "s", "seeds": [0], "tuned": False, "grids": [{"variants": ["dyt"], "sizes": ["cpu"]}]}
+  (cell,) = grid.expand(sweep)
+  assert not cell.tuned and spec.Cell.from_json(cell.to_json()) == cell
+  assert (grid.cell_config(cell).tuned, grid.cell_config(cell).opt.lr) == ("", 3e-3)
+  sweep["grids"][0]["tuned"] = True  # a grid's own field wins over the sweep's
+  (cell,) = grid.expand(sweep)
+  assert "tuned" not in cell.to_json() and grid.cell_config(cell).tuned == "lr0.01_alpha25x"
+  sweep["grids"][0]["tuned"] = "no"
+  with pytest.raises(spec.SweepError, match=r"grids\[0\]\.tuned='no': True .* or False"):
+    grid.expand(sweep)
+  for module in (tuning, ladder, cpu_mini):  # the studies that compare at one protocol, not at each method's best
+    assert not any(c.tuned for c in grid.expand(module.get_config())), module.__name__

@@ -16,8 +16,8 @@ from tapernorm_jax.taper import methods
 from tapernorm_jax.taper.variants import SIZES, VARIANTS
 from tapernorm_jax.train import run_config
 
-SWEEP_FIELDS = ("grids", "name", "overrides", "seeds")
-GRID_FIELDS = ("variants", "sizes", "budgets", "seeds", "overrides", "tag")
+SWEEP_FIELDS = ("grids", "name", "overrides", "seeds", "tuned")
+GRID_FIELDS = ("variants", "sizes", "budgets", "seeds", "overrides", "tag", "tuned")
 TAG = re.compile(r"[A-Za-z0-9_.+-]+")  # a grid's tag: part of its cells' names and directories
 BUDGET_KINDS = {"steps": "steps", "tokens_per_param": "tpp"}  # a budget's spelling in the sweep file → in its label
 
@@ -149,8 +149,8 @@ def _check_fields(tree: Any, known: Sequence[str], where: str) -> None:
 
 
 def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -> list[Cell]:
-  """The cells of one grid (sizes × variants × seeds), its fields checked; `sweep` gives the shared seeds and
-  overrides."""
+  """The cells of one grid (sizes × variants × seeds), its fields checked; `sweep` gives the shared seeds,
+  overrides and `tuned`."""
   _check_fields(grid, GRID_FIELDS, where)
   variants = [
     parse_variant(v, f"{where}.variants[{i}]")
@@ -174,8 +174,13 @@ def _grid_cells(grid: Mapping[str, Any], where: str, sweep: Mapping[str, Any]) -
     raise SweepError(
       f"{where}.tag={tag!r}: a tag is letters, digits and _ . + - (it names the grid's cells and their directories)"
     )
+  tuned = grid.get("tuned", sweep.get("tuned", True))
+  if not isinstance(tuned, bool):
+    raise SweepError(
+      f"{where}.tuned={tuned!r}: True (the tuned presets where train/tuned.json has them) or False (the defaults)"
+    )
   return [
-    Cell(variant, size, aux, seed, overrides, budget, tag)
+    Cell(variant, size, aux, seed, overrides, budget, tag, tuned)
     for size in sizes
     for budget in budgets
     for variant, aux in variants
@@ -189,7 +194,7 @@ def _check_overrides(cells: Sequence[Cell]) -> None:
   checked: set[tuple] = set()
   refused: list[str] = []
   for cell in cells:
-    key = (cell.variant, cell.size, cell.aux, cell.overrides)
+    key = (cell.variant, cell.size, cell.aux, cell.overrides, cell.config_arg)
     if key in checked:
       continue
     checked.add(key)
