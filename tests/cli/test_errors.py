@@ -527,6 +527,16 @@ def test_a_calibration_before_the_residual_stream_settles_is_one_warning_line(tm
     "tinystories", "--config=configs/all_taper.py:size=cpu", f"--workdir={tmp_path / 'run'}", "--check_only"
   )  # 300 steps: 5% is step 15, the floor moves it to step 100
   assert floored.returncode == 0 and "calibration at step" not in floored.stderr
+  for frac, warns in ((0.15, True), (0.2, False)):  # step 45 warns; step 60, the tuning study's choice, does not
+    early = run_cli(
+      "tinystories",
+      "--config=configs/all_taper.py:size=cpu,tuned=0",
+      "--config.taper.min_calibration_step=0",
+      f"--config.taper.gate_warmup_frac={frac}",
+      f"--workdir={tmp_path / 'run'}",
+      "--check_only",
+    )
+    assert early.returncode == 0 and ("calibration at step" in early.stderr) == warns, early.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

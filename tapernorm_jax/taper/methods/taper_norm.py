@@ -26,9 +26,9 @@ DEFAULTS = dict(  # the `taper` section
   scale_loss_weight=0.1,
 )  # λ of the fixed-target scale loss, on from the taper start (0: off)
 # A calibration before this step is warned about: c came out at 3.9–46 at the cpu preset's step 15 and 48–49 at a
-# 40-step 1m run's step 2, which then diverged (docs/methods/early_calibration/); the paper calibrates at step
-# 25,000 of 500,000. It is also the default floor of the calibration step (taper.min_calibration_step).
-EARLY_CALIBRATION = DEFAULTS["min_calibration_step"]
+# 40-step 1m run's step 2, which then diverged (docs/methods/early_calibration/); at step 60, the tuning study's
+# choice at cpu_xs, cpu and cpu_l, it is 1.7–21 (docs/tuning/). The paper calibrates at step 25,000 of 500,000.
+EARLY_CALIBRATION = 50
 
 
 @dataclasses.dataclass
@@ -72,13 +72,12 @@ class TaperNorm:
         "applies only up to half the run), early in training: calibrations this early set c up to "
         "46–49 (the cpu preset's step 15; a 40-step 1m run's step 2, which then diverged: "
         "docs/methods/early_calibration). Read the run as a smoke test, or calibrate from step %d on "
-        "(train.steps >= %d)",
+        "(taper.min_calibration_step, where train.steps >= twice it)",
         phases.taper_start,
         phases.steps,
         cfg.taper.gate_warmup_frac,
         cfg.taper.min_calibration_step,
         EARLY_CALIBRATION,
-        2 * EARLY_CALIBRATION,
       )
     if model_cfg.final_norm in ("taper", "fixed", "identity") and cfg.taper.scale_loss_weight == 0:
       logging.warning(
