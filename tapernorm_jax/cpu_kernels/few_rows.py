@@ -80,7 +80,7 @@ def choose(variables: PyTree, cfg: ModelConfig, rows: int, cpu_paths: str = "aut
   """Which of `decode_paths` runs: `cpu_paths` unless auto, else the fastest at every projection of the model for
   `rows` rows (timed once per host and shape, `autotune.choose`)."""
   candidates = decode_paths(cfg, rows)
-  shape = {"model": repr(cfg), "rows": rows}
+  shape = {"model": cfg.program_key(), "rows": rows}
   weights = functools.cache(lambda: with_matvec_weights(variables, cfg))
   builders = {name: (lambda p=p: timed_projections(weights(), p, rows)) for name, p in candidates.items()}
   return autotune.choose(

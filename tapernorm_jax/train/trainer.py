@@ -96,7 +96,7 @@ class Trainer:
     candidate."""
     cfg, B = self.model_cfg, self.cfg.train.batch_size
     shape = {
-      "model": repr(cfg),
+      "model": cfg.program_key(),
       "method": self.method.__class__.__name__,
       "B": B,
       "microbatches": self.cfg.train.microbatches,

@@ -268,3 +268,23 @@ def test_norm_gain_init_starts_every_gain_there_as_scaling_the_gains_by_hand_doe
     logits(cfg.replace(norm_gain_init=5.0), five), logits(cfg, {**base, "params": by_hand}), rtol=1e-5, atol=1e-5
   )
   assert not np.allclose(logits(cfg, base), logits(cfg, {**base, "params": by_hand}), atol=1e-3)
+
+
+@pytest.mark.parametrize(
+  "mode, changes",
+  [
+    ("plain", dict(norm_gain_init=3.0, init_std=0.05)),
+    ("dyt", dict(norm_alpha=(4.0, 1.0, 1.0))),
+    ("derf", dict(derf_shift=0.5)),
+  ],
+)
+def test_fields_that_set_initial_values_change_no_program_and_share_one_program_key(mode, changes):
+  base = LLAMA.replace(internal_norm=mode, final_norm=mode)
+  other = base.replace(**changes)
+  tokens = _tokens()
+  hlo = [
+    jax.jit(lambda v, t, c=c: Transformer(c).apply(v, t)).lower(abstract_variables(c), tokens).as_text()
+    for c in (base, other)
+  ]
+  assert hlo[0] == hlo[1] and base.program_key() == other.program_key() and base != other
+  assert base.program_key() != base.replace(D=64, H=4).program_key()  # a field the program reads keeps its place
