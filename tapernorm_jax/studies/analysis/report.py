@@ -28,7 +28,12 @@ from tapernorm_jax.studies.analysis.run_rows import (
   read_runs,
   size_order,
 )
-from tapernorm_jax.studies.analysis.tables import controls_markdown, dynamics_markdown, table2_markdown
+from tapernorm_jax.studies.analysis.tables import (
+  controls_markdown,
+  dynamics_markdown,
+  settings_markdown,
+  table2_markdown,
+)
 
 
 def setup_lines(runs: Sequence[Run]) -> list[str]:
@@ -38,10 +43,12 @@ def setup_lines(runs: Sequence[Run]) -> list[str]:
   for size in sorted({r.size for r in done}, key=size_order):
     r = next(r for r in done if r.size == size)
     m, t = r.config.get("model", {}), r.config.get("train", {})
+    lrs = {q.config.get("opt", {}).get("lr") for q in done if q.size == size}
+    lr = f"peak LR {lrs.pop()}" if len(lrs) == 1 else "peak LR per method (below)"
     lines.append(
       f"* `{size}`: L = {m.get('L')}, d = {m.get('D')}, V = {m.get('V')}, {params_text(r.params)} "
-      f"parameters; {t.get('steps')} steps of {t.get('batch_size')} × {m.get('T')} tokens, peak LR "
-      f"{r.config.get('opt', {}).get('lr')}, corpus `{r.corpus}`, trained on {r.device}"
+      f"parameters; {t.get('steps')} steps of {t.get('batch_size')} × {m.get('T')} tokens, {lr}, "
+      f"corpus `{r.corpus}`, trained on {r.device}"
     )
   return lines
 
@@ -132,6 +139,18 @@ def report_markdown(
     table2_markdown(groups, with_paper),
     "",
   ]
+  if settings := settings_markdown(runs):
+    parts += [
+      "## Each method's setting",
+      "",
+      (
+        "The tuned preset each method trained at (`tapernorm_jax/train/tuned.json`, chosen by a tuning study on its "
+        "tune split; `defaults` where none was chosen) and its peak LR, per size."
+      ),
+      "",
+      settings,
+      "",
+    ]
   if controls := controls_markdown(groups):
     parts += [
       "## Gaps against matched controls",

@@ -1,5 +1,5 @@
 """The report's tables: Table 2 over seeds (beside the paper's numbers in its setting), the gaps against matched
-controls, and the training dynamics."""
+controls, the training dynamics, and each method's tuned setting."""
 
 from collections.abc import Sequence
 import numpy as np
@@ -7,6 +7,7 @@ from tapernorm_jax.markdown import markdown_table
 from tapernorm_jax.studies.analysis.aggregate import PAPER_TABLE2, Gap, Group, control_of, gap
 from tapernorm_jax.studies.analysis.curves import Curves, series, taper_start
 from tapernorm_jax.studies.analysis.run_rows import (
+  Run,
   label,
   params_text,
   size_order,
@@ -149,3 +150,18 @@ def dynamics_markdown(curves: Curves) -> str:
     ],
     rows,
   )
+
+
+def settings_markdown(runs: Sequence[Run]) -> str:
+  """Per method and size, the tuned preset its runs trained at (`tuned` in their config) and their peak LR; "" when no
+  run was tuned."""
+  done = [r for r in runs if r.status in ("complete", "no_context") and r.config]
+  if not any(r.config.get("tuned") for r in done):
+    return ""
+  sizes = sorted({r.size for r in done}, key=size_order)
+  cells: dict[tuple, dict[str, str]] = {}
+  for r in done:
+    tag, lr = r.config.get("tuned") or "defaults", r.config.get("opt", {}).get("lr")
+    cells.setdefault(r.key, {})[r.size] = f"{tag} (LR {lr:g})" if lr is not None else tag
+  rows = [[label(*key)] + [cells[key].get(size, "—") for size in sizes] for key in sorted(cells, key=variant_order)]
+  return markdown_table(["method", *sizes], rows)

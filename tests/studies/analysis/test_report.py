@@ -350,3 +350,17 @@ def test_a_run_that_learned_no_context_is_named_and_kept_out_of_every_mean(study
   crosses = [line for line in fig.axes[0].lines if line.get_marker() == "x"]
   assert [tuple(line.get_ydata()) for line in crosses] == [(1.5,)]
   assert "baseline: learned no context (not in the mean)" in [t.get_text() for t in fig.axes[0].get_legend().texts]
+
+
+def test_each_methods_tuned_setting_is_listed_and_the_setup_names_no_single_lr_it_did_not_share(study, tmp_path):
+  runs = run_rows.read_runs(study)
+  assert tables.settings_markdown(runs) == ""  # no run was tuned: no section
+  for run in runs:  # the baseline tuned at 1m only, with its own LR
+    if run.variant == "baseline" and run.size == "1m" and run.config:
+      run.config = {**run.config, "tuned": "lr0.01_gain3", "opt": {"lr": 0.01}}
+  table = tables.settings_markdown(runs)
+  rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+  assert "lr0.01_gain3 (LR 0.01)" in rows["baseline"] and "defaults (LR 0.0003)" in rows["internal_taper (+aux)"]
+  setup = report.setup_lines(runs)
+  assert "peak LR per method" in next(line for line in setup if "`1m`" in line)
+  assert "peak LR 0.0003" in next(line for line in setup if "`1m`" not in line)
