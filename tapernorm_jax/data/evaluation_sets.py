@@ -7,7 +7,8 @@ fingerprint (the hash of its files), built atomically like the prepared corpora.
 
 A set named in `data.filtered_eval_sets` is also evaluated as `<name>_filtered`: only its windows
 whose every token occurs in a sample of the training stream (the Pile-filtered set of the GPT-2
-comparison: the Pile's sequences without tokens OpenWebText never uses).
+comparison: the Pile's sequences without tokens OpenWebText never uses). `val` names the corpus's own
+validation split there: `val_filtered` tells a loss that unseen token ids drive from one the model earns.
 """
 
 import functools
@@ -121,7 +122,7 @@ def eval_sets(cfg: Any, prepared: Prepared) -> dict[str, np.ndarray]:
         f"eval set {name!r} ({pattern}) has {streams[name].shape[0]} tokens, fewer than one window of "
         f"seq_len + 1 = {int(seq_len) + 1}; give it more text or use a shorter seq_len"
       )
-  return {**streams, **filtered_sets(cfg, prepared, streams)}
+  return {**streams, **filtered_sets(cfg, prepared, {"val": prepared.tokens("validation"), **streams})}
 
 
 def filtered_names(cfg: Any) -> list[str]:
@@ -142,8 +143,8 @@ def filtered_sets(cfg: Any, prepared: Prepared, streams: dict[str, np.ndarray]) 
   for name in names:
     if name not in streams:
       raise ValueError(
-        f"data.filtered_eval_sets names {name!r}, which is not in data.eval_sets "
-        f"({', '.join(streams) or 'none'}); name one of those"
+        f"data.filtered_eval_sets names {name!r}, which is neither val nor in data.eval_sets "
+        f"({', '.join(n for n in streams if n != 'val') or 'none'}); name one of those"
       )
   seq_len = corpora.setting(cfg, "seq_len")
   if not seq_len:

@@ -44,5 +44,6 @@ def unseen_warning(ref: dict[str, float | int], num_targets: int, corpus: str, v
     f"{unseen:,} of the {num_targets:,} validation targets evaluated on {corpus} have a token id that never "
     f"occurs in its training stream: their embeddings are never trained (tied, they only drift), and the "
     f"validation loss on them can blow up. Fit the tokenizer to the corpus: a smaller data.vocab_size "
-    f"(model.V={vocab_size} now), or more training text"
+    f"(model.V={vocab_size} now), or more training text; data.filtered_eval_sets=val also evaluates the "
+    f"validation windows without them (val_filtered)"
   )

@@ -144,7 +144,16 @@ def test_filtered_eval_sets_are_evaluated_beside_their_sets(root, prepared):
   assert 0 < sets["books_filtered"].size < sets["books"].size  # a small sample leaves some ids unseen
   with pytest.raises(
     ValueError,
-    match="data.filtered_eval_sets names 'wiki', which is not in data.eval_sets "
+    match="data.filtered_eval_sets names 'wiki', which is neither val nor in data.eval_sets "
     r"\(books\); name one of those",
   ):
     data.eval_sets(small(root, eval_sets=f"books={root}/books/*.txt", filtered_eval_sets="wiki"), prepared)
+
+
+def test_the_validation_split_filtered_is_its_windows_whose_tokens_training_has(root, prepared):
+  sets = data.eval_sets(small(root, filtered_eval_sets="val", filter_sample_tokens=2000), prepared)
+  assert list(sets) == ["val_filtered"]
+  seen_V = evaluation_sets.seen_tokens(prepared.tokens("train")[:2000], prepared.tokenizer.vocab_size)
+  val = prepared.tokens("validation")
+  np.testing.assert_array_equal(sets["val_filtered"], evaluation_sets.filtered(val, seen_V, 32))
+  assert 0 < sets["val_filtered"].size < val.size and seen_V[sets["val_filtered"]].all()
