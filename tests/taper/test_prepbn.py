@@ -68,7 +68,7 @@ def test_a_new_repbn_starts_as_zero_and_its_running_statistics_as_batchnorm_s():
 
 
 def test_lambda_is_one_through_the_warm_up_then_falls_linearly_as_the_authors_counters_do():
-  cfg = base.get_config("prepbn", "size=cpu")
+  cfg = base.get_config("prepbn", "size=cpu,tuned=0")
   cfg.train.steps = 40
   cfg.prepbn.update(warm_frac=0.25, blend_end=33)
   method = methods.build(cfg, ModelConfig.from_config(cfg.model), schedules.Phases.from_config(cfg))
@@ -142,13 +142,13 @@ def test_inference_is_causal_and_training_mixes_rows_and_positions_through_the_b
   ],
 )
 def test_bad_prepbn_configs_fail_before_compiling(variant, overrides, field):
-  cfg = base.override(base.get_config(variant, "size=cpu"), overrides)
+  cfg = base.override(base.get_config(variant, "size=cpu,tuned=0"), overrides)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     Trainer(cfg, sharding.make_mesh())
 
 
 def test_a_prepbn_run_moves_its_statistics_after_the_warm_up_and_evaluates_as_its_fold():
-  cfg = base.get_config("prepbn", "size=cpu")
+  cfg = base.get_config("prepbn", "size=cpu,tuned=0")
   cfg.model.update(D=32, H=4, L=2, T=16, V=64)
   cfg.train.update(steps=8, batch_size=8)
   cfg.prepbn.warm_frac = 0.25
