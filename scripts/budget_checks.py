@@ -43,7 +43,9 @@ def rows(runs: list[Run], wanted: set[tuple[str, int, str]]) -> list[list[str]]:
     if run.status == "complete" and (run.variant, run.aux, run.size) in wanted:
       groups[(run.size, run.variant, run.aux, setting(run))].append(run)
   out = []
-  for (size, variant, aux, tag), group in sorted(groups.items(), key=lambda kv: (size_order(kv[0][0]), kv[0][1:])):
+  for (size, variant, aux, tag), group in sorted(
+    groups.items(), key=lambda kv: (size_order(kv[0][0]), kv[0][1:3], list(SETTINGS).index(kv[0][3]))
+  ):
     losses = [r.final_val_loss for r in group]
     growth, s, target = np.nanmean([dynamics(r) for r in group], axis=0)
     spread = statistics.stdev(losses) if len(losses) > 1 else 0.0
