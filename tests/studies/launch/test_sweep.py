@@ -67,6 +67,11 @@ def test_the_shipped_sweeps_expand_to_their_grids():
     assert len(by_budget) == 4 * 4 * 3 and {c.point for c in by_budget} >= {f"cpu_xs@tpp{tpp}", f"cpu_xl@tpp{tpp}"}
     held_out = predict.split_largest(by_budget)[1]
     assert len(held_out) == 4 * 3 and {c.size for c in held_out} == {"cpu_xl"}
+  gained = grid.expand(budgets.get_config("20,gain=3"))  # the 20-token study at the tuned gain: each cell gets it
+  assert {grid.cell_config(c).model.norm_gain_init for c in gained} == {3.0} and len(gained) == 4 * 4 * 3
+  assert {grid.cell_config(c).model.norm_gain_init for c in by_budget} == {1.0}
+  with pytest.raises(ValueError, match=r"budgets.py:20,gian=3: give N or N,gain=G"):
+    budgets.get_config("20,gian=3")
 
 
 @pytest.mark.parametrize(
