@@ -1,6 +1,7 @@
 """Programs compiled by the real TPU compiler for a v5e:2x2 slice, on this CPU host (libtpu, nothing run): the TPU's
 own choices (bf16 for `auto`, splash attention where the length tiles, no CPU custom call), each chip's share of
-the state and of the FLOPs, a scanned train step, a mesh across two slices, and a config too big to fit named in one line."""
+the state and of the FLOPs, a scanned train step, a mesh across two slices, and a config too big to fit named in one
+line."""
 
 import re
 
