@@ -18,6 +18,9 @@ RENAMED_FIELDS = {
   "mesh.peer_timeout_s": "mesh.process_timeout_s",
 }
 RENAMED_VALUES = {"variant": {"vanilla": "baseline"}}  # field → {old value → new}
+# Fields that were bools and now name a choice: the old values keep their meaning, without a message (every run
+# written before the change carries one).
+FORMER_BOOLS = {"model.remat": {True: "full", False: "none"}}
 
 
 def current_name(dotted: str) -> str:
@@ -29,7 +32,10 @@ def current_name(dotted: str) -> str:
 
 
 def current_value(dotted: str, value: Any) -> Any:
-  """`value` as field `dotted` spells it today (a renamed value with a deprecation message)."""
+  """`value` as field `dotted` spells it today (a renamed value with a deprecation message; a former bool as the
+  choice it meant)."""
+  if isinstance(value, bool) and dotted in FORMER_BOOLS:
+    return FORMER_BOOLS[dotted][value]
   renamed = RENAMED_VALUES.get(dotted, {})
   if isinstance(value, str) and value in renamed:
     deprecated(f"{dotted}={value!r} is now {dotted}={renamed[value]!r}; the old value still works for now")
@@ -55,6 +61,10 @@ def upgrade(config: dict[str, Any]) -> dict[str, Any]:
   for dotted in RENAMED_VALUES:
     if "." not in dotted and dotted in config:
       config[dotted] = current_value(dotted, config[dotted])
+  for dotted in FORMER_BOOLS:
+    section, leaf = dotted.split(".")
+    if isinstance(node := config.get(section), dict) and leaf in node:
+      node[leaf] = current_value(dotted, node[leaf])
   return config
 
 

@@ -149,7 +149,7 @@ def verdict(results: dict[str, Any]) -> str | None:
   else:
     fix = (
       f"none of the {len(tried)} other splits tried fits: a larger topology, a smaller train.batch_size or "
-      "model.remat=True"
+      "model.remat=full"
     )
   return (
     f"{failed['program']} does not fit: it needs {failed['memory']['total'] / GIB:.2f} GiB per chip, a "

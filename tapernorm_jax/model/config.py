@@ -11,6 +11,8 @@ from tapernorm_jax.model.norms import NORM_MODES, POINTWISE_ALPHA, POINTWISE_MOD
 
 FAMILIES = ("llama", "gpt2")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+REMAT_POLICIES = ("none", "full", "save_matmuls")  # model.remat: what a block keeps for its backward (layer_scan.py)
+REMAT_BOOLS = {True: "full", False: "none", "True": "full", "False": "none"}  # model.remat before it named a policy
 
 
 INITIAL_VALUE_FIELDS = ("norm_alpha", "derf_shift", "norm_gain_init", "init_std")  # they change no program
@@ -47,7 +49,8 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   attention_impl: str = "auto"
-  remat: bool = False
+  remat: str = "none"  # none, full (recompute each block in the backward pass) or save_matmuls (keep the products)
+  scan_layers: bool = False  # run the L blocks as one block under a scan (one compiled body); the tree stays per layer
   platform: str = ""
 
   def __post_init__(self):
@@ -61,6 +64,8 @@ class ModelConfig:
     if self.attention_impl is None:  # configs written before attention.py said None for automatic
       object.__setattr__(self, "attention_impl", "auto")
     object.__setattr__(self, "norm_alpha", tuple(self.norm_alpha))  # a list when read from JSON
+    if isinstance(self.remat, (bool, str)) and self.remat in REMAT_BOOLS:  # a bool in configs written before policies
+      object.__setattr__(self, "remat", REMAT_BOOLS[self.remat])
     validate(self)
 
   @property
@@ -188,6 +193,10 @@ def validate(cfg: ModelConfig) -> None:
     fail("param_dtype", f"choose one of {DTYPES[1:]}")
   if cfg.attention_impl not in attention.IMPLS:
     fail("attention_impl", f"choose one of {attention.IMPLS} (docs/method.md §13)")
+  if cfg.remat not in REMAT_POLICIES:
+    fail("remat", f"choose one of {REMAT_POLICIES} (True and False, its old values, mean full and none)")
+  if not isinstance(cfg.scan_layers, bool):
+    fail("scan_layers", "must be True or False")
   if cfg.platform not in ("", *sharding.PLATFORMS):
     fail("platform", f"choose one of {sharding.PLATFORMS}, or '' for jax's default devices")
   if cfg.logits_bias and cfg.tie_embeddings:

@@ -161,6 +161,12 @@ def shardings(variables: Any, mesh: Mesh) -> Any:
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(variables), mesh, RULES)
 
 
+def stacked_shardings(variables: Any, mesh: Mesh) -> Any:
+  """NamedShardings for L copies of a (boxed or abstract) variable tree stacked on a leading layer axis: that axis
+  whole, every other as `shardings` places it, so each layer's slice is laid out as the layer itself is."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, P(None, *s.spec)), shardings(variables, mesh))
+
+
 def shard(variables: Any, mesh: Mesh) -> Any:
   """Unboxes `variables` and places every leaf with its mesh sharding."""
   return jax.device_put(nn.unbox(variables), shardings(variables, mesh))

@@ -11,6 +11,11 @@ stream (the input of the final norm). Parameters carry logical axis names (see
 norm position read by name (each block's attention and MLP norms, the final norm, and optionally each attention
 norm's value path, where queries and keys keep the attention norm's own gate).
 
+With `model.scan_layers` the forward (`hidden`, so `__call__`, training and evaluation) runs the L blocks as one
+block under a scan over their variables stacked inside the call (`layer_scan.py`): one compiled body, the same tree,
+numbers and batch statistics; `init`, `last_hidden` and `decode` stay unrolled. `model.remat` is the policy each
+block is rematerialized with in either form.
+
 `Transformer.decode` is the KV-cache path used by `decode.py`: it runs Q new tokens per row
 at per-row offsets, writes their keys and values into a preallocated cache (one
 `{"k": BH×K×S, "v": BH×S×K}` dict per layer; slot = position) and returns the new pre-logit
@@ -30,12 +35,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from tapernorm_jax.model import param_paths, sharding
+from tapernorm_jax.model import layer_scan, param_paths, sharding
 from tapernorm_jax.model.gates import BlockGates, Gates, as_gates
 from tapernorm_jax.model.kv_cache import LayerCache, check_cache_write
 from tapernorm_jax.model.config import ModelConfig
 from tapernorm_jax.model.layers import Attention, Mlp
-from tapernorm_jax.model.norms import Norm, ScaleMonitor
+from tapernorm_jax.model.norms import CALIB_STATS, Norm, ScaleMonitor
 from tapernorm_jax.model.seams import Attend, Projection, einsum
 
 Array = jax.Array
@@ -107,7 +112,9 @@ class Transformer(nn.Module):
 
   def setup(self):  # attribute names are the layout's: embed, pos_embed, final_norm, pre_logit, head, logits_bias
     cfg = self.cfg
-    block = nn.remat(Block, static_argnums=(6, 7)) if cfg.remat else Block  # self is 0: from_start, last_only
+    block = Block
+    if cfg.remat != "none":  # static arguments (self is 0): from_start, last_only
+      block = nn.remat(Block, static_argnums=(6, 7), policy=layer_scan.remat_policy(cfg.remat))
     self.embed = self.param(
       param_paths.EMBED,
       nn.with_logical_partitioning(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
@@ -177,9 +184,29 @@ class Transformer(nn.Module):
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     gates = as_gates(gate, self.cfg.L)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
-    for i in range(self.cfg.L):
-      h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
+    if self.cfg.scan_layers and not self.is_initializing():  # init makes the per-layer tree block by block
+      h_BxTxD = self.scanned_blocks(h_BxTxD, positions_BxT, gates)
+    else:
+      for i in range(self.cfg.L):
+        h_BxTxD = self.block(i, h_BxTxD, positions_BxT, gates)
     self.pre_logit(h_BxTxD)
+    return h_BxTxD
+
+  def scanned_blocks(self, h_BxTxD: Array, positions_BxT: Array, gates: Gates) -> Array:
+    """The L blocks as one block under a scan over their stacked variables (`model.scan_layers`, layer_scan.py);
+    each block's batch statistics are written where the unrolled block writes them."""
+    cfg, mesh = self.cfg, self.mesh
+    block = Block(cfg, self.projection, self.attend, mesh, parent=None)  # applied functionally, one layer per trip
+    layers = layer_scan.stack(self.variables, cfg.L)
+    layers = layer_scan.keep_sharding(layers, block, (h_BxTxD, positions_BxT, gates.block(0)), mesh)
+    shard = lambda h_BxTxD: sharding.constrain(h_BxTxD, sharding.HIDDEN_AXES, mesh)
+    record = self.is_mutable_collection(CALIB_STATS)
+    h_BxTxD, stats = layer_scan.scan(
+      block, layers, h_BxTxD, positions_BxT, gates, record=record, remat=cfg.remat, shard=shard
+    )
+    for i, block_stats in enumerate(layer_scan.unstack(stats, cfg.L)):
+      if jax.tree.leaves(block_stats):  # merged into the block's subtree, as its norms' own writes would be
+        self.put_variable(CALIB_STATS, param_paths.block(i), block_stats)
     return h_BxTxD
 
   def last_hidden(self, tokens_BxT: Array, gate: Gates | Array | float = 1.0) -> Array:

@@ -93,7 +93,8 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       param_dtype="float32",
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
       attention_impl="auto",
-      remat=False,
+      remat="none",  # none, full or save_matmuls: what each block keeps for the backward pass (docs/tpu.md)
+      scan_layers=False,  # True: the blocks run as one scanned block, compiled once (docs/tpu.md)
     )
   )
 

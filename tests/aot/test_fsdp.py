@@ -1,13 +1,14 @@
 """What each device computes and holds under FSDP and under data parallelism, from the compiler's own figures on the
 fake CPU devices: the products per device are the analytic count divided by the device count on both meshes, FSDP
 holds 1/fsdp of the parameters and optimiser state (counted here from the model's own shapes and axes), and the
-temporaries per device fall as the same batch is split over more devices."""
+temporaries per device fall as the same batch is split over more devices; scanned layers gather one layer's weights
+per trip of their loop."""
 
 import jax
 import pytest
 
 from tapernorm_jax.runtime import costs
-from tapernorm_jax.aot import analysis, programs
+from tapernorm_jax.aot import analysis, hlo, programs
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train.trainer import Trainer
 from aot_helpers import small_config, state_bytes_per_device
@@ -15,16 +16,16 @@ from aot_helpers import small_config, state_bytes_per_device
 B, T = 16, 64
 
 
-def config(fsdp: int):
+def config(fsdp: int, **model):
   """A small all_taper run whose batch splits over up to 8 devices (xla attention: every product visible)."""
-  return small_config(fsdp, B, T=T, D=64, L=2, attention_impl="xla")
+  return small_config(fsdp, B, **{"T": T, "D": 64, "L": 2, "attention_impl": "xla", **model})
 
 
-def train_step(devices: int, fsdp: int) -> tuple[Trainer, analysis.Figures]:
+def train_step(devices: int, fsdp: int, **model) -> tuple[Trainer, analysis.Figures]:
   """The trainer over the first `devices` devices and its compiled train step's figures."""
   if jax.device_count() < devices:
     pytest.skip(f"needs {devices} devices (conftest.py gives 8 fake CPU devices)")
-  trainer = Trainer(config(fsdp), sharding.make_mesh(-1, fsdp, jax.devices()[:devices]))
+  trainer = Trainer(config(fsdp, **model), sharding.make_mesh(-1, fsdp, jax.devices()[:devices]))
   return trainer, analysis.compile_program(programs.training(trainer)[0], None, [0] * devices)
 
 
@@ -49,3 +50,20 @@ def test_temporaries_per_device_fall_as_the_batch_is_split_over_more_devices(fsd
   _, two = train_step(2, fsdp)
   _, eight = train_step(8, fsdp)
   assert eight.memory["temp"] < two.memory["temp"] / 2
+
+
+def test_scanned_layers_gather_one_layer_at_a_time_and_compute_the_same_products():
+  """The scanned step (three blocks, one body) gathers arrays of exactly the shapes the unrolled step gathers — one
+  layer's weights per trip, never a stack of three — and each device computes the same products (every trip
+  counted)."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (conftest.py gives 8 fake CPU devices)")
+  gathered, flops = {}, {}
+  for scan in (False, True):
+    trainer = Trainer(config(8, L=3, scan_layers=scan), sharding.make_mesh(-1, 8, jax.devices()[:8]))
+    module = hlo.parse(programs.training(trainer)[0].lower().compile().as_text())
+    shapes = {i.shape for body in module.computations.values() for i in body if i.opcode == "all-gather"}
+    gathered[scan] = {tuple(hlo.dims(shape)) for shape in shapes}
+    flops[scan] = hlo.product_flops(module, hlo.Counts.of(module).runs)
+  assert gathered[True] == gathered[False]
+  assert flops[True] == pytest.approx(flops[False], rel=1e-3)

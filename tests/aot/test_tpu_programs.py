@@ -1,6 +1,7 @@
 """Programs compiled by the real TPU compiler for a v5e:2x2 slice, on this CPU host (libtpu, nothing run): the TPU's
 own choices (bf16 for `auto`, splash attention where the length tiles, no CPU custom call), each chip's share of
-the state and of the FLOPs, a mesh across two slices, and a config too big to fit named in one line."""
+the state and of the FLOPs, a scanned train step, a mesh across two slices, and a config too big to fit named in one
+line."""
 
 import re
 
@@ -41,14 +42,18 @@ def bf16_share(module: hlo.Module) -> float:
   return flops[True] / (flops[True] + flops[False])
 
 
-@pytest.mark.parametrize("T,splash", [(128, True), (96, False)])
-def test_the_train_step_for_a_tpu_mesh_is_the_tpu_program(T, splash):
-  cfg = small_config(4, 8, T=T, D=256, H=2, V=1024, L=2)
+@pytest.mark.parametrize("T,splash,scan", [(128, True, False), (96, False, False), (128, True, True)])
+def test_the_train_step_for_a_tpu_mesh_is_the_tpu_program(T, splash, scan):
+  cfg = small_config(4, 8, T=T, D=256, H=2, V=1024, L=2, scan_layers=scan)  # scanned: the kernels inside the loop
   trainer, (step,), (module,) = compile_for_v5e(cfg)
   assert trainer.model_cfg.platform == "tpu" and str(trainer.model_cfg.compute_dtype) == "bfloat16"
   assert bf16_share(module) > 0.9, bf16_share(module)  # dtype=auto on a TPU target, on a CPU host
   assert any("splash" in kernel for kernel in step.kernels) == splash  # its Mosaic call, not interpret mode
   assert not any(kernel.startswith("tapernorm_") for kernel in step.kernels)  # no CPU custom call
+  loops = [
+    hlo.trip_count(module, name, i) for name, body in module.computations.items() for i in body if i.opcode == "while"
+  ]
+  assert (cfg.model.L in loops) == scan  # one block body, run L times forward and L times backward
   params = programs.matmul_params(trainer.abstract_state()["params"], trainer.model_cfg)
   analytic = costs.train_flops_per_token(params, 2, 256, T) * 8 * T / 4
   assert step.flops == pytest.approx(analytic, rel=0.1)

@@ -1,0 +1,96 @@
+"""The L blocks run as one block under a scan (`model.scan_layers`), and what a block keeps for its backward pass
+(`model.remat`).
+
+Unrolled, a program holds L copies of the block, and the compiler works through each: GPT-2 XL's train step (48
+blocks) took 4–6 minutes to compile for a TPU slice (docs/tpu.md). Scanned, it holds one. Inside the call the
+blocks' variables are stacked on a leading layer axis, one `Block` is applied per trip of `jax.lax.scan` to that
+layer's slice and gates, and the batch statistics its norms record come back as the loop's outputs, to be written
+per block where the unrolled blocks write theirs. The stored tree stays per layer (`block_0`, `block_1`, …), so
+checkpoints, the fold, the Hugging Face conversion and decoding read it as they always have.
+
+Why `jax.lax.scan` over the functional `Block.apply` and not `nn.scan`: `nn.scan` keeps its variables stacked
+under one name in its own scope, so the per-layer tree would need `nn.map_variables` around it to stack and
+unstack every collection (and an `init` that makes the stacked form, then renames it). Here the three steps are
+in plain sight — stack what the tree holds, apply one block per slice, hand back what each block wrote — and the
+loop is the same `lax.scan` that `nn.scan` lowers to.
+
+The stack keeps each weight's own mesh axes behind an unsharded layer axis (`sharding.stacked_shardings`), so FSDP
+gathers one layer's weights per trip, as the unrolled program gathers them per block.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from tapernorm_jax.model import param_paths, sharding
+from tapernorm_jax.model.gates import BlockGates, Gates
+from tapernorm_jax.model.norms import CALIB_STATS
+
+Array = jax.Array
+PyTree = Any
+
+
+def remat_policy(remat: str) -> Callable[..., bool] | None:
+  """jax's saving policy for `model.remat`: None for `full` (nothing saved: the block is recomputed), and for
+  `save_matmuls` the outputs of the products without batch dimensions — the projections', so only the cheap
+  element-wise work is recomputed, while attention's B×H×T×T scores are not kept."""
+  return jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "save_matmuls" else None
+
+
+def stack(variables: PyTree, L: int) -> PyTree:
+  """Every collection's blocks `block_0` … `block_{L−1}` as one tree whose leaves carry a leading layer axis (L, …);
+  the batch statistics (written, not read) are left out."""
+  names = [param_paths.block(i) for i in range(L)]
+  per_layer = [
+    {col: nn.unbox(tree[name]) for col, tree in variables.items() if col != CALIB_STATS and names[0] in tree}
+    for name in names
+  ]
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+
+
+def unstack(stacked: PyTree, L: int) -> list[PyTree]:
+  """The L per-block trees of a tree whose leaves carry a leading layer axis."""
+  return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(L)]
+
+
+def keep_sharding(layers: PyTree, block: nn.Module, inputs: tuple, mesh: Mesh | None) -> PyTree:
+  """The stacked variables with their layout fixed on `mesh`: each leaf's own axes as the block's logical axis names
+  place them (found by tracing the block's init on `inputs`' shapes), behind an unsharded layer axis."""
+  if mesh is None or mesh.size == 1:
+    return layers
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), inputs)
+  boxed = jax.eval_shape(lambda *xs: block.init(jax.random.key(0), *xs), *shapes)
+  placed = sharding.stacked_shardings(boxed, mesh)
+  return {
+    col: jax.lax.with_sharding_constraint(tree, placed[col]) if col in placed else tree for col, tree in layers.items()
+  }
+
+
+def scan(
+  block: nn.Module,
+  layers: PyTree,
+  h_BxTxD: Array,
+  positions_BxT: Array,
+  gates: Gates,
+  *,
+  record: bool,
+  remat: str,
+  shard: Callable[[Array], Array],
+) -> tuple[Array, PyTree]:
+  """h after the L blocks, block i applied to slice i of `layers` with its gates (and `shard` applied to its
+  output, as at every block boundary); with `record`, also the batch statistics each block writes, stacked (L, …)."""
+
+  def body(h_BxTxD: Array, layer: tuple[PyTree, BlockGates]) -> tuple[Array, PyTree]:
+    variables, block_gates = layer
+    if not record:
+      return shard(block.apply(variables, h_BxTxD, positions_BxT, block_gates)), {}
+    h_BxTxD, mutated = block.apply(variables, h_BxTxD, positions_BxT, block_gates, mutable=[CALIB_STATS])
+    return shard(h_BxTxD), mutated.get(CALIB_STATS, {})
+
+  if remat != "none":  # one body, so no common subexpressions across blocks for remat to guard against
+    body = jax.checkpoint(body, policy=remat_policy(remat), prevent_cse=False)
+  return jax.lax.scan(body, h_BxTxD, (layers, BlockGates(gates.attn, gates.mlp, gates.attn_value)))
