@@ -3,9 +3,10 @@
 XLA's own cost analysis counts a while loop's body once, however many times it runs (a gradient-accumulation
 scan of k microbatches reads as one), so the compile check reads the module itself: the products' FLOPs
 (`dot`, and `convolution`, which the TPU compiler turns dots into), the bytes every top-level operation moves
-to and from device memory (both to add what the cost analysis leaves out of repeated loop bodies), the
-collectives (kind, count, bytes each device sends, and whether a group spans slices), and the custom calls
-(Pallas kernels by name). A loop's trip count comes from XLA's
+to and from device memory (both to add what the cost analysis leaves out of repeated loop bodies; a fusion's by
+what its fused computation touches, `hlo_fusion.py`, so a scanned loop's trip moves one layer's slice of each
+stacked buffer, not the stack), the collectives (kind, count, bytes each device sends, and whether a group spans
+slices), and the custom calls (Pallas kernels by name). A loop's trip count comes from XLA's
 `known_trip_count` or from its condition (`counter < N`, counting from 0 as jax's loops do); a loop whose count
 cannot be read is counted once and reported.
 
@@ -21,6 +22,8 @@ import math
 import re
 
 import numpy as np
+
+from tapernorm_jax.aot import hlo_fusion
 
 # hlo.parse and hlo.Module are what callers read a module with: the parser's names are this module's too
 from tapernorm_jax.aot.hlo_text import Instruction, Module, array_bytes, callees, dims, parse  # noqa: F401
@@ -219,9 +222,9 @@ def hbm_bytes(module: Module, counts: Counts, runs: dict[str, float]) -> float:
 
 def _bytes_moved(module: Module, computation: str, instruction: Instruction) -> float:
   """What one top-level instruction reads and writes: its operands and result, except that a slice reads only what
-  it returns, an in-place update writes only its update, an asynchronous copy or transfer reads and writes its
-  operand once, and the compiler's own plumbing (views, the `-done` halves, CamelCase custom calls) moves nothing
-  of its own."""
+  it returns, an in-place update writes only its update, a fusion counts what its fused computation touches in the
+  same way (`hlo_fusion.py`), an asynchronous copy or transfer reads and writes its operand once, and the
+  compiler's own plumbing (views, the `-done` halves, CamelCase custom calls) moves nothing of its own."""
   op = instruction.opcode
   if (
     op in FREE
@@ -238,6 +241,8 @@ def _bytes_moved(module: Module, computation: str, instruction: Instruction) -> 
     return 2.0 * operands
   if op == "dynamic-update-slice":
     return 2.0 * array_bytes(module.shape_of(computation, instruction.operands[1]))
+  if op == "fusion" and (fused := dict(callees(instruction)).get("calls")) in module.computations:
+    return hlo_fusion.fusion_bytes(module, fused, [module.shape_of(computation, o) for o in instruction.operands])
   return array_bytes(instruction.shape) + operands
 
 

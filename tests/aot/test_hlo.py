@@ -188,3 +188,108 @@ def test_a_reduction_across_slices_is_counted_as_crossing_them():
     found = [c for c in hlo.collectives(module, hlo.Counts.of(module), slices) if c.kind == "all-reduce"]
     assert [(c.group, c.crosses_slices) for c in found] == [(n, crosses)]
     assert found[0].bytes_sent == pytest.approx(2 * (n - 1) / n * 64 * 32 * 4)
+
+
+SCANNED = """HloModule m
+
+%read_row (p0: f32[8,256], p1: s32[]) -> f32[256] {
+  %p0 = f32[8,256]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %row = f32[1,256]{1,0} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,256}
+  %flat = f32[256]{0} bitcast(%row)
+  ROOT %e = f32[256]{0} exponential(%flat)
+}
+
+%write_row (p0: f32[8,256], p1: s32[], p2: f32[256]) -> f32[8,256] {
+  %p0 = f32[8,256]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %p2 = f32[256]{0} parameter(2)
+  %zero = s32[] constant(0)
+  %t = f32[256]{0} tanh(%p2)
+  %u = f32[1,256]{1,0} bitcast(%t)
+  ROOT %dus = f32[8,256]{1,0} dynamic-update-slice(%p0, %u, %p1, %zero)
+}
+
+%row_and_total (p0: f32[8,256], p1: s32[]) -> (f32[1,256], f32[]) {
+  %p0 = f32[8,256]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %row = f32[1,256]{1,0} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,256}
+  %fzero = f32[] constant(0)
+  %total = f32[] reduce(%p0, %fzero), dimensions={0,1}, to_apply=%add
+  ROOT %t = (f32[1,256]{1,0}, f32[]) tuple(%row, %total)
+}
+
+%nested_row (p0: f32[8,256], p1: s32[]) -> f32[256] {
+  %p0 = f32[8,256]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  ROOT %r = f32[256]{0} fusion(%p0, %p1), kind=kLoop, calls=%read_row
+}
+
+%fresh_row (p0: f32[256], p1: s32[]) -> f32[8,256] {
+  %p0 = f32[256]{0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %fzero = f32[] constant(0)
+  %blank = f32[8,256]{1,0} broadcast(%fzero), dimensions={}
+  %u = f32[1,256]{1,0} bitcast(%p0)
+  ROOT %dus = f32[8,256]{1,0} dynamic-update-slice(%blank, %u, %p1, %zero)
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%cond (p: (s32[], f32[8,256], f32[8,256])) -> pred[] {
+  %p = (s32[], f32[8,256], f32[8,256]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[8,256], f32[8,256])) -> (s32[], f32[8,256], f32[8,256]) {
+  %p = (s32[], f32[8,256], f32[8,256]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %w = f32[8,256] get-tuple-element(%p), index=1
+  %acts = f32[8,256] get-tuple-element(%p), index=2
+  %row = f32[256]{0} fusion(%w, %i), kind=kLoop, calls=%read_row
+  %written = f32[8,256]{1,0} fusion(%acts, %i, %row), kind=kLoop, calls=%write_row
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[8,256], f32[8,256]) tuple(%next, %w, %written)
+}
+
+ENTRY %main (w: f32[8,256], acts: f32[8,256], i: s32[], x: f32[256]) -> (s32[], f32[8,256], f32[8,256]) {
+  %w = f32[8,256]{1,0} parameter(0)
+  %acts = f32[8,256]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %x = f32[256]{0} parameter(3)
+  %both = (f32[1,256]{1,0}, f32[]) fusion(%w, %i), kind=kLoop, calls=%row_and_total
+  %nested = f32[256]{0} fusion(%w, %i), kind=kLoop, calls=%nested_row
+  %fresh = f32[8,256]{1,0} fusion(%x, %i), kind=kLoop, calls=%fresh_row
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,256], f32[8,256]) tuple(%zero, %w, %acts)
+  ROOT %loop = (s32[], f32[8,256], f32[8,256]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_fusion_that_slices_or_updates_one_row_of_a_stack_moves_that_row():
+  """A scanned loop's fusions read one layer's row of an (L, N) stack (a dynamic-slice inside the fusion) and write
+  one row in place (a root dynamic-update-slice into a parameter): each trip moves a row, not the stack; a fusion
+  that also reads the stack whole, or updates a buffer it made itself, still counts it whole."""
+  module = hlo.parse(SCANNED)
+  row, stack, index = 256 * 4, 8 * 256 * 4, 4
+  moved = {i.name: hlo._bytes_moved(module, c, i) for c in ("body", "main") for i in module.computations[c]}
+  assert moved["row"] == row + index + row  # the slice read, the index, the result (was stack + index + row)
+  assert moved["written"] == index + row + row  # the index and update read, the row written (was 2 stacks more)
+  assert moved["nested"] == moved["row"]  # sliced inside a fusion inside the fusion
+  assert moved["both"] == stack + index + row + 4  # the reduce reads it all
+  assert moved["fresh"] == row + index + stack  # not in place: the whole new buffer is written
+  counts = hlo.Counts.of(module)
+  assert counts.runs["body"] == 8
+  body = hlo.hbm_bytes(module, counts, {"body": counts.runs["body"]})
+  assert body == 8 * (moved["row"] + moved["written"] + 3 * index)  # and the counter's add
