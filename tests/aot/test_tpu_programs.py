@@ -62,6 +62,19 @@ def test_the_train_step_for_a_tpu_mesh_is_the_tpu_program(T, splash, scan):
   assert step.fits and step.estimate.step_s > 0
 
 
+def test_scanned_and_unrolled_train_steps_move_about_the_same_bytes():
+  """The scanned step's loop reads one layer's slice of each stacked buffer and writes one in place per trip, so its
+  device-memory traffic stays near the unrolled step's. Measured (L = 8, jax 0.10.2, libtpu 0.0.42.1): 121 MB scanned
+  against 145 MB unrolled; counting the loop's fusions' stacked operands and results whole gave 389 MB against 167 MB
+  (2.3×)."""
+  moved = {}
+  for scan in (False, True):
+    cfg = small_config(4, 8, L=8, scan_layers=scan)
+    trainer = Trainer(cfg, sharding.make_mesh(-1, cfg.mesh.fsdp, list(topology.devices("v5e:2x2"))))
+    moved[scan] = analysis.compile_program(programs.training(trainer)[0], V5E, [0] * 4).hbm_bytes
+  assert 1 / 1.5 < moved[True] / moved[False] < 1.5, moved
+
+
 def test_decoding_for_a_tpu_mesh_keeps_bf16_and_no_cpu_kernel():
   cfg = small_config(4, 8, T=256, D=256, H=2, V=1024, L=2)
   trainer, figures, modules = compile_for_v5e(cfg, programs.Decoding(batch=4, prompt_len=128))
