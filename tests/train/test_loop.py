@@ -55,14 +55,21 @@ def data_dir(tmp_path_factory):
 
 def config(data_dir: str, variant: str = "all_taper", **changes):
   """The tiny config with `changes` (dotted keys) applied."""
-  return base.override(base.get_config(variant), {**TINY, "data.data_dir": data_dir, **changes})
+  return base.override(base.get_config(variant, "tuned=0"), {**TINY, "data.data_dir": data_dir, **changes})
 
 
 def resume_in_fresh_process(workdir: str, data_dir: str, variant: str = "all_taper", **changes) -> None:
   """Runs `python -m experiments.tinystories` with the tiny config in a new interpreter."""
   flags = [f"--config.{k}={v}" for k, v in {**TINY, "data.data_dir": data_dir, **changes}.items()]
   subprocess.run(
-    [sys.executable, "-m", "experiments.tinystories", f"--config=configs/{variant}.py", f"--workdir={workdir}", *flags],
+    [
+      sys.executable,
+      "-m",
+      "experiments.tinystories",
+      f"--config=configs/{variant}.py:tuned=0",
+      f"--workdir={workdir}",
+      *flags,
+    ],
     cwd=ROOT,
     check=True,
     capture_output=True,

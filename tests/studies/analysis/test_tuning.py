@@ -16,13 +16,20 @@ from tapernorm_jax.train.run_dir import RunDir
 from sweep_helpers import run_cli, tiny_sweep, write_sweep_file
 
 
-def test_the_tuning_sweep_gives_every_method_the_same_nine_settings_on_the_tune_split():
+def test_the_tuning_sweep_gives_every_method_the_same_nine_settings_on_the_tune_split_and_the_named_extras():
   cells = grid.expand(tuning_sweep.get_config())
   per_method = {}
   for c in cells:
     per_method.setdefault((c.variant, c.aux, c.size), set()).add(c.tag)
     assert dict(c.overrides)["data.tune_frac"] == 0.1 and c.seed == 0
-  assert len(per_method) == 8 * 3 and {len(tags) for tags in per_method.values()} == {9}
+  assert len(per_method) == 8 * 3
+  nine = {f"lr{lr:g}_{knob}" for lr in tuning_sweep.LRS for knob in ("gain1", "gain3", "gain10")}
+  assert per_method[("baseline", 0, "cpu")] == nine and per_method[("baseline", 1, "cpu_l")] == nine
+  for (variant, aux, size), tags in per_method.items():  # the shared nine, and the extras the sweep file names
+    method = f"{variant}:aux={aux}" if f"{variant}:aux={aux}" in tuning_sweep.SETTINGS else variant
+    shared = {f"lr{lr:g}_{knob}" for lr in tuning_sweep.LRS for knob in tuning_sweep.SETTINGS[method]}
+    assert tags == shared | set(tuning_sweep.EXTRA.get(method, {})), (variant, size)
+    assert len(tags) == 9 + {"dyt": 3, "derf": 3, "baseline": 0}.get(variant, 2), (variant, size)
   dyt = grid.cell_config(
     next(c for c in cells if c.variant == "dyt" and c.tag == "lr0.01_alpha25x" and c.size == "cpu")
   )
