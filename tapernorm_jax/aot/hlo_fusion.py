@@ -69,7 +69,9 @@ def _operand_read(module: Module, fused: str, users: Users, k: int, whole: float
 
 def _sliced_bytes(module: Module, fused: str, users: Users, name: str, in_place: set[str]) -> float | None:
   """Bytes the uses of value `name` read, where each one slices it, updates it in place or passes it to a nested
-  fusion; None where one reads it whole."""
+  fusion; None where one reads it whole (or the computation returns it)."""
+  if (value := module.instruction(fused, name)) is None or value.root:
+    return None
   total = 0.0
   for user in users[name].values():
     first = user.operands[0] == name

@@ -227,6 +227,17 @@ SCANNED = """HloModule m
   ROOT %r = f32[256]{0} fusion(%p0, %p1), kind=kLoop, calls=%read_row
 }
 
+%as_flat (p0: f32[8,256]) -> f32[2048] {
+  %p0 = f32[8,256]{1,0} parameter(0)
+  ROOT %flat = f32[2048]{0} bitcast(%p0)
+}
+
+%flat_exp (p0: f32[8,256]) -> f32[2048] {
+  %p0 = f32[8,256]{1,0} parameter(0)
+  %flat = f32[2048]{0} fusion(%p0), kind=kLoop, calls=%as_flat
+  ROOT %e = f32[2048]{0} exponential(%flat)
+}
+
 %fresh_row (p0: f32[256], p1: s32[]) -> f32[8,256] {
   %p0 = f32[256]{0} parameter(0)
   %p1 = s32[] parameter(1)
@@ -270,6 +281,7 @@ ENTRY %main (w: f32[8,256], acts: f32[8,256], i: s32[], x: f32[256]) -> (s32[], 
   %both = (f32[1,256]{1,0}, f32[]) fusion(%w, %i), kind=kLoop, calls=%row_and_total
   %nested = f32[256]{0} fusion(%w, %i), kind=kLoop, calls=%nested_row
   %fresh = f32[8,256]{1,0} fusion(%x, %i), kind=kLoop, calls=%fresh_row
+  %viewed = f32[2048]{0} fusion(%w), kind=kLoop, calls=%flat_exp
   %zero = s32[] constant(0)
   %init = (s32[], f32[8,256], f32[8,256]) tuple(%zero, %w, %acts)
   ROOT %loop = (s32[], f32[8,256], f32[8,256]) while(%init), condition=%cond, body=%body
@@ -280,7 +292,8 @@ ENTRY %main (w: f32[8,256], acts: f32[8,256], i: s32[], x: f32[256]) -> (s32[], 
 def test_a_fusion_that_slices_or_updates_one_row_of_a_stack_moves_that_row():
   """A scanned loop's fusions read one layer's row of an (L, N) stack (a dynamic-slice inside the fusion) and write
   one row in place (a root dynamic-update-slice into a parameter): each trip moves a row, not the stack; a fusion
-  that also reads the stack whole, or updates a buffer it made itself, still counts it whole."""
+  that also reads the stack whole, updates a buffer it made itself, or reads it through a nested fusion that returns
+  a view of it still counts it whole."""
   module = hlo.parse(SCANNED)
   row, stack, index = 256 * 4, 8 * 256 * 4, 4
   moved = {i.name: hlo._bytes_moved(module, c, i) for c in ("body", "main") for i in module.computations[c]}
@@ -289,6 +302,7 @@ def test_a_fusion_that_slices_or_updates_one_row_of_a_stack_moves_that_row():
   assert moved["nested"] == moved["row"]  # sliced inside a fusion inside the fusion
   assert moved["both"] == stack + index + row + 4  # the reduce reads it all
   assert moved["fresh"] == row + index + stack  # not in place: the whole new buffer is written
+  assert moved["viewed"] == stack + stack  # a nested fusion that returns a view of the stack reads it all
   counts = hlo.Counts.of(module)
   assert counts.runs["body"] == 8
   body = hlo.hbm_bytes(module, counts, {"body": counts.runs["body"]})
