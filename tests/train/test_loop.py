@@ -247,7 +247,14 @@ def test_a_run_killed_while_saving_resumes_from_the_last_complete_checkpoint(dat
   }
   flags = [f"--config.{k}={v}" for k, v in {**TINY, "data.data_dir": data_dir, **changes}.items()]
   proc = subprocess.Popen(
-    [sys.executable, "-m", "experiments.tinystories", "--config=configs/all_taper.py", f"--workdir={workdir}", *flags],
+    [
+      sys.executable,
+      "-m",
+      "experiments.tinystories",
+      "--config=configs/all_taper.py:tuned=0",
+      f"--workdir={workdir}",
+      *flags,
+    ],
     cwd=ROOT,
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
