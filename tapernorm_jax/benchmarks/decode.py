@@ -122,8 +122,9 @@ QUICK = dict(
 
 
 def model_config(size: str, variant: str, dtype: str) -> ModelConfig:
-  """The paper's model of `size` with `variant`'s norms, weights and activations in `dtype`."""
-  cfg = ModelConfig.from_config(run_config.get_config(variant, f"size={size}").model)
+  """The paper's model of `size` with `variant`'s norms, weights and activations in `dtype` (the defaults, not a tuned
+  preset's initial values: the benchmarks compare one model across rounds and against its peer)."""
+  cfg = ModelConfig.from_config(run_config.get_config(variant, f"size={size},tuned=0").model)
   return cfg.replace(dtype=dtype, param_dtype=dtype)
 
 

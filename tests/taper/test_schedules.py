@@ -37,7 +37,8 @@ def test_phases_from_config_resolve_fractions_and_the_last_step():
 def test_calibration_waits_for_its_floor_where_the_run_is_long_enough():
   from configs import base
 
-  cfg = base.get_config("all_taper", "size=cpu,tuned=0")  # 300 steps: 5% would calibrate at step 15, before h has settled
+  # 300 steps: 5% would calibrate at step 15, before h has settled
+  cfg = base.get_config("all_taper", "size=cpu,tuned=0")
   assert cfg.train.steps == 300 and cfg.taper.min_calibration_step == 100
   assert schedules.Phases.from_config(cfg).taper_start == 100
   for steps, frac, want in ((199, 0.05, 10), (200, 0.05, 100), (4000, 0.05, 200), (300, 0.5, 150)):

@@ -241,7 +241,11 @@ def figure_grid(trials: Sequence[Trial]) -> Any:
         ax.set_xlabel("learning rate (opt.lr)", fontsize=8)
       if j == 0:
         ax.set_ylabel("the method's setting", fontsize=8)
-  fig.suptitle("Tuning: mean loss on the tune split\n(× a seed failed or learned no context; grey without ×: not in the grid; red: chosen)", fontsize=10)
+  fig.suptitle(
+    "Tuning: mean loss on the tune split\n"
+    "(× a seed failed or learned no context; grey without ×: not in the grid; red: chosen)",
+    fontsize=10,
+  )
   if image is not None:
     fig.colorbar(image, ax=axes, shrink=0.6, label="tune loss (nats/token)")
   return fig

@@ -1,8 +1,8 @@
 """The train mode against the real peer (experiments/peer_train_hf.py: Hugging Face LlamaForCausalLM + torch AdamW),
 every contender in its own worker process: after one optimiser step from the same weights and batch the peer's
-parameters are this project's (float32 here: ~2e-6 of each tensor's largest entry, eager and compiled; the run's
-own tolerance is parity.PARAM_TOLERANCE), and bf16 compute runs the peer under autocast. Needs the peer extra:
-.ci/peer runs these tests in .venv-peer; elsewhere they are skipped."""
+parameters are this project's (float32 on XLA's own products: ~2e-6 of each tensor's largest entry, eager and
+compiled; the run's own tolerance is parity.PARAM_TOLERANCE), and bf16 compute runs the peer under autocast. Needs
+the peer extra: .ci/peer runs these tests in .venv-peer; elsewhere they are skipped."""
 
 import sys
 
@@ -25,7 +25,10 @@ def bench(allocator: str, env: dict[str, str] | None = None, **changes) -> dict:
 
 
 def test_after_one_step_the_peer_s_parameters_are_ours_eager_and_compiled():
-  row = bench("project settings", dtype="float32")
+  # On XLA's own products: the CPU kernels a timed choice may pick sum in another order, which one Adam step can
+  # amplify past these bounds (1.3e-4 and 1.6e-3 with `kernels` on an AMD EPYC), though not past the run's own
+  # parity.PARAM_TOLERANCE
+  row = bench("project settings", {"TAPERNORM_CPU_PATHS": "xla"}, dtype="float32")
   for name in training.PEERS:
     assert row["loss"][name]["relative_difference"] < 1e-6
     assert row["param_agreement"][name]["relative"] < 1e-4, row["param_agreement"][name]
