@@ -37,8 +37,8 @@ def main(argv: list[str]) -> None:
   print(
     f"{result['steps']:,} steps; after warm-up (steps {first['first_step']}–{last['last_step']}): resident memory "
     f"{first['rss_mb']:.1f} → {last['rss_mb']:.1f} MB, step time {first['step_ms']:.1f} → {last['step_ms']:.1f} ms "
-    f"(× {result['step_time_ratio']:.2f}); files between saves {result['settled_files_first_half']} → "
-    f"{result['settled_files_second_half']}. {_OUT.value}/soak.json, soak.png"
+    f"(× {result['step_time_ratio']:.2f}); files outside the checkpoints between saves "
+    f"{result['settled_loose_first_half']} → {result['settled_loose_second_half']}. {_OUT.value}/soak.json, soak.png"
   )
 
 

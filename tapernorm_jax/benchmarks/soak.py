@@ -36,19 +36,23 @@ class Count:
   files: int  # every file under the directory
   staging: int  # staging files (NAME.tmp-<pid>) and checkpoints being written
   checkpoints: int  # complete checkpoint directories
+  loose: int  # files outside the complete checkpoint directories: what a file left behind at each save grows
 
 
 def count(run_dir: str, elapsed_s: float) -> Count:
   """Counts the files under `run_dir` now."""
-  total = staging = 0
+  total = staging = loose = 0
   steps: list[str] = []
+  checkpoints_dir = os.path.join(run_dir, "checkpoints")
   for root, dirs, names in os.walk(run_dir):  # one walk, so the counts agree on which checkpoints there were
     total += len(names)
     staging += sum(bool(directory_lock.STAGING.search(n)) for n in names)
-    if root == os.path.join(run_dir, "checkpoints"):
+    if root == checkpoints_dir:
       steps = list(dirs)
+    inside = os.path.relpath(root, checkpoints_dir).split(os.sep)[0]
+    loose += 0 if inside.isdigit() else len(names)
   staging += sum(bool(ORBAX_STAGING.search(d)) for d in steps)
-  return Count(elapsed_s, total, staging, sum(d.isdigit() for d in steps))
+  return Count(elapsed_s, total, staging, sum(d.isdigit() for d in steps), loose)
 
 
 class Sampler:
@@ -111,14 +115,14 @@ def summary(
 ) -> dict[str, Any]:
   """What a soak shows: the windows, resident memory's growth and the step time's ratios (median, lower quartile)
   from the first window after warm-up to the last, and the most files the directory held between two saves (all
-  kept checkpoints complete, nothing being written) in the first and the second half of the run, and the median
-  count there (the most is taken by moments such as Orbax removing an old checkpoint beside the kept ones)."""
+  kept checkpoints complete, nothing being written) in the first and the second half of the run, and the most files
+  outside the complete checkpoints there (a checkpoint's own file count varies by a few from save to save; the files
+  outside them do not)."""
   records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
   parts = windows(records, cfg.train.batch_size * cfg.model.T, warmup_frac, number)
   settled = [c for c in counts if c.staging == 0 and c.checkpoints == cfg.checkpoint.keep]  # between two saves
   half = len(settled) // 2
   most = lambda part, field: max((getattr(c, field) for c in part), default=None)
-  typical = lambda part: float(np.median([c.files for c in part])) if part else None
   return {
     "steps": len(records),
     "warmup_frac": warmup_frac,
@@ -131,8 +135,8 @@ def summary(
     ),
     "settled_files_first_half": most(settled[:half], "files"),
     "settled_files_second_half": most(settled[half:], "files"),
-    "settled_files_median_first_half": typical(settled[:half]),
-    "settled_files_median_second_half": typical(settled[half:]),
+    "settled_loose_first_half": most(settled[:half], "loose"),
+    "settled_loose_second_half": most(settled[half:], "loose"),
     "files_max": most(counts, "files"),
     "staging_max": most(counts, "staging"),
     "checkpoints_max": most(counts, "checkpoints"),
@@ -172,6 +176,7 @@ def figure(soak: dict[str, Any], path: str, title: str) -> None:
     ax.legend()
   counts = soak["counts"]
   count_ax.plot([c["elapsed_s"] for c in counts], [c["files"] for c in counts], label="files")
+  count_ax.plot([c["elapsed_s"] for c in counts], [c.get("loose") for c in counts], label="files outside checkpoints")
   count_ax.plot([c["elapsed_s"] for c in counts], [c["checkpoints"] for c in counts], label="complete checkpoints")
   count_ax.plot([c["elapsed_s"] for c in counts], [c["staging"] for c in counts], label="temporary (being written)")
   count_ax.set(xlabel="time since start (s)", ylabel="count", title="run directory")

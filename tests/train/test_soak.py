@@ -60,13 +60,9 @@ def test_ten_thousand_steps_stay_flat_in_memory_step_time_and_files(tmp_path):
   assert result["final"]["files"] == len(own) + sum(per_checkpoint) and result["final"]["staging"] == 0
   most = {field: max(c[field] for c in result["counts"]) for field in ("checkpoints", "staging")}
   assert most["checkpoints"] <= KEEP + 1 and most["staging"] <= 2, most  # one save (and its manifest) at a time
-  # Between two saves, late in the run as early: the typical count of the second half is the first half's, give or
-  # take the 20–24 files Orbax writes a checkpoint of this model as, and the final one (+ .lock) give or take that
-  # for each kept checkpoint (measured: medians of 49 and 47 against a final 44, of 45 and 45 against 39). Not the
-  # most: on CI's host one moment between two saves held 10 files more than the end (52 against 42 + 1). A file left
-  # behind at every save adds 10 to the second half's median over the first's.
-  typical = (result["settled_files_median_first_half"], result["settled_files_median_second_half"])
-  assert typical[1] <= typical[0] + 4 and typical[1] <= result["final"]["files"] + 1 + 4 * KEEP, (
-    typical,
-    result["counts"],
-  )
+  # Between two saves, late in the run as early: the files outside the complete checkpoints are the run's own (and the
+  # lock), never more in the second half than in the first (measured: 5 and 5; with a file left behind at every save,
+  # 18 and 25). Not the count of all files: a checkpoint of this model is 20-24 files from save to save, which put the
+  # second half's median 5.5 above the first's on CI's host with nothing left behind.
+  loose = (result["settled_loose_first_half"], result["settled_loose_second_half"])
+  assert loose[1] <= loose[0] and loose[1] <= len(own) + 1, (loose, result["counts"])
