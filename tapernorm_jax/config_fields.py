@@ -18,9 +18,9 @@ RENAMED_FIELDS = {
   "mesh.peer_timeout_s": "mesh.process_timeout_s",
 }
 RENAMED_VALUES = {"variant": {"vanilla": "baseline"}}  # field → {old value → new}
-# Fields that were bools and now name a choice: the old values keep their meaning, without a message (every run
-# written before the change carries one).
-FORMER_BOOLS = {"model.remat": {True: "full", False: "none"}}
+# Fields that were bools and now name a choice: the old values (or their spelling on a command line) keep their
+# meaning, without a message (every run written before the change carries one).
+FORMER_BOOLS = {"model.remat": {True: "full", False: "none"}, "model.scan_layers": {True: "scanned", False: "unrolled"}}
 
 
 def current_name(dotted: str) -> str:
@@ -34,8 +34,8 @@ def current_name(dotted: str) -> str:
 def current_value(dotted: str, value: Any) -> Any:
   """`value` as field `dotted` spells it today (a renamed value with a deprecation message; a former bool as the
   choice it meant)."""
-  if isinstance(value, bool) and dotted in FORMER_BOOLS:
-    return FORMER_BOOLS[dotted][value]
+  if dotted in FORMER_BOOLS and (isinstance(value, bool) or value in ("True", "False")):
+    return FORMER_BOOLS[dotted][value in (True, "True")]
   renamed = RENAMED_VALUES.get(dotted, {})
   if isinstance(value, str) and value in renamed:
     deprecated(f"{dotted}={value!r} is now {dotted}={renamed[value]!r}; the old value still works for now")

@@ -5,6 +5,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from tapernorm_jax import config_fields
 from tapernorm_jax.errors import deprecated
 from tapernorm_jax.model import attention, param_paths, sharding
 from tapernorm_jax.model.norms import NORM_MODES, POINTWISE_ALPHA, POINTWISE_MODES, RENAMED_MODES
@@ -12,10 +13,16 @@ from tapernorm_jax.model.norms import NORM_MODES, POINTWISE_ALPHA, POINTWISE_MOD
 FAMILIES = ("llama", "gpt2")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 REMAT_POLICIES = ("none", "full", "save_matmuls")  # model.remat: what a block keeps for its backward (layer_scan.py)
-REMAT_BOOLS = {True: "full", False: "none", "True": "full", "False": "none"}  # model.remat before it named a policy
+SCAN_CHOICES = ("auto", "scanned", "unrolled")  # model.scan_layers; auto: scanned on accelerators from SCAN_FROM_L
+# Layers deep, from which `auto` scans the blocks on an accelerator target: compile time grows with unrolled depth
+# (GPT-2 XL on v5e:4x4 compiles in 129-175 s scanned against 287-368 s unrolled, docs/tpu_results/scan). Never on a
+# CPU target, where the unrolled 8-layer `1m` train step ran 1.44-1.58 s against 1.64-1.75 s scanned (docs/tpu.md).
+SCAN_FROM_L = 12
 
 
 INITIAL_VALUE_FIELDS = ("norm_alpha", "derf_shift", "norm_gain_init", "init_std")  # they change no program
+# How the blocks run, not what they compute or store: a run may resume with these changed.
+EXECUTION_FIELDS = ("remat", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +57,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   attention_impl: str = "auto"
   remat: str = "none"  # none, full (recompute each block in the backward pass) or save_matmuls (keep the products)
-  scan_layers: bool = False  # run the L blocks as one block under a scan (one compiled body); the tree stays per layer
+  scan_layers: str = (
+    "auto"  # scanned: the L blocks as one block under a scan (one compiled body); the tree stays per layer
+  )
   platform: str = ""
 
   def __post_init__(self):
@@ -64,8 +73,8 @@ class ModelConfig:
     if self.attention_impl is None:  # configs written before attention.py said None for automatic
       object.__setattr__(self, "attention_impl", "auto")
     object.__setattr__(self, "norm_alpha", tuple(self.norm_alpha))  # a list when read from JSON
-    if isinstance(self.remat, (bool, str)) and self.remat in REMAT_BOOLS:  # a bool in configs written before policies
-      object.__setattr__(self, "remat", REMAT_BOOLS[self.remat])
+    for field in ("remat", "scan_layers"):  # bools in configs written before they named a choice
+      object.__setattr__(self, field, config_fields.current_value(f"model.{field}", getattr(self, field)))
     validate(self)
 
   @property
@@ -79,6 +88,14 @@ class ModelConfig:
     if self.F:
       return self.F
     return round(8 * self.D / 3) if self.family == "llama" else 4 * self.D
+
+  @property
+  def scanned(self) -> bool:
+    """Whether the blocks run under a scan: `scan_layers`, with `auto` scanned on an accelerator target from
+    SCAN_FROM_L layers deep."""
+    if self.scan_layers == "auto":
+      return self.target_platform != "cpu" and self.L >= SCAN_FROM_L
+    return self.scan_layers == "scanned"
 
   @property
   def target_platform(self) -> str:
@@ -195,8 +212,8 @@ def validate(cfg: ModelConfig) -> None:
     fail("attention_impl", f"choose one of {attention.IMPLS} (docs/method.md §13)")
   if cfg.remat not in REMAT_POLICIES:
     fail("remat", f"choose one of {REMAT_POLICIES} (True and False, its old values, mean full and none)")
-  if not isinstance(cfg.scan_layers, bool):
-    fail("scan_layers", "must be True or False")
+  if cfg.scan_layers not in SCAN_CHOICES:
+    fail("scan_layers", f"choose one of {SCAN_CHOICES} (True and False mean scanned and unrolled)")
   if cfg.platform not in ("", *sharding.PLATFORMS):
     fail("platform", f"choose one of {sharding.PLATFORMS}, or '' for jax's default devices")
   if cfg.logits_bias and cfg.tie_embeddings:

@@ -184,7 +184,7 @@ class Transformer(nn.Module):
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     gates = as_gates(gate, self.cfg.L)
     h_BxTxD = self.embed_tokens(tokens_BxT, positions_BxT)
-    if self.cfg.scan_layers and not self.is_initializing():  # init makes the per-layer tree block by block
+    if self.cfg.scanned and not self.is_initializing():  # init makes the per-layer tree block by block
       h_BxTxD = self.scanned_blocks(h_BxTxD, positions_BxT, gates)
     else:
       for i in range(self.cfg.L):

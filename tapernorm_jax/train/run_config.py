@@ -94,7 +94,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       dtype="auto",  # compute dtype: auto = bfloat16 on accelerators, float32 on CPU
       attention_impl="auto",
       remat="none",  # none, full or save_matmuls: what each block keeps for the backward pass (docs/tpu.md)
-      scan_layers=False,  # True: the blocks run as one scanned block, compiled once (docs/tpu.md)
+      scan_layers="auto",  # scanned: the blocks run as one block, compiled once; auto: on accelerators from 12 deep
     )
   )
 

@@ -14,6 +14,7 @@ from etils import epath
 from tqdm import tqdm
 
 from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.model.config import EXECUTION_FIELDS
 from tapernorm_jax.storage import integrity, run_files
 from tapernorm_jax.storage.run_files import write_json_atomically, write_text_atomically
 from tapernorm_jax.train.metrics import METRICS_FILE
@@ -50,7 +51,8 @@ class RunDir:
     return str(self.file(name))
 
   def check_config(self, cfg: ml_collections.ConfigDict) -> None:
-    """On resume, refuses a model that differs from the saved one (before anything is read or written)."""
+    """On resume, refuses a model that differs from the saved one (before anything is read or written), but for how
+    its blocks run (`EXECUTION_FIELDS`: the checkpoint's tree is the same scanned or unrolled, with any remat)."""
     path = self.file("config.json")
     if path.exists():
       saved = json.loads(path.read_text())["model"]
@@ -60,6 +62,11 @@ class RunDir:
       as_read = lambda items: dataclasses.asdict(ModelConfig.from_config({k: v for k, v in items.items() if k in now}))
       before, after = as_read(saved), as_read(now)
       differing = {k: (saved.get(k), now[k]) for k in now if before.get(k) != after.get(k)}
+      for k in EXECUTION_FIELDS:
+        if k in differing:
+          log(
+            f"resuming with model.{k}={now[k]!r} (saved with {differing.pop(k)[0]!r}): the same model, run differently"
+          )
       if differing:
         raise ValueError(
           f"--workdir={self.path} holds a run whose model config differs: "

@@ -60,7 +60,9 @@ def test_scanned_layers_gather_one_layer_at_a_time_and_compute_the_same_products
     pytest.skip("needs 8 devices (conftest.py gives 8 fake CPU devices)")
   gathered, flops = {}, {}
   for scan in (False, True):
-    trainer = Trainer(config(8, L=3, scan_layers=scan), sharding.make_mesh(-1, 8, jax.devices()[:8]))
+    trainer = Trainer(
+      config(8, L=3, scan_layers="scanned" if scan else "unrolled"), sharding.make_mesh(-1, 8, jax.devices()[:8])
+    )
     module = hlo.parse(programs.training(trainer)[0].lower().compile().as_text())
     shapes = {i.shape for body in module.computations.values() for i in body if i.opcode == "all-gather"}
     gathered[scan] = {tuple(hlo.dims(shape)) for shape in shapes}

@@ -44,7 +44,9 @@ def bf16_share(module: hlo.Module) -> float:
 
 @pytest.mark.parametrize("T,splash,scan", [(128, True, False), (96, False, False), (128, True, True)])
 def test_the_train_step_for_a_tpu_mesh_is_the_tpu_program(T, splash, scan):
-  cfg = small_config(4, 8, T=T, D=256, H=2, V=1024, L=2, scan_layers=scan)  # scanned: the kernels inside the loop
+  cfg = small_config(
+    4, 8, T=T, D=256, H=2, V=1024, L=2, scan_layers="scanned" if scan else "unrolled"
+  )  # scanned: the kernels inside the loop
   trainer, (step,), (module,) = compile_for_v5e(cfg)
   assert trainer.model_cfg.platform == "tpu" and str(trainer.model_cfg.compute_dtype) == "bfloat16"
   assert bf16_share(module) > 0.9, bf16_share(module)  # dtype=auto on a TPU target, on a CPU host
@@ -69,7 +71,7 @@ def test_scanned_and_unrolled_train_steps_move_about_the_same_bytes():
   (2.3×)."""
   moved = {}
   for scan in (False, True):
-    cfg = small_config(4, 8, L=8, scan_layers=scan)
+    cfg = small_config(4, 8, L=8, scan_layers="scanned" if scan else "unrolled")
     trainer = Trainer(cfg, sharding.make_mesh(-1, cfg.mesh.fsdp, list(topology.devices("v5e:2x2"))))
     moved[scan] = analysis.compile_program(programs.training(trainer)[0], V5E, [0] * 4).hbm_bytes
   assert 1 / 1.5 < moved[True] / moved[False] < 1.5, moved

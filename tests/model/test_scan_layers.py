@@ -143,11 +143,37 @@ def test_remat_keeps_its_old_bool_values(value):
   assert ModelConfig(remat=value).remat == ("full" if value in (True, "True") else "none")
 
 
-def test_configs_written_with_a_bool_remat_still_load_and_override():
-  saved = config_fields.upgrade({"model": {"remat": False, "L": 2}})
-  assert saved["model"]["remat"] == "none" and ModelConfig.from_config(saved["model"]).remat == "none"
-  cfg = run_config.override(run_config.get_config("all_taper", "size=cpu"), {"model.remat": True})
-  assert cfg.model.remat == "full"
+@pytest.mark.parametrize("value", [True, False, "True", "False"])
+def test_scan_layers_keeps_its_old_bool_values(value):
+  assert ModelConfig(scan_layers=value).scanned == (value in (True, "True"))
+
+
+def test_configs_written_with_bools_still_load_and_override():
+  saved = config_fields.upgrade({"model": {"remat": False, "scan_layers": True, "L": 2}})
+  assert ModelConfig.from_config(saved["model"]) == ModelConfig(remat="none", scan_layers="scanned", L=2)
+  cfg = run_config.override(
+    run_config.get_config("all_taper", "size=cpu"), {"model.remat": True, "model.scan_layers": True}
+  )
+  assert (cfg.model.remat, cfg.model.scan_layers) == ("full", "scanned")
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+@pytest.mark.parametrize("depth", [8, 12, 48])
+def test_auto_scans_on_accelerators_from_twelve_layers(platform, depth):
+  assert ModelConfig(L=depth, platform=platform).scanned == (platform != "cpu" and depth >= 12)
+  assert ModelConfig(L=depth, platform=platform, scan_layers="unrolled").scanned is False
+
+
+def test_the_deep_presets_scan_for_a_tpu_mesh_and_the_tinystories_ones_do_not():
+  deep, shallow = run_config.get_config("all_taper", "size=1b"), run_config.get_config("all_taper", "size=30m")
+  assert ModelConfig.from_config(deep.model).for_platform("tpu").scanned
+  assert not ModelConfig.from_config(shallow.model).for_platform("tpu").scanned
+  assert not ModelConfig.from_config(deep.model).for_platform("cpu").scanned
+
+
+def test_a_bad_scan_choice_is_named_with_the_accepted_ones():
+  with pytest.raises(ValueError, match=r"^model\.scan_layers='yes': choose one of \('auto', 'scanned', 'unrolled'\)"):
+    ModelConfig(scan_layers="yes")
 
 
 def test_a_bad_remat_policy_is_named_with_the_accepted_ones():
@@ -159,7 +185,7 @@ def test_one_train_step_is_the_same_scanned_and_unrolled():
   states = {}
   for scan in (False, True):
     cfg = run_config.get_config("all_taper", "size=cpu")
-    cfg.model.scan_layers = scan
+    cfg.model.scan_layers = "scanned" if scan else "unrolled"
     cfg.train.batch_size = 8
     trainer = Trainer(cfg, sharding.make_mesh(data=2, fsdp=4))
     batch_BxT1 = jax.random.randint(jax.random.key(5), (8, cfg.model.T + 1), 0, cfg.model.V)
