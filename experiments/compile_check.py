@@ -35,7 +35,7 @@ _PROGRAMS = flags.DEFINE_list(
   "programs",
   [],
   "Only these programs (default: all of the run's: train_step, "
-  "fixed_step, eval_step, diagnostics, fold, prefill, decode_step).",
+  "fixed_step, eval_step, diagnostics, fold, prefill, decode_step, serve_prefill, serve_decode_step).",
 )
 _SUGGEST = flags.DEFINE_bool(
   "suggest", False, "Also compile other meshes and microbatch counts and rank those that fit by estimated step time."

@@ -7,11 +7,15 @@
     fold          the g = 0 maps folded into the projections (variants with tapered or RepBN norms)
     prefill       `decode_batch` prompts of `prompt_len` tokens into a KV cache of model.T slots
     decode_step   one token per row over that cache
+    serve_prefill, serve_decode_step
+                  the same two in the serving layout: the folded weights in bfloat16, whole on every chip
 
 Each comes with the analytic FLOPs (per chip) the project counts for MFU, 6·N + 12·L·D·T per trained token and a
 third of that per forward token, N the parameters a token is multiplied by (lookup tables left out), so the
-compiler's count can be read against it. The inference programs keep the training layout: weights split over
-`fsdp`, rows over the mesh.
+compiler's count can be read against it. `prefill` and `decode_step` keep the training layout (weights split over
+`fsdp`, so each step gathers them); the `serve_` programs are what a server would run, rows split over the mesh and
+nothing but rows between chips. A model whose bfloat16 weights do not fit on one chip needs them split for tensor
+parallelism, which this project does not do: its `serve_` programs then do not fit, and the check says so.
 """
 
 import dataclasses
@@ -84,7 +88,8 @@ def training(trainer: Trainer) -> list[Program]:
 
 
 def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
-  """The fold (for models whose norms fold), prefill and one decode step, on the mesh and layout of `trainer`'s run."""
+  """The fold (for models whose norms fold), prefill and one decode step on the mesh and layout of `trainer`'s run,
+  and the two again in the serving layout."""
   mesh, trained_cfg = trainer.mesh, trainer.model_cfg
   state = trainer.abstract_state()
   trained = {"params": state["params"], "calib": state["calib"]}
@@ -95,6 +100,26 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
     fold = jax.jit(functools.partial(fold_variables, model_cfg=trained_cfg), out_shardings=placement)
     programs.append(Program("fold", functools.partial(fold.lower, trained), None, 0))
     variables = jax.tree.map(lambda x, s: abstract(x.shape, x.dtype, s), jax.eval_shape(fold, trained), placement)
+  serving_cfg = model_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+  whole = sharding.replicated(mesh)
+  served = jax.tree.map(lambda x: abstract(x.shape, serving_dtype(x.dtype), whole), variables)
+  return (
+    programs
+    + decoding_programs(variables, model_cfg, mesh, decoding, "")
+    + decoding_programs(served, serving_cfg, mesh, decoding, "serve_")
+  )
+
+
+def serving_dtype(dtype: Any) -> Any:
+  """bfloat16 for floating-point weights; other dtypes as they are."""
+  return jnp.bfloat16 if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+def decoding_programs(
+  variables: PyTree, model_cfg: ModelConfig, mesh: Mesh, decoding: Decoding, prefix: str
+) -> list[Program]:
+  """Prefill and one decode step of `variables` (abstract, placed) with rows split over the mesh, named with
+  `prefix`."""
   B, P_len, S = decoding.batch, decoding.prompt_len, model_cfg.T
   rows = rows_sharding(mesh, B)
   cache = jax.tree.map(
@@ -108,15 +133,15 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
   step = jax.jit(functools.partial(decode.decode_step, cfg=model_cfg, mesh=mesh))
   prompt, lengths = abstract((B, P_len), jnp.int32, rows), abstract((B,), jnp.int32, rows)
   tokens, index = abstract((B,), jnp.int32, rows), abstract((B,), jnp.int32, rows)
-  return programs + [
+  return [
     Program(
-      "prefill",
+      f"{prefix}prefill",
       lambda: prefill.lower(variables, prompt_BxP=prompt, lengths_B=lengths, cache=cache),
       prefill_flops / mesh.size,
       B * P_len,
     ),
     Program(
-      "decode_step",
+      f"{prefix}decode_step",
       lambda: step.lower(variables, tokens_B=tokens, index_B=index, cache=cache),
       B * forward(N, S) / mesh.size,
       B,

@@ -10,7 +10,8 @@ import pytest
 
 from tapernorm_jax.runtime import costs
 from tapernorm_jax.aot import analysis, check, chips, hlo, programs, topology
-from tapernorm_jax.model import sharding
+from tapernorm_jax.model import init, param_count, sharding
+from tapernorm_jax.taper import fold
 from tapernorm_jax.train.trainer import Trainer
 from aot_helpers import needs_libtpu, small_config, state_bytes_per_device
 
@@ -81,7 +82,7 @@ def test_decoding_for_a_tpu_mesh_keeps_bf16_and_no_cpu_kernel():
   cfg = small_config(4, 8, T=256, D=256, H=2, V=1024, L=2)
   trainer, figures, modules = compile_for_v5e(cfg, programs.Decoding(batch=4, prompt_len=128))
   by_name = {f.program: (f, m) for f, m in zip(figures, modules)}
-  assert set(by_name) == {"train_step", "fold", "prefill", "decode_step"}
+  assert set(by_name) == {"train_step", "fold", "prefill", "decode_step", "serve_prefill", "serve_decode_step"}
   for name in ("prefill", "decode_step"):
     figures_, module = by_name[name]
     assert figures_.fits and not any(k.startswith("tapernorm_") for k in figures_.kernels)
@@ -104,6 +105,25 @@ def test_data_parallel_decoding_moves_nothing_between_chips():
   for program in (p for p in inference if p.name in ("prefill", "decode_step")):
     figures = analysis.compile_program(program, V5E, [0] * 4)
     assert figures.collectives == {}, (program.name, figures.collectives)
+
+
+def test_the_serving_layout_decodes_from_whole_bf16_weights_and_moves_no_weights_between_chips():
+  """With the weights split four ways (fsdp), the training-layout decode step gathers them every token; the serving
+  step holds the folded weights whole in bfloat16 on each chip and moves under 5% of their bytes between chips."""
+  cfg = small_config(4, 8, T=256, D=256, H=2, V=1024, L=2)
+  trainer = Trainer(cfg, sharding.make_mesh(-1, 4, list(topology.devices("v5e:2x2"))))
+  by_name = {p.name: p for p in programs.inference(trainer, programs.Decoding(batch=4, prompt_len=128))}
+  model_cfg = fold.folded_config(trainer.model_cfg)
+  weights = 2 * param_count(jax.eval_shape(lambda: init(model_cfg, jax.random.key(0)))["params"])  # bf16 bytes
+  moved = {}
+  for name in ("decode_step", "serve_decode_step"):
+    figures = analysis.compile_program(by_name[name], V5E, [0] * 4)
+    moved[name] = sum(t["ici_bytes"] for t in figures.collectives.values())
+  assert moved["decode_step"] > 0.5 * weights and moved["serve_decode_step"] <= 0.05 * weights, (moved, weights)
+  module = hlo.parse(by_name["serve_decode_step"].lower().compile().as_text())
+  parameters = [i.shape for i in module.computations[module.entry] if i.opcode == "parameter"]
+  assert sum(shape.startswith("bf16[256,3,2,128]") for shape in parameters) == 2, parameters  # each block's qkv, whole
+  assert not any(shape.startswith("f32[") for shape in parameters), parameters
 
 
 def test_a_mesh_over_two_slices_puts_the_data_axis_across_them():
