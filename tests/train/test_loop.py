@@ -285,11 +285,11 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_check
 @pytest.mark.slow  # a second training run
 def test_a_run_saved_unrolled_resumes_scanned_with_remat(uninterrupted, data_dir, tmp_path, capsys):
   workdir = str(tmp_path)
-  loop.run(config(data_dir), workdir, stop_after=12)
-  loop.run(config(data_dir, **{"model.scan_layers": True, "model.remat": "save_matmuls"}), workdir)
-  assert "resuming with model.scan_layers=True (saved with False)" in capsys.readouterr().out
+  loop.run(config(data_dir, **{"model.scan_layers": "unrolled"}), workdir, stop_after=12)
+  loop.run(config(data_dir, **{"model.scan_layers": True, "model.remat": "save_matmuls"}), workdir)  # a former bool
+  assert "resuming with model.scan_layers='scanned' (saved with 'unrolled')" in capsys.readouterr().out
   np.testing.assert_allclose(losses(workdir), losses(uninterrupted[0]), rtol=1e-4)
-  assert json.load(open(os.path.join(workdir, "config.json")))["model"]["scan_layers"] is True
+  assert json.load(open(os.path.join(workdir, "config.json")))["model"]["scan_layers"] == "scanned"
 
 
 def test_resuming_with_a_different_model_is_refused(uninterrupted, data_dir):
