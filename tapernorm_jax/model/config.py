@@ -20,7 +20,7 @@ SCAN_CHOICES = ("auto", "scanned", "unrolled")  # model.scan_layers; auto: scann
 SCAN_FROM_L = 12
 
 
-INITIAL_VALUE_FIELDS = ("norm_alpha", "derf_shift", "norm_gain_init", "init_std")  # they change no program
+INITIAL_VALUE_FIELDS = ("norm_alpha", "derf_shift", "norm_gain_init", "final_norm_gain_init", "init_std")  # they change no program
 # How the blocks run, not what they compute or store: a run may resume with these changed.
 EXECUTION_FIELDS = ("remat", "scan_layers")
 
@@ -47,6 +47,7 @@ class ModelConfig:
   norm_alpha: tuple[float, ...] = ()  # dyt/derf: α's initial value (attention, MLP, final); (): the authors' (norms.py)
   derf_shift: float = 0.0  # derf: the shift's initial value
   norm_gain_init: float = 1.0  # every norm's gain γ starts at this (the normalized path's; a tapered norm's γ̃ at 1)
+  final_norm_gain_init: float = 0.0  # the final norm's γ starts at this instead; 0: at norm_gain_init
   eps: float = 1e-5
   rope_base: float = 10_000.0
   tie_embeddings: bool = True
@@ -139,7 +140,7 @@ class ModelConfig:
 
   def program_key(self) -> str:
     """The config as its compiled programs see it: fields that only set initial values (norm_alpha, derf_shift,
-    norm_gain_init, init_std) at their defaults, so a tuning grid over them shares one timed kernel choice."""
+    norm_gain_init, final_norm_gain_init, init_std) at their defaults, so a tuning grid over them shares one timed kernel choice."""
     initial = {f.name: f.default for f in dataclasses.fields(self) if f.name in INITIAL_VALUE_FIELDS}
     return repr(dataclasses.replace(self, **initial))
 
@@ -202,6 +203,8 @@ def validate(cfg: ModelConfig) -> None:
     fail("eps", "must be > 0 (it keeps the norm's square root away from zero)")
   if not cfg.norm_gain_init > 0:
     fail("norm_gain_init", "must be > 0 (the norms' gain γ starts at this; 1 is the usual init)")
+  if not cfg.final_norm_gain_init >= 0:
+    fail("final_norm_gain_init", "must be > 0 (the final norm's γ starts at this), or 0 for norm_gain_init")
   if not cfg.init_std > 0:
     fail("init_std", "must be > 0")
   if cfg.dtype not in DTYPES:

@@ -137,7 +137,7 @@ class Transformer(nn.Module):
       cfg.param_dtype,
       cfg.alpha_init(2),
       cfg.derf_shift,
-      cfg.norm_gain_init,
+      cfg.final_norm_gain_init or cfg.norm_gain_init,
     )
     if cfg.pointwise:  # DyT's and Derf's language models scale the embeddings by a learned scalar, initially √D
       self.embed_scale = self.param(

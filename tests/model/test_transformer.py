@@ -185,6 +185,7 @@ def test_bf16_compute_keeps_fp32_logits():
     (dict(D=30, H=10), "model.H"),  # odd head dim for RoPE
     (dict(logits_bias=True), "model.logits_bias"),
     (dict(norm_gain_init=0.0), "model.norm_gain_init"),
+    (dict(final_norm_gain_init=-1.0), "model.final_norm_gain_init"),
   ],
 )
 def test_bad_configs_raise_before_compiling(changes, field):
@@ -273,7 +274,7 @@ def test_norm_gain_init_starts_every_gain_there_as_scaling_the_gains_by_hand_doe
 @pytest.mark.parametrize(
   "mode, changes",
   [
-    ("plain", dict(norm_gain_init=3.0, init_std=0.05)),
+    ("plain", dict(norm_gain_init=3.0, final_norm_gain_init=5.0, init_std=0.05)),
     ("dyt", dict(norm_alpha=(4.0, 1.0, 1.0))),
     ("derf", dict(derf_shift=0.5)),
   ],
@@ -288,3 +289,17 @@ def test_fields_that_set_initial_values_change_no_program_and_share_one_program_
   ]
   assert hlo[0] == hlo[1] and base.program_key() == other.program_key() and base != other
   assert base.program_key() != base.replace(D=64, H=4).program_key()  # a field the program reads keeps its place
+
+
+@pytest.mark.parametrize("internal,final", [("plain", "plain"), ("taper", "taper")])
+def test_final_norm_gain_init_starts_only_the_final_gamma_there(internal, final):
+  cfg = LLAMA.replace(internal_norm=internal, final_norm=final)
+  base = nn.unbox(init(cfg, jax.random.key(0)))
+  five = nn.unbox(init(cfg.replace(final_norm_gain_init=5.0), jax.random.key(0)))
+  by_hand = traverse_util.flatten_dict(base["params"])
+  by_hand[(param_paths.FINAL_NORM, param_paths.GAMMA)] = 5 * by_hand[(param_paths.FINAL_NORM, param_paths.GAMMA)]
+  by_hand = traverse_util.unflatten_dict(by_hand)
+  assert jax.tree.all(jax.tree.map(np.array_equal, five["params"], by_hand))
+  tokens = _tokens()
+  logits = lambda c, v: Transformer(c).apply(v, tokens, gate=1.0)
+  assert not np.allclose(logits(cfg, base), logits(cfg, five), atol=1e-3)

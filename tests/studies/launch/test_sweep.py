@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-from configs.sweeps import budgets, cpu_mini, ladder, methods, table2
+from configs.sweeps import budgets, cpu_mini, ladder, ladder_checks, methods, table2
 from tapernorm_jax.studies import manifest, spec
 from tapernorm_jax.studies.launch import commands, grid, runner
 from tapernorm_jax.studies.analysis import predict, report, run_rows
@@ -72,6 +72,9 @@ def test_the_shipped_sweeps_expand_to_their_grids():
   assert {grid.cell_config(c).model.norm_gain_init for c in by_budget} == {1.0}
   with pytest.raises(ValueError, match=r"budgets.py:20,gian=3: give N or N,gain=G"):
     budgets.get_config("20,gian=3")
+  checks = grid.expand(ladder_checks.get_config())  # each size's baseline with all_taper's final c as its final γ0
+  assert len(checks) == 3 * 3 and {c.variant for c in checks} == {"baseline"}
+  assert {(c.size, grid.cell_config(c).model.final_norm_gain_init) for c in checks} == set(ladder_checks.FINAL_C.items())
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
-"""The budget study's interventions (configs/sweeps/budget_checks.py) beside the runs they change: per method, size
-and setting, the final validation loss (mean ± std over seeds), the logit norm's growth from the taper start to the
-end, and the pre-logit rms s(h) against the scale loss's target over the last 10% of steps.
+"""A study's interventions (tagged cells: configs/sweeps/budget_checks.py, ladder_checks.py) beside the runs they
+change: per method, size and setting, the final validation loss (mean ± std over seeds), the logit norm's growth from
+the taper start to the end, and the pre-logit rms s(h) against the scale loss's target over the last 10% of steps.
+The study's rows shown are the checked methods' and the plain baseline's at the checked sizes, and any
+`variant:aux` named after the two directories.
 
-    .venv/bin/python scripts/budget_checks.py runs/budget-checks runs/budgets-tpp5 > docs/budgets/tpp5/checks.md
+    .venv/bin/python scripts/intervention_table.py runs/budget-checks runs/budgets-tpp5 > docs/budgets/tpp5/checks.md
+    .venv/bin/python scripts/intervention_table.py runs/ladder-checks runs/ladder all_taper:1 internal_taper:1
 
 A development tool (the package never imports it); docs/studies.md reads its output.
 """
@@ -17,6 +20,16 @@ from tapernorm_jax.studies.analysis.curves import series, taper_start
 from tapernorm_jax.studies.analysis.run_rows import Run, label, read_metrics, read_runs, size_order
 
 SETTINGS = {"": "as in the study", "lambda1": "λ = 1", "gain3": "γ0 = 3", "gain10": "γ0 = 10"}
+
+
+def order(tag: str) -> tuple[int, str]:
+  """Sorts the study's own cells first, then the known settings in SETTINGS' order, then the rest by name."""
+  return (list(SETTINGS).index(tag), "") if tag in SETTINGS else (len(SETTINGS), tag)
+
+
+def described(tag: str) -> str:
+  """What a tag sets, in words (`final5.3`: the final norm's γ0)."""
+  return f"final norm's γ0 = {tag[len('final') :]}" if tag.startswith("final") else SETTINGS.get(tag, tag)
 
 
 def setting(run: Run) -> str:
@@ -44,7 +57,7 @@ def rows(runs: list[Run], wanted: set[tuple[str, int, str]]) -> list[list[str]]:
       groups[(run.size, run.variant, run.aux, setting(run))].append(run)
   out = []
   for (size, variant, aux, tag), group in sorted(
-    groups.items(), key=lambda kv: (size_order(kv[0][0]), kv[0][1:3], list(SETTINGS).index(kv[0][3]))
+    groups.items(), key=lambda kv: (size_order(kv[0][0]), kv[0][1:3], order(kv[0][3]))
   ):
     losses = [r.final_val_loss for r in group]
     growth, s, target = np.nanmean([dynamics(r) for r in group], axis=0)
@@ -53,7 +66,7 @@ def rows(runs: list[Run], wanted: set[tuple[str, int, str]]) -> list[list[str]]:
       [
         size,
         label(variant, aux),
-        SETTINGS.get(tag, tag),
+        described(tag),
         str(len(group)),
         f"{statistics.fmean(losses):.3f} ± {spread:.3f}",
         f"{growth:.2f}×",
@@ -64,10 +77,11 @@ def rows(runs: list[Run], wanted: set[tuple[str, int, str]]) -> list[list[str]]:
   return out
 
 
-def main(checks_dir: str, reference_dir: str) -> None:
-  """Prints the markdown table."""
+def main(checks_dir: str, reference_dir: str, *shown: str) -> None:
+  """Prints the markdown table; `shown`: more of the study's methods as `variant:aux`."""
   checks = read_runs(checks_dir)
-  wanted = {(r.variant, r.aux, r.size) for r in checks} | {("baseline", 0, r.size) for r in checks}
+  methods = {("baseline", 0), *((v, int(a)) for v, a in (m.split(":") for m in shown))}
+  wanted = {(r.variant, r.aux, r.size) for r in checks} | {(v, a, r.size) for v, a in methods for r in checks}
   table = rows(checks + read_runs(reference_dir), wanted)
   header = ["size", "method", "setting", "seeds", "val loss", "logit growth", "s(h), last 10%", "s target"]
   print("| " + " | ".join(header) + " |")
@@ -77,4 +91,4 @@ def main(checks_dir: str, reference_dir: str) -> None:
 
 
 if __name__ == "__main__":
-  main(*sys.argv[1:3])
+  main(*sys.argv[1:])
