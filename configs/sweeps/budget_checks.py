@@ -9,7 +9,7 @@ budget study"), each at that study's budget and defaults, 3 seeds:
   (`gain3`, `gain10`).
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks.py --workdir=runs/budget-checks
-    .venv/bin/python scripts/intervention_table.py runs/budget-checks runs/budgets-tpp5   # the table beside the study's runs
+    .venv/bin/python scripts/intervention_table.py runs/budget-checks runs/budgets-tpp5   # beside the study's runs
 """
 
 import ml_collections

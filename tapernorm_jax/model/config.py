@@ -20,7 +20,13 @@ SCAN_CHOICES = ("auto", "scanned", "unrolled")  # model.scan_layers; auto: scann
 SCAN_FROM_L = 12
 
 
-INITIAL_VALUE_FIELDS = ("norm_alpha", "derf_shift", "norm_gain_init", "final_norm_gain_init", "init_std")  # they change no program
+INITIAL_VALUE_FIELDS = (  # they change no program
+  "norm_alpha",
+  "derf_shift",
+  "norm_gain_init",
+  "final_norm_gain_init",
+  "init_std",
+)
 # How the blocks run, not what they compute or store: a run may resume with these changed.
 EXECUTION_FIELDS = ("remat", "scan_layers")
 
@@ -139,8 +145,8 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def program_key(self) -> str:
-    """The config as its compiled programs see it: fields that only set initial values (norm_alpha, derf_shift,
-    norm_gain_init, final_norm_gain_init, init_std) at their defaults, so a tuning grid over them shares one timed kernel choice."""
+    """The config as its compiled programs see it: the fields that only set initial values (INITIAL_VALUE_FIELDS)
+    at their defaults, so a tuning grid over them shares one timed kernel choice."""
     initial = {f.name: f.default for f in dataclasses.fields(self) if f.name in INITIAL_VALUE_FIELDS}
     return repr(dataclasses.replace(self, **initial))
 

@@ -74,7 +74,8 @@ def test_the_shipped_sweeps_expand_to_their_grids():
     budgets.get_config("20,gian=3")
   checks = grid.expand(ladder_checks.get_config())  # each size's baseline with all_taper's final c as its final γ0
   assert len(checks) == 3 * 3 and {c.variant for c in checks} == {"baseline"}
-  assert {(c.size, grid.cell_config(c).model.final_norm_gain_init) for c in checks} == set(ladder_checks.FINAL_C.items())
+  final_gains = {(c.size, grid.cell_config(c).model.final_norm_gain_init) for c in checks}
+  assert final_gains == set(ladder_checks.FINAL_C.items())
 
 
 @pytest.mark.parametrize(
