@@ -26,8 +26,9 @@ from tapernorm_jax.model import sharding  # noqa: E402
 from tapernorm_jax.train import run_config  # noqa: E402
 
 
-def main(topology_name: str, config: str, *overrides: str) -> None:
-  """Prints the all-gathers of `config`'s train step on `topology_name`, the largest first."""
+def compiled_train_step(topology_name: str, config: str, *overrides: str, slices: int = 1) -> hlo.Module:
+  """The parsed HLO of `config`'s train step (`path.py:arg`, `key=value` overrides) compiled for `slices` slices of
+  `topology_name`."""
   logging.set_verbosity(logging.ERROR)
   path, _, arg = config.partition(":")
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the checkout: configs/ imports configs.base
@@ -36,10 +37,16 @@ def main(topology_name: str, config: str, *overrides: str) -> None:
   spec.loader.exec_module(config_module)
   changes = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in overrides)}
   cfg = run_config.override(config_module.get_config(arg or None), changes)
-  devices = list(topology.devices(topology_name))
+  devices = list(topology.devices(topology_name, slices))
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices)
   step = next(p for p in programs.run_programs(cfg, mesh, None) if p.name == "train_step")
-  module = hlo.parse(step.lower().compile().as_text())
+  return hlo.parse(step.lower().compile().as_text())
+
+
+def main(topology_name: str, config: str, *overrides: str) -> None:
+  """Prints the all-gathers of `config`'s train step on `topology_name`, the largest first."""
+  module = compiled_train_step(topology_name, config, *overrides)
+  devices = list(topology.devices(topology_name))
   counts = hlo.Counts.of(module)
   sent, runs = collections.Counter(), collections.Counter()
   for name, body in module.computations.items():
