@@ -113,15 +113,16 @@ def suggestions(
   fits, its need and estimated step time."""
   chip, devices = chips.chip(target.topology), list(topology.devices(target.topology, target.slices))
   current = suggest.Candidate(
-    sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices).shape["fsdp"], cfg.train.microbatches
+    sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, devices).shape["fsdp"], cfg.train.microbatches, cfg.model.remat
   )
-  progress(f"trying other splits of the batch and the parameters (at most {limit} compiles) ...")
+  progress(f"trying other splits of the batch and the parameters, and remat policies (at most {limit} compiles) ...")
   found = suggest.search(cfg, devices, chip, limit, enough, skip=current if enough else None, progress=progress)
   return [
     {
       "flags": c.flags(),
       "fsdp": c.fsdp,
       "microbatches": c.microbatches,
+      "remat": c.remat,
       "fits": f.fits,
       "need_bytes": f.need,
       "step_s": f.estimate.step_s if f.estimate else None,
@@ -145,7 +146,7 @@ def verdict(results: dict[str, Any]) -> str | None:
   elif fixes:
     fix = "it fits with " + " or ".join(fixes)
   elif tried is None:
-    fix = "--suggest_limit=N compiles N other splits of the batch and the parameters to find one that fits"
+    fix = "--suggest_limit=N compiles N other splits of the batch and parameters, or remat policies, until one fits"
   else:
     fix = (
       f"none of the {len(tried)} other splits tried fits: a larger topology, a smaller train.batch_size or "

@@ -110,7 +110,7 @@ def markdown(results: dict[str, Any], command: str = "") -> str:
     ]
     lines += [
       "",
-      "## Other splits (train step), fastest that fit first",
+      "## Other splits and remat policies (train step), fastest that fit first",
       "",
       markdown_table(["overrides", "fits", "total GiB", "est. ms/step", "bound", "est. MFU"], rows),
     ]

@@ -1,9 +1,11 @@
-"""Meshes and microbatch counts for a config on a topology, each compiled, ranked by estimated step time.
+"""Meshes, microbatch counts and remat policies for a config on a topology, each compiled, ranked by estimated step
+time.
 
-A candidate keeps the global batch and the device count and changes how they are split: `mesh.fsdp` (a divisor of
-one slice's chips, so FSDP's gathers stay on ICI; `mesh.data` takes the rest, across slices over DCN) and
-`train.microbatches` (powers of two that leave each device whole rows). Only the train step is compiled for each:
-it is the program that needs the most memory.
+A candidate keeps the global batch, the device count and what the step computes, and changes how it runs:
+`mesh.fsdp` (a divisor of one slice's chips, so FSDP's gathers stay on ICI; `mesh.data` takes the rest, across
+slices over DCN), `train.microbatches` (powers of two that leave each device whole rows) and `model.remat` (what a
+block keeps for its backward pass; none first, since recomputing costs time). Only the train step is compiled for
+each: it is the program that needs the most memory.
 """
 
 import copy
@@ -24,24 +26,33 @@ class Candidate:
 
   fsdp: int
   microbatches: int
+  remat: str = "none"
 
-  def overrides(self) -> dict[str, int]:
+  def overrides(self) -> dict[str, int | str]:
     """The config fields this candidate sets."""
-    return {"mesh.data": -1, "mesh.fsdp": self.fsdp, "train.microbatches": self.microbatches}
+    return {"mesh.data": -1, "mesh.fsdp": self.fsdp, "train.microbatches": self.microbatches, "model.remat": self.remat}
 
   def flags(self) -> str:
     """The command-line overrides that select it."""
-    return f"--config.mesh.fsdp={self.fsdp} --config.train.microbatches={self.microbatches}"
+    return (
+      f"--config.mesh.fsdp={self.fsdp} --config.train.microbatches={self.microbatches} "
+      f"--config.model.remat={self.remat}"
+    )
+
+
+REMAT_ORDER = ("none", "save_matmuls", "full")  # model.remat's policies (REMAT_POLICIES), least recomputation first
 
 
 def candidates(cfg: ml_collections.ConfigDict, devices: int, slices: int) -> Iterator[Candidate]:
-  """Every valid (fsdp, microbatches), fewest microbatches first (they run fastest), then most parameter sharding."""
+  """Every valid (fsdp, microbatches, remat): fewest microbatches first (they run fastest), then least
+  recomputation, then most parameter sharding."""
   per_slice, B = devices // slices, cfg.train.batch_size
   splits = [f for f in range(per_slice, 0, -1) if per_slice % f == 0]
   microbatches = [k for k in (2**i for i in range(12)) if B % (devices * k) == 0]
   for k in microbatches:
-    for fsdp in splits:
-      yield Candidate(fsdp, k)
+    for remat in REMAT_ORDER:
+      for fsdp in splits:
+        yield Candidate(fsdp, k, remat)
 
 
 def search(
