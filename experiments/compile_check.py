@@ -2,6 +2,7 @@
 
     python -m experiments.compile_check --topology=v5e:4x4 [--slices=2] --config=configs/all_taper.py:size=30m \
         [--config.mesh.fsdp=16 --config.train.batch_size=256] [--suggest]
+    python -m experiments.compile_check --render=docs/tpu_results/v5e-4x4-gpt2-xl-all_taper
 
 Needs the TPU compiler (`pip install -e '.[tpu]'`); nothing runs and no TPU is needed. Prints a table (per-chip
 memory, FLOPs beside the analytic count, collectives, kernels, compile time, a roofline estimate) and writes
@@ -45,6 +46,9 @@ _SUGGEST_LIMIT = flags.DEFINE_integer(
   8,
   "At most this many extra compiles for --suggest and for the settings a run that does not fit is told to use.",
 )
+_RENDER = flags.DEFINE_string(
+  "render", None, "Rewrite DIR/report.md from DIR/results.json, compiling nothing (after the report's format changed)."
+)
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: runs/compile_check/<topology>-<variant>-<size>).")
 
 
@@ -73,6 +77,9 @@ def main(argv: list[str]) -> None:
 
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _RENDER.value:
+    print(f"wrote {report.render(_RENDER.value)}")
+    return
   cfg = _CONFIG.value
   check_flags(cfg.model.T)
   target = check.Target(_TOPOLOGY.value, _SLICES.value)

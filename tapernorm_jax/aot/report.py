@@ -1,7 +1,10 @@
 """The compile check's results as a markdown page: one row per program, the suggestions, what the numbers are."""
 
+import json
+import os
 from typing import Any
 
+from tapernorm_jax.aot import traffic
 from tapernorm_jax.markdown import markdown_table
 
 GIB = 2**30
@@ -78,6 +81,55 @@ HEADER = [
 ]
 
 
+def traffic_section(results: dict[str, Any]) -> list[str]:
+  """The train steps' device-memory traffic, the compiler's count beside the independent one (`traffic.py`)."""
+  steps = [p for p in results["programs"] if p["program"] in ("train_step", "fixed_step") and p["hbm_bytes"]]
+  if not steps:
+    return []
+  count, chip = traffic.for_results(results), results["chip"]
+  rows = []
+  for p in steps:
+    compute_s = p["estimate"]["compute_s"]
+    floor_s = count.total / chip["hbm_bandwidth"]
+    rows.append(
+      [
+        p["program"],
+        _giB(p["hbm_bytes"]),
+        f"{_giB(count.total)} ({', '.join(_giB(getattr(count, t)) for t in TRAFFIC_TERMS)})",
+        f"{p['hbm_bytes'] / count.total:.2f}",
+        f"{p['estimate']['memory_s'] * 1e3:,.3g}",
+        f"{floor_s * 1e3:,.3g}",
+        f"{compute_s * 1e3:,.3g}",
+        "memory" if floor_s > compute_s else "compute",
+      ]
+    )
+  header = [
+    "program",
+    "compiler's count GiB/chip",
+    f"independent count GiB/chip ({', '.join(TRAFFIC_TERMS)})",
+    "compiler/independent",
+    "memory ms (compiler's)",
+    "memory ms (independent)",
+    "products ms",
+    "bound by the independent count",
+  ]
+  return [
+    "",
+    "## Device-memory traffic: the compiler's count against an independent one",
+    "",
+    markdown_table(header, rows),
+    "",
+    "The estimate above uses the compiler's count: every top-level operation's operands and results as the TPU "
+    "compiler built the program, an upper bound (it keeps some in on-chip memory). The independent count is what "
+    "the optimizer, the weights, the activations and the logits must move with every elementwise operation fused "
+    "(`tapernorm_jax/aot/traffic.py`), a floor. Where the compiler's count is several times the floor, the "
+    "difference is in how the program was built, and only a TPU's profile says how much of it the chip moves.",
+  ]
+
+
+TRAFFIC_TERMS = ("optimizer", "weights", "activations", "logits")
+
+
 def markdown(results: dict[str, Any], command: str = "") -> str:
   """The results page: what was compiled, the table, the suggestions, and what the numbers are."""
   chip, run = results["chip"], results["run"]
@@ -96,6 +148,7 @@ def markdown(results: dict[str, Any], command: str = "") -> str:
   if command:
     lines += ["", f"    {command}"]
   lines += ["", markdown_table(HEADER, program_rows(results)), "", NOTE]
+  lines += traffic_section(results)
   if results.get("suggestions"):
     rows = [
       [
@@ -115,3 +168,19 @@ def markdown(results: dict[str, Any], command: str = "") -> str:
       markdown_table(["overrides", "fits", "total GiB", "est. ms/step", "bound", "est. MFU"], rows),
     ]
   return "\n".join(lines)
+
+
+def render(directory: str) -> str:
+  """Rewrites `directory`/report.md from its results.json (the command it records kept); the page's path."""
+  path = os.path.join(directory, "results.json")
+  try:
+    with open(path) as f:
+      results = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(
+      f"--render={directory}: cannot read {path} ({e}); give a compile check's --out directory"
+    ) from None
+  page_path = os.path.join(directory, "report.md")
+  with open(page_path, "w") as f:
+    f.write(markdown(results, results.get("command", "")) + "\n")
+  return page_path

@@ -40,6 +40,14 @@ def test_the_check_writes_its_table_and_ranks_other_splits(tmp_path):
   assert len(results["suggestions"]) == 2 and steps == sorted(steps)
   page = (tmp_path / "report.md").read_text()
   assert "| train_step |" in page and "## Other splits" in page and results["command"] in page
+  (tmp_path / "report.md").unlink()
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.compile_check", f"--render={tmp_path}"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert done.returncode == 0 and (tmp_path / "report.md").read_text() == page, done.stderr[-3000:]
 
 
 def test_a_run_that_does_not_fit_ends_in_one_line_and_keeps_its_report(tmp_path):

@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from tapernorm_jax.runtime import costs
-from tapernorm_jax.aot import analysis, check, chips, hlo, programs, topology
+from tapernorm_jax.aot import analysis, check, chips, hlo, programs, topology, traffic
 from tapernorm_jax.model import init, param_count, sharding
 from tapernorm_jax.taper import fold
 from tapernorm_jax.train.trainer import Trainer
@@ -63,6 +63,8 @@ def test_the_train_step_for_a_tpu_mesh_is_the_tpu_program(T, splash, scan):
   # each chip holds a quarter of the parameters and Adam moments; TPU tiles pad small arrays (gains, scalars)
   assert 1.0 <= step.memory["argument"] / state_bytes_per_device(cfg, 4, 4) < 1.15
   assert step.fits and step.estimate.step_s > 0
+  floor = traffic.train_step_traffic(cfg.model, 8, cfg.train.microbatches, cfg.mesh.fsdp, 4).total
+  assert floor <= step.hbm_bytes < 10 * floor, (step.hbm_bytes, floor)  # the compiler's count is above the floor
 
 
 def test_scanned_and_unrolled_train_steps_move_about_the_same_bytes():
