@@ -154,10 +154,15 @@ class Run:
 
 def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
   """`metrics.jsonl`, thinned to about `max_points` step records (every diagnostics record and the last kept); a
-  torn or damaged line raises integrity.DamagedLinesError naming the file, the line and the fix.
+  torn or damaged line raises integrity.DamagedLinesError naming the file, the line and the fix."""
+  return [json.loads(body) for _, body in metrics_lines(run_dir, max_points)]
 
-  Streams the file, checking every line's checksum but parsing only the lines it keeps, so million-step runs read in
-  seconds.
+
+def metrics_lines(run_dir: str, max_points: int = 2000) -> list[tuple[str, str]]:
+  """The lines `read_metrics` keeps, each as written and as its record's JSON.
+
+  Streams the file, checking every line's checksum but keeping only the lines it thins to, so million-step runs read
+  in seconds.
   """
   path = os.path.join(run_dir, "metrics.jsonl")
   if not os.path.exists(path):
@@ -168,7 +173,7 @@ def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
     every = max(1, int(lines_estimate // max_points))
     checked = integrity.carries_checksums(head)
     f.seek(0)
-    records, last, kept_last = [], "", True
+    kept, last, kept_last = [], ("", ""), True
     for i, line in enumerate(f):
       if not line.strip():
         continue
@@ -180,12 +185,12 @@ def read_metrics(run_dir: str, max_points: int = 2000) -> list[dict[str, Any]]:
           "command again on this directory (it cuts the history back to its last verified record, and says which "
           "steps that loses), or move the run aside and train the cell again"
         )
-      last, kept_last = body, i % every == 0 or '"logit_norm"' in line
+      last, kept_last = (line, body), i % every == 0 or '"logit_norm"' in line
       if kept_last:
-        records.append(json.loads(body))
+        kept.append(last)
   if not kept_last:
-    records.append(json.loads(last))
-  return records
+    kept.append(last)
+  return kept
 
 
 def flops_per_token(config: Mapping[str, Any], params: int) -> float | None:
