@@ -25,6 +25,7 @@ INITIAL_VALUE_FIELDS = (  # they change no program
   "derf_shift",
   "norm_gain_init",
   "final_norm_gain_init",
+  "repbn_gain_init",
   "init_std",
 )
 # How the blocks run, not what they compute or store: a run may resume with these changed.
@@ -54,6 +55,7 @@ class ModelConfig:
   derf_shift: float = 0.0  # derf: the shift's initial value
   norm_gain_init: float = 1.0  # every norm's gain γ starts at this (the normalized path's; a tapered norm's γ̃ at 1)
   final_norm_gain_init: float = 0.0  # the final norm's γ starts at this instead; 0: at norm_gain_init
+  repbn_gain_init: float = 0.0  # repbn: BatchNorm's affine weight starts at this (0, PRepBN's: RepBN starts silent)
   eps: float = 1e-5
   rope_base: float = 10_000.0
   tie_embeddings: bool = True
@@ -211,6 +213,8 @@ def validate(cfg: ModelConfig) -> None:
     fail("norm_gain_init", "must be > 0 (the norms' gain γ starts at this; 1 is the usual init)")
   if not cfg.final_norm_gain_init >= 0:
     fail("final_norm_gain_init", "must be > 0 (the final norm's γ starts at this), or 0 for norm_gain_init")
+  if not cfg.repbn_gain_init >= 0:
+    fail("repbn_gain_init", "must be >= 0 (RepBN's BatchNorm weight starts at this; 0 is PRepBN's)")
   if not cfg.init_std > 0:
     fail("init_std", "must be > 0")
   if cfg.dtype not in DTYPES:

@@ -78,6 +78,7 @@ class Norm(nn.Module):
   alpha_init: float = 1.0  # dyt and derf: α's initial value
   shift_init: float = 0.0  # derf: s's initial value
   gain_init: float = 1.0  # γ's initial value
+  bn_gain_init: float = 0.0  # repbn: BatchNorm's affine weight's initial value
 
   @nn.compact
   def __call__(
@@ -158,8 +159,9 @@ class Norm(nn.Module):
 
   def rep_bn(self, x_BxTxD: Array) -> Array:
     """RepBN(x) = BN(x) + η·x: BatchNorm over every token of the batch in a train step (recording its mean and
-    unbiased variance), over the running statistics otherwise; BN's affine map and η start at 0, as in PRepBN."""
-    bn_gamma_D = self.feature(param_paths.BN_GAMMA, nn.initializers.zeros, x_BxTxD)
+    unbiased variance), over the running statistics otherwise; BN's affine map and η start at 0, as in PRepBN
+    (BN's weight at `bn_gain_init` where that is set)."""
+    bn_gamma_D = self.feature(param_paths.BN_GAMMA, nn.initializers.constant(self.bn_gain_init), x_BxTxD)
     bn_beta_D = self.feature(param_paths.BN_BETA, nn.initializers.zeros, x_BxTxD)
     eta = self.scalar(param_paths.ETA, 0.0, x_BxTxD.dtype)
     D = x_BxTxD.shape[-1]

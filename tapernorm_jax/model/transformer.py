@@ -81,6 +81,7 @@ class Block(nn.Module):
       cfg.alpha_init(position),
       cfg.derf_shift,
       cfg.norm_gain_init,
+      cfg.repbn_gain_init,
       name=name,
     )
     x_v_BxTxD = None
@@ -138,6 +139,7 @@ class Transformer(nn.Module):
       cfg.alpha_init(2),
       cfg.derf_shift,
       cfg.final_norm_gain_init or cfg.norm_gain_init,
+      cfg.repbn_gain_init,
     )
     if cfg.pointwise:  # DyT's and Derf's language models scale the embeddings by a learned scalar, initially √D
       self.embed_scale = self.param(

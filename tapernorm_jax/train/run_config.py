@@ -86,6 +86,7 @@ def get_config(variant: str = "baseline", arg: str | None = None) -> ml_collecti
       derf_shift=0.0,
       norm_gain_init=1.0,
       final_norm_gain_init=0.0,
+      repbn_gain_init=0.0,
       eps=1e-5,
       rope_base=10_000.0,
       tie_embeddings=True,

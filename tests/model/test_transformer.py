@@ -186,6 +186,7 @@ def test_bf16_compute_keeps_fp32_logits():
     (dict(logits_bias=True), "model.logits_bias"),
     (dict(norm_gain_init=0.0), "model.norm_gain_init"),
     (dict(final_norm_gain_init=-1.0), "model.final_norm_gain_init"),
+    (dict(repbn_gain_init=-1.0), "model.repbn_gain_init"),
   ],
 )
 def test_bad_configs_raise_before_compiling(changes, field):
@@ -289,6 +290,23 @@ def test_fields_that_set_initial_values_change_no_program_and_share_one_program_
   ]
   assert hlo[0] == hlo[1] and base.program_key() == other.program_key() and base != other
   assert base.program_key() != base.replace(D=64, H=4).program_key()  # a field the program reads keeps its place
+
+
+def test_repbn_gain_init_starts_only_batchnorms_weight_there_and_repbn_is_then_that_times_bn():
+  cfg = LLAMA.replace(internal_norm="repbn", final_norm="repbn")
+  base = nn.unbox(init(cfg, jax.random.key(0)))
+  three = nn.unbox(init(cfg.replace(repbn_gain_init=3.0), jax.random.key(0)))
+  by_hand = {
+    path: (np.full_like(v, 3.0) if path[-1] == param_paths.BN_GAMMA else v)
+    for path, v in traverse_util.flatten_dict(base["params"]).items()
+  }
+  assert sum(path[-1] == param_paths.BN_GAMMA for path in by_hand) == 2 * cfg.L + 1
+  assert jax.tree.all(jax.tree.map(np.array_equal, three["params"], traverse_util.unflatten_dict(by_hand)))
+  # at λ = 0 with η = 0, β = 0 and the initial statistics (mean 0, variance 1), each norm is 3·x/√(1 + ε)
+  x = jax.random.normal(jax.random.key(1), (2, 5, cfg.D))
+  norm = Norm("rms", "repbn", cfg.eps, bn_gain_init=3.0)
+  variables = norm.init(jax.random.key(0), x, 0.0)
+  np.testing.assert_allclose(norm.apply(variables, x, 0.0), 3 * x / np.sqrt(1 + cfg.eps), rtol=1e-6)
 
 
 @pytest.mark.parametrize("internal,final", [("plain", "plain"), ("taper", "taper")])
