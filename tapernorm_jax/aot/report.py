@@ -8,6 +8,7 @@ from tapernorm_jax.aot import traffic
 from tapernorm_jax.markdown import markdown_table
 
 GIB = 2**30
+TRAFFIC_TERMS = ("optimizer", "weights", "activations", "logits")  # traffic.Traffic's fields, as the report lists them
 NOTE = (
   "Compiler figures and estimates, not measurements: memory, FLOPs, traffic and collectives are read from the "
   "TPU compiler's output for one chip; the time is a roofline estimate (the slowest of the products at peak "
@@ -125,9 +126,6 @@ def traffic_section(results: dict[str, Any]) -> list[str]:
     "(`tapernorm_jax/aot/traffic.py`), a floor. Where the compiler's count is several times the floor, the "
     "difference is in how the program was built, and only a TPU's profile says how much of it the chip moves.",
   ]
-
-
-TRAFFIC_TERMS = ("optimizer", "weights", "activations", "logits")
 
 
 def markdown(results: dict[str, Any], command: str = "") -> str:
