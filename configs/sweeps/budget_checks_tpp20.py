@@ -4,7 +4,10 @@ study"): the plain baseline ends 7.9% and 19.5% above its matched control, the b
 is scale-invariant, so the residual stream's scale changes no output; what it changes is the step Adam takes
 relative to the weights, which shrinks as they grow. If that growth is the gap, holding the weights by other means,
 AdamW's weight decay at 0.1 on the matrices (the usual setting for language models; the study trains without it),
-closes most of it (`wd0.1`). The study's budget and settings (γ0 = 3), 3 seeds.
+closes most of it (`wd0.1`). And if holding the scale is what the control's scale loss does for it, the loss on the
+batch's mean scale alone, (mean s(h) − s_tgt)², which leaves each token's scale free about it, does as well as the
+method's mean over tokens of (s(h) − s_tgt)² (`mean`: taper.scale_loss_form = mean; the two differ by the tokens'
+variance of s(h)). The study's budget and settings (γ0 = 3), 3 seeds.
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks_tpp20.py --workdir=runs/budget-checks-tpp20
     .venv/bin/python scripts/intervention_table.py runs/budget-checks-tpp20 runs/budgets-tpp20-gain3 baseline:1
@@ -14,7 +17,8 @@ import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """The grid: the plain baseline with weight decay 0.1 at cpu and cpu_m, 20 tokens per parameter."""
+  """The grid: the plain baseline with weight decay 0.1 at cpu and cpu_m, and its control with the batch-mean
+  scale loss at cpu, 20 tokens per parameter."""
   c = ml_collections.ConfigDict()
   c.name = "budget-checks-tpp20"
   c.seeds = (0, 1, 2)
@@ -25,7 +29,14 @@ def get_config() -> ml_collections.ConfigDict:
       budgets=["tokens_per_param=20"],
       tag="wd0.1",
       overrides=dict(opt=dict(weight_decay=0.1)),
-    )
+    ),
+    dict(
+      variants=["baseline:aux=1"],
+      sizes=["cpu"],
+      budgets=["tokens_per_param=20"],
+      tag="mean",
+      overrides=dict(taper=dict(scale_loss_form="mean")),
+    ),
   ]
   c.overrides = ml_collections.ConfigDict(dict(train=dict(eval_batches=4), model=dict(norm_gain_init=3.0)))
   return c

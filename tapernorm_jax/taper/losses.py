@@ -19,6 +19,12 @@ def scale_loss(h_BxTxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
   return jnp.mean(jnp.square(pre_logit_scale(h_BxTxD, kind, eps) - s_tgt))
 
 
+def mean_scale_loss(h_BxTxD: Array, s_tgt: Array, kind: str, eps: float) -> Array:
+  """The batch-mean form without λ: (mean over tokens of s(h) − s_tgt)², which holds the scale and leaves each
+  token's free about it (an intervention on the scale loss, `taper.scale_loss_form=mean`)."""
+  return jnp.square(jnp.mean(pre_logit_scale(h_BxTxD, kind, eps)) - s_tgt)
+
+
 def ordinary_tokens(tokens_BxT: Array, eot_id: int = -1) -> Array:
   """Marks the tokens neither at position 0 (an attention sink) nor end-of-text (`eot_id`; -1: none), B×T."""
   return (jnp.arange(tokens_BxT.shape[1]) > 0)[None, :] & (tokens_BxT != eot_id)

@@ -74,3 +74,17 @@ def test_radial_gradient_diagnostic_and_logit_norm():
   h = jnp.array([[[3.0, 4.0], [2.0, 0.0]]])
   np.testing.assert_allclose(losses.radial_gradient(g, h), (25 / 5 + 0) / 2)
   np.testing.assert_allclose(losses.logit_norm(h), (5 + 2) / 2)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_the_token_form_is_the_mean_form_plus_the_tokens_variance_of_scale(kind):
+  """mean((s − t)²) = (mean s − t)² + var(s): the method's form also pulls each token's scale to the batch's, the
+  mean form (`taper.scale_loss_form=mean`) only the batch's mean; they agree when every token's scale is equal."""
+  _, h_BxTxD, _ = _head_and_state("plain")
+  s_BxT = losses.pre_logit_scale(h_BxTxD, kind, 1e-5)
+  token, mean = losses.scale_loss(h_BxTxD, 0.7, kind, 1e-5), losses.mean_scale_loss(h_BxTxD, 0.7, kind, 1e-5)
+  np.testing.assert_allclose(token - mean, np.var(np.asarray(s_BxT)), rtol=1e-5)
+  equal_BxTxD = h_BxTxD / s_BxT[..., None]  # every token's scale 1
+  np.testing.assert_allclose(
+    losses.scale_loss(equal_BxTxD, 0.7, kind, 1e-5), losses.mean_scale_loss(equal_BxTxD, 0.7, kind, 1e-5), rtol=1e-4
+  )

@@ -155,6 +155,7 @@ def test_weights_cast_before_the_fsdp_gather_train_as_weights_cast_after_it():
     ({"taper.scale_loss_weight": -0.1}, "taper.scale_loss_weight"),
     ({"taper.mu": 0.0}, "taper.mu"),
     ({"taper.mu": 1.5}, "taper.mu"),
+    ({"taper.scale_loss_form": "tokens"}, "taper.scale_loss_form"),
     ({"train.batch_size": 6}, "train.batch_size"),
     ({"taper.gate_warmup_frac": 0.0}, "taper.gate_warmup_frac"),
     ({"mesh.gather_dtype": "fp8"}, "mesh.gather_dtype"),

@@ -23,8 +23,10 @@ DEFAULTS = dict(  # the `taper` section
   taper_end=-1,  # step at which the gate reaches 0; -1 = the last step
   mu=0.01,  # EMA weight of the calibration statistics
   delta=1e-8,  # c* = num / (den + δ)
-  scale_loss_weight=0.1,
-)  # λ of the fixed-target scale loss, on from the taper start (0: off)
+  scale_loss_weight=0.1,  # λ of the fixed-target scale loss, on from the taper start (0: off)
+  scale_loss_form="token",  # token: mean over tokens of (s(h) − s_tgt)², the method's; mean: (mean s(h) − s_tgt)²
+)
+SCALE_LOSS_FORMS = ("token", "mean")  # `mean` holds only the batch's mean scale (an intervention, not the method)
 # A calibration before this step is warned about: c came out at 3.9–46 at the cpu preset's step 15 and 48–49 at a
 # 40-step 1m run's step 2, which then diverged (docs/methods/early_calibration/); at step 60, the tuning study's
 # choice at cpu_xs, cpu and cpu_l, it is 1.7–21 (docs/tuning/). The paper calibrates at step 25,000 of 500,000.
@@ -53,6 +55,11 @@ class TaperNorm:
         (0.0 < cfg.taper.mu <= 1.0, "taper.mu", "the EMA weight μ must lie in (0, 1]"),
         (cfg.taper.scale_loss_weight >= 0, "taper.scale_loss_weight", "λ must be >= 0 (0 turns the scale loss off)"),
         (cfg.taper.delta >= 0, "taper.delta", "must be >= 0"),
+        (
+          cfg.taper.scale_loss_form in SCALE_LOSS_FORMS,
+          "taper.scale_loss_form",
+          f"choose one of {SCALE_LOSS_FORMS} (token, the method's, pulls every token's s(h) to the target)",
+        ),
         (
           cfg.taper.min_calibration_step >= 0,
           "taper.min_calibration_step",
@@ -103,11 +110,14 @@ class TaperNorm:
   def scale_loss_terms(
     self, h_BxTxD: jax.Array, calib: PyTree, step: jax.Array, tokens_BxT: jax.Array
   ) -> tuple[jax.Array, jax.Array]:
-    """λ (from the taper start on) and the fixed-target scale loss mean((s(h) − s_tgt)²)."""
+    """λ (from the taper start on) and the fixed-target scale loss mean((s(h) − s_tgt)²), or (mean s(h) − s_tgt)²
+    with `taper.scale_loss_form=mean`."""
     del tokens_BxT
     weight = jnp.where(step >= self.phases.taper_start, self.cfg.taper.scale_loss_weight, 0.0)
-    cfg = self.model_cfg
-    return weight, losses.scale_loss(h_BxTxD, calibration.s_target(calib), cfg.norm_kind, cfg.eps)
+    cfg, s_tgt = self.model_cfg, calibration.s_target(calib)
+    if self.cfg.taper.scale_loss_form == "mean":
+      return weight, losses.mean_scale_loss(h_BxTxD, s_tgt, cfg.norm_kind, cfg.eps)
+    return weight, losses.scale_loss(h_BxTxD, s_tgt, cfg.norm_kind, cfg.eps)
 
 
 def tree_select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
