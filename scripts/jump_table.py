@@ -1,8 +1,9 @@
 """PRepBN's hand-over jump per run of a study (configs/sweeps/prepbn_checks.py): the training loss when λ is 0.2
 (a fifth of the blend left), its peak from there to 20 steps past the blend's end, the rise between them, and the
-final validation loss; one row per setting, mean ± std over seeds.
+final validation loss; one row per setting, mean ± std over seeds; with a second argument, a figure of the training
+loss through the blend.
 
-    .venv/bin/python scripts/jump_table.py runs/prepbn-checks > docs/methods/prepbn_jump/README-table.md
+    .venv/bin/python scripts/jump_table.py runs/prepbn-checks docs/methods/prepbn_jump/training_loss.png
 
 A development tool (the package never imports it); docs/studies.md reads its output.
 """
@@ -11,7 +12,13 @@ import collections
 import statistics
 import sys
 
-from tapernorm_jax.studies.analysis.run_rows import read_metrics, read_runs
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tapernorm_jax.studies.analysis.run_rows import read_metrics, read_runs  # noqa: E402
 
 
 def jump(run) -> tuple[float, float, int]:
@@ -24,11 +31,47 @@ def jump(run) -> tuple[float, float, int]:
   return before["loss"], peak["loss"], peak["step"]
 
 
-def main(workdir: str) -> None:
+LABELS = {
+  "as in the study": "as in the study: γ0 = 3, BatchNorm weight from 0",
+  "bn3": "bn3: BatchNorm weight from 3",
+  "gain1": "gain1: γ0 = 1",
+}
+
+
+def setting(run) -> str:
+  """The cell's tag, or `as in the study` for the untagged cells."""
+  return run.cell.split("seed")[1][1:].lstrip("-") or "as in the study"
+
+
+def figure(runs, path: str) -> None:
+  """Training loss against step, one line per setting (mean over seeds), with the blend's λ on a second axis."""
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  by_setting = collections.defaultdict(list)
+  for run in runs:
+    by_setting[setting(run)].append([r for r in read_metrics(run.path, max_points=10**6) if "loss" in r])
+  for name, histories in sorted(by_setting.items()):
+    steps = [r["step"] for r in histories[0]]
+    loss = np.mean([[r["loss"] for r in h] for h in histories], axis=0)
+    ax.plot(steps, loss, label=f"{LABELS.get(name, name)} ({len(histories)} seeds' mean)")
+  gate = ax.twinx()
+  gate.plot(steps, [r["gate"] for r in histories[0]], "k:", label="λ (the norm's share)")
+  gate.set_ylabel("λ")
+  ax.set(xlabel="step", ylabel="training loss (nats)", ylim=(0, 6))
+  ax.set_title("PRepBN at cpu_l: training loss through the blend's end")
+  lines = ax.get_legend_handles_labels()
+  extra = gate.get_legend_handles_labels()
+  ax.legend(lines[0] + extra[0], lines[1] + extra[1], loc="upper right")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(workdir: str, figure_path: str | None = None) -> None:
   rows = collections.defaultdict(list)
-  for run in read_runs(workdir):
-    if run.status == "complete":
-      rows[run.cell.split("seed")[1][1:].lstrip("-") or "as in the study"].append((*jump(run), run.final_val_loss))
+  runs = [run for run in read_runs(workdir) if run.status == "complete"]
+  if figure_path:
+    figure(runs, figure_path)
+  for run in runs:
+    rows[setting(run)].append((*jump(run), run.final_val_loss))
   fmt = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
   print("| setting | seeds | loss at λ = 0.2 | peak loss (step) | rise | final validation loss |")
   print("|---|---|---|---|---|---|")
@@ -40,4 +83,4 @@ def main(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  main(*sys.argv[1:3])

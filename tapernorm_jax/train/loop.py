@@ -349,6 +349,7 @@ def train_run(
     "devices": mesh.size,
     "backend": jax.default_backend(),
     "device_kind": mesh.devices.flat[0].device_kind,
+    "cpu_identity": hardware.cpu_identity(),  # the host's exact CPU: a study's runs may come from several hosts
     "cpu_paths": trainer.paths_choice.record(),
     "malloc": allocator.in_effect(),
     **throughput(cfg, param_count(state["params"]), reporter.rates),

@@ -44,11 +44,12 @@ def setup_lines(runs: Sequence[Run]) -> list[str]:
     r = next(r for r in done if r.size == size)
     m, t = r.config.get("model", {}), r.config.get("train", {})
     lrs = {q.config.get("opt", {}).get("lr") for q in done if q.size == size}
+    devices = sorted({q.device for q in done if q.size == size})
     lr = f"peak LR {lrs.pop()}" if len(lrs) == 1 else "peak LR per method"
     lines.append(
       f"* `{size}`: L = {m.get('L')}, d = {m.get('D')}, V = {m.get('V')}, {params_text(r.params)} "
       f"parameters; {t.get('steps')} steps of {t.get('batch_size')} × {m.get('T')} tokens, {lr}, "
-      f"corpus `{r.corpus}`, trained on {r.device}"
+      f"corpus `{r.corpus}`, trained on {' and '.join(devices)}"
     )
   return lines
 

@@ -270,6 +270,8 @@ def read_run(run_dir: str, expected: Mapping[str, Any] | None = None) -> Run:
     kind = results.get("device_kind") or record.get("device_kind", "")
     count = int(results.get("devices") or record.get("device_count") or 1)
     run.device = f"{kind} × {count}" if kind else f"{results.get('backend', '?')} × {count}"
+    if (cpu := results.get("cpu_identity") or {}).get("vendor"):  # runs before it was recorded: the device alone
+      run.device += f" on {cpu['model_name']} ({cpu['vendor']} family {cpu['family']} model {cpu['model']})"
     fpt = flops_per_token(config, run.params) if run.params else None
     # the run's own peak (hardware.peak: CPUs included), else the data sheet's for its device kind
     peak = results.get("peak_flops") or count * (costs.peak_flops(kind) or 0)

@@ -248,6 +248,26 @@ def test_mfu_uses_the_peak_a_run_measured(study):
   assert run.mfu == pytest.approx(run.tokens_per_s * fpt / 1.5e11)
 
 
+def test_a_study_from_two_hosts_names_both_in_its_setup(study):
+  """Runs record their CPU (results.json's cpu_identity, hardware.cpu_identity's fields); a size whose runs came from
+  two hosts says so, and runs recorded before it say their device alone."""
+  hosts = [
+    {"vendor": "GenuineIntel", "family": 6, "model": 167, "model_name": "Intel(R) Xeon(R) Processor"},
+    {"vendor": "AuthenticAMD", "family": 25, "model": 17, "model_name": "AMD EPYC 9B14"},
+  ]
+  for seed, host in enumerate(hosts):
+    path = os.path.join(study, f"baseline-3m-aux0-seed{seed}", "results.json")
+    with open(path) as f:
+      results = json.load(f)
+    with open(path, "w") as f:
+      json.dump({**results, "device_kind": "cpu", "cpu_identity": host}, f)
+  setup = next(line for line in report.setup_lines(run_rows.read_runs(study)) if line.startswith("* `3m`"))
+  assert setup.endswith(
+    "trained on cpu × 1 and cpu × 1 on AMD EPYC 9B14 (AuthenticAMD family 25 model 17) and "
+    "cpu × 1 on Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167)"
+  ), setup
+
+
 def test_mfu_uses_the_device_peak_when_known(study):
   run_dir = os.path.join(study, "baseline-3m-aux0-seed0")
   with open(os.path.join(run_dir, manifest.CELL_RECORD), "w") as f:
