@@ -1,6 +1,7 @@
 """A study's interventions (tagged cells: configs/sweeps/budget_checks.py, ladder_checks.py) beside the runs they
 change: per method, size and setting, the final validation loss (mean ± std over seeds), the logit norm's growth from
-the taper start to the end, and the pre-logit rms s(h) against the scale loss's target over the last 10% of steps.
+the taper start to the end, and the pre-logit rms s(h) over the last 10% of steps against the scale loss's target
+(the plain baseline has none: its s(h) is what the final norm sees).
 The study's rows shown are the checked methods' and the plain baseline's at the checked sizes, and any
 `variant:aux` named after the two directories.
 
@@ -19,7 +20,14 @@ import numpy as np
 from tapernorm_jax.studies.analysis.curves import series, taper_start
 from tapernorm_jax.studies.analysis.run_rows import Run, label, read_metrics, read_runs, size_order
 
-SETTINGS = {"": "as in the study", "lambda1": "λ = 1", "gain3": "γ0 = 3", "gain10": "γ0 = 10"}
+SETTINGS = {
+  "": "as in the study",
+  "lambda1": "λ = 1",
+  "gain3": "γ0 = 3",
+  "gain10": "γ0 = 10",
+  "wd0.1": "weight decay 0.1",
+  "mean": "scale loss on the batch's mean s(h)",
+}
 
 
 def order(tag: str) -> tuple[int, str]:
@@ -70,8 +78,8 @@ def rows(runs: list[Run], wanted: set[tuple[str, int, str]]) -> list[list[str]]:
         str(len(group)),
         f"{statistics.fmean(losses):.3f} ± {spread:.3f}",
         f"{growth:.2f}×",
-        f"{s:.3f}" if variant != "baseline" or aux else "—",
-        f"{target:.3f}" if target == target else "—",
+        f"{s:.3f}",
+        f"{target:.3f}" if target == target and (variant != "baseline" or aux) else "— (no scale loss)",
       ]
     )
   return out
