@@ -1,8 +1,8 @@
 """The train mode against the real peer (experiments/peer_train_hf.py: Hugging Face LlamaForCausalLM + torch AdamW),
 every contender in its own worker process: after one optimiser step from the same weights and batch the peer's
 parameters are this project's (float32 on XLA's own products: 2e-6 to 1e-4 of each tensor's largest entry by host,
-eager and compiled; the run's own tolerance is parity.PARAM_TOLERANCE), and bf16 compute runs the peer under autocast. Needs
-the peer extra: .ci/peer runs these tests in .venv-peer; elsewhere they are skipped."""
+eager and compiled; the run's own tolerance is parity.PARAM_TOLERANCE), and bf16 compute runs the peer under
+autocast. Needs the peer extra: .ci/peer runs these tests in .venv-peer; elsewhere they are skipped."""
 
 import sys
 
