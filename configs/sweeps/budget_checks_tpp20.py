@@ -7,7 +7,9 @@ AdamW's weight decay at 0.1 on the matrices (the usual setting for language mode
 closes most of it (`wd0.1`). And if holding the scale is what the control's scale loss does for it, the loss on the
 batch's mean scale alone, (mean s(h) − s_tgt)², which leaves each token's scale free about it, does as well as the
 method's mean over tokens of (s(h) − s_tgt)² (`mean`: taper.scale_loss_form = mean; the two differ by the tokens'
-variance of s(h)). The study's budget and settings (γ0 = 3), 3 seeds.
+variance of s(h)). And at `cpu_xl`, where internal_taper (+aux) seed 0 ends 23% above its control, calibrated at
+step 456 while block 0's attention-norm input (the embedding, rms 0.043 then) still grows 3.5×: if that drift is the
+gap, calibrating at step 3000 narrows it (`cal3000`). The study's budget and settings (γ0 = 3), 3 seeds.
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks_tpp20.py --workdir=runs/budget-checks-tpp20
     .venv/bin/python scripts/intervention_table.py runs/budget-checks-tpp20 runs/budgets-tpp20-gain3 baseline:1
@@ -36,6 +38,13 @@ def get_config() -> ml_collections.ConfigDict:
       budgets=["tokens_per_param=20"],
       tag="mean",
       overrides=dict(taper=dict(scale_loss_form="mean")),
+    ),
+    dict(
+      variants=["internal_taper:aux=1"],
+      sizes=["cpu_xl"],
+      budgets=["tokens_per_param=20"],
+      tag="cal3000",
+      overrides=dict(taper=dict(min_calibration_step=3000)),
     ),
   ]
   c.overrides = ml_collections.ConfigDict(dict(train=dict(eval_batches=4), model=dict(norm_gain_init=3.0)))
