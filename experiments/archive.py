@@ -3,8 +3,9 @@
     python -m experiments.archive --workdir=runs/budgets-tpp20-gain3 --save_to=docs/budgets/tpp20/runs
     python -m experiments.archive --workdir=runs/budgets-tpp20-gain3 --restore_from=docs/budgets/tpp20/runs
 
-Saving copies each complete run's results, config and cell record and its history thinned to about 500 records
-(diagnostics kept; no checkpoints), with the study's sweep.json and predictions.json. Restoring copies back each
+Saving copies the files a report reads: the study's sweep.json, predictions.json and throughput.json, and each
+complete run's results, config and cell record with its history thinned to about 500 records (diagnostics kept; no
+checkpoints). Restoring copies back each
 archived run the study directory lacks; the sweep's same command then trains only the cells still missing, and
 `experiments.report` reads either directory.
 """

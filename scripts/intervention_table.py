@@ -23,10 +23,13 @@ from tapernorm_jax.studies.analysis.run_rows import Run, label, read_metrics, re
 SETTINGS = {
   "": "as in the study",
   "lambda1": "λ = 1",
+  "gain1": "γ0 = 1",
   "gain3": "γ0 = 3",
   "gain10": "γ0 = 10",
   "wd0.1": "weight decay 0.1",
   "mean": "scale loss on the batch's mean s(h)",
+  "bn3": "BatchNorm's weight from 3",
+  "cal3000": "calibration at step 3,000",
 }
 
 

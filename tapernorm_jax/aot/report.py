@@ -1,11 +1,11 @@
 """The compile check's results as a markdown page: one row per program, the suggestions, what the numbers are."""
 
-import json
 import os
 from typing import Any
 
 from tapernorm_jax.aot import traffic
 from tapernorm_jax.markdown import markdown_table
+from tapernorm_jax.storage.run_files import read_json, write_text_atomically
 
 GIB = 2**30
 TRAFFIC_TERMS = ("optimizer", "weights", "activations", "logits")  # traffic.Traffic's fields, as the report lists them
@@ -172,13 +172,13 @@ def render(directory: str) -> str:
   """Rewrites `directory`/report.md from its results.json (the command it records kept); the page's path."""
   path = os.path.join(directory, "results.json")
   try:
-    with open(path) as f:
-      results = json.load(f)
-  except (OSError, ValueError) as e:
+    results = read_json(path)
+  except ValueError as e:
     raise ValueError(
-      f"--render={directory}: cannot read {path} ({e}); give a compile check's --out directory"
+      f"--render={directory}: {path} is not JSON ({e}); give a compile check's --out directory"
     ) from None
+  if results is None:
+    raise ValueError(f"--render={directory}: cannot read {path} (no such file); give a compile check's --out directory")
   page_path = os.path.join(directory, "report.md")
-  with open(page_path, "w") as f:
-    f.write(markdown(results, results.get("command", "")) + "\n")
+  write_text_atomically(page_path, markdown(results, results.get("command", "")) + "\n")
   return page_path

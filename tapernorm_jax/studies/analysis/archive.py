@@ -1,17 +1,18 @@
-"""A study's records, small enough to commit: each complete run's results, config and cell record and its history
-thinned as the report reads it, with the study's grid and prediction; no checkpoints. Copied back into a study
-directory the runs count as done, so a sweep started in a fresh checkout trains only the cells they lack."""
+"""A study's records, small enough to commit: the files a report reads (`report.RECORDS`: the study's grid,
+prediction and throughput, each complete run's results, config and cell record) with each run's history thinned as
+the report reads it; no checkpoints. Copied back into a study directory the runs count as done, so a sweep started in
+a fresh checkout trains only the cells they lack."""
 
 import os
 import shutil
 
 from tapernorm_jax.storage.run_files import write_text_atomically
 from tapernorm_jax.studies import manifest
-from tapernorm_jax.studies.analysis import predict, run_rows
+from tapernorm_jax.studies.analysis import run_rows
+from tapernorm_jax.studies.analysis.report import RECORDS
 
 POINTS = 500  # history records kept a run (every diagnostics record and the last too)
-STUDY_FILES = (manifest.MANIFEST, predict.FILE)
-RUN_FILES = ("results.json", "config.json", manifest.CELL_RECORD, "cpu_paths.json")
+HISTORY = "metrics.jsonl"  # of RECORDS, the one saved thinned
 
 
 def save(workdir: str, dest: str, max_points: int = POINTS) -> list[str]:
@@ -19,7 +20,7 @@ def save(workdir: str, dest: str, max_points: int = POINTS) -> list[str]:
   if not os.path.isdir(workdir) or manifest.read_manifest(workdir) is None:
     raise ValueError(f"--workdir={workdir}: no study here (no {manifest.MANIFEST}); give a sweep's --workdir")
   os.makedirs(dest, exist_ok=True)
-  copy_present(workdir, dest, STUDY_FILES)
+  copy_present(workdir, dest, RECORDS)
   saved = []
   for name in sorted(os.listdir(workdir)):
     run_dir = os.path.join(workdir, name)
@@ -27,9 +28,9 @@ def save(workdir: str, dest: str, max_points: int = POINTS) -> list[str]:
       continue
     out = os.path.join(dest, name)
     os.makedirs(out, exist_ok=True)
-    copy_present(run_dir, out, RUN_FILES)
+    copy_present(run_dir, out, [name for name in RECORDS if name != HISTORY])
     lines = [line if line.endswith("\n") else line + "\n" for line, _ in run_rows.metrics_lines(run_dir, max_points)]
-    write_text_atomically(os.path.join(out, "metrics.jsonl"), "".join(lines))
+    write_text_atomically(os.path.join(out, HISTORY), "".join(lines))
     saved.append(name)
   return saved
 
@@ -40,7 +41,7 @@ def restore(archive: str, workdir: str) -> tuple[list[str], list[str]]:
   if not os.path.isdir(archive) or manifest.read_manifest(archive) is None:
     raise ValueError(f"--restore_from={archive}: no archived study here (no {manifest.MANIFEST}); give a --save_to")
   os.makedirs(workdir, exist_ok=True)
-  copy_present(archive, workdir, [f for f in STUDY_FILES if not os.path.exists(os.path.join(workdir, f))])
+  copy_present(archive, workdir, [f for f in RECORDS if not os.path.exists(os.path.join(workdir, f))])
   restored, kept = [], []
   for name in sorted(os.listdir(archive)):
     source = os.path.join(archive, name)
@@ -55,7 +56,7 @@ def restore(archive: str, workdir: str) -> tuple[list[str], list[str]]:
 
 
 def copy_present(source: str, dest: str, names: tuple[str, ...] | list[str]) -> None:
-  """Copies those of `names` that exist in `source` into `dest`."""
+  """Copies those of `names` that are files in `source` into `dest`."""
   for name in names:
-    if os.path.exists(os.path.join(source, name)):
+    if os.path.isfile(os.path.join(source, name)):
       shutil.copyfile(os.path.join(source, name), os.path.join(dest, name))
