@@ -16,6 +16,11 @@ loop is the same `lax.scan` that `nn.scan` lowers to.
 
 The stack keeps each weight's own mesh axes behind an unsharded layer axis (`sharding.stacked_shardings`), so FSDP
 gathers one layer's weights per trip, as the unrolled program gathers them per block.
+
+A scanned train step also differentiates and updates the stacked tree (`stack_blocks`, `unstack_blocks`): on the
+per-layer tree, each of L × (a block's weights) leaves gets its own clip, Adam and gradient-norm arithmetic, which
+was 64,554 of the 80,883 instructions of GPT-2 XL's scanned step and most of the compile time that grew with depth
+(docs/tpu.md). The state keeps the per-layer tree; only the step works on the stack.
 """
 
 from collections.abc import Callable
@@ -24,7 +29,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tapernorm_jax.model import param_paths, sharding
 from tapernorm_jax.model.gates import BlockGates, Gates
@@ -41,15 +47,72 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
   return jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "save_matmuls" else None
 
 
+STACKED = "blocks"  # the entry that holds blocks 0 … L−1 stacked (L, …) in place of their per-layer entries
+
+
 def stack(variables: PyTree, L: int) -> PyTree:
-  """Every collection's blocks `block_0` … `block_{L−1}` as one tree whose leaves carry a leading layer axis (L, …);
-  the batch statistics (written, not read) are left out."""
+  """Every collection's blocks `block_0` … `block_{L−1}` as one tree whose leaves carry a leading layer axis (L, …),
+  or the collection's `STACKED` entry where it holds them so already; the batch statistics (written, not read) are
+  left out."""
+  collections = {col: nn.unbox(tree) for col, tree in variables.items() if col != CALIB_STATS}
+  return {
+    col: stack_blocks(tree, L)[STACKED]
+    for col, tree in collections.items()
+    if STACKED in tree or param_paths.block(0) in tree
+  }
+
+
+def _holds_blocks(node: Any) -> bool:
+  """Whether `node` is a dict with per-layer block entries."""
+  return isinstance(node, dict) and param_paths.block(0) in node
+
+
+def stack_blocks(tree: PyTree, L: int) -> PyTree:
+  """`tree` (parameters, their gradients, an optimiser state, …) with each dict's `block_0` … `block_{L−1}` replaced
+  by one `STACKED` entry whose leaves carry a leading layer axis; the inverse of `unstack_blocks`."""
   names = [param_paths.block(i) for i in range(L)]
-  per_layer = [
-    {col: nn.unbox(tree[name]) for col, tree in variables.items() if col != CALIB_STATS and names[0] in tree}
-    for name in names
-  ]
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+
+  def node_stacked(node: Any) -> Any:
+    if not _holds_blocks(node):
+      return node
+    rest = {key: value for key, value in node.items() if key not in names}
+    return {**rest, STACKED: jax.tree.map(lambda *xs: jnp.stack(xs), *(node[name] for name in names))}
+
+  return jax.tree.map(node_stacked, tree, is_leaf=_holds_blocks)
+
+
+def unstack_blocks(tree: PyTree, L: int) -> PyTree:
+  """`tree` with each dict's `STACKED` entry split back into `block_0` … `block_{L−1}`."""
+  holds_stack = lambda node: isinstance(node, dict) and STACKED in node
+
+  def node_unstacked(node: Any) -> Any:
+    if not holds_stack(node):
+      return node
+    rest = {key: value for key, value in node.items() if key != STACKED}
+    return {**rest, **dict(zip((param_paths.block(i) for i in range(L)), unstack(node[STACKED], L)))}
+
+  return jax.tree.map(node_unstacked, tree, is_leaf=holds_stack)
+
+
+def stacked_placement(shardings: PyTree, L: int) -> PyTree:
+  """The NamedShardings of `stack_blocks(tree)` from those of `tree`: block 0's, behind an unsharded layer axis."""
+
+  names = [param_paths.block(i) for i in range(L)]
+
+  def node_stacked(node: Any) -> Any:
+    if not _holds_blocks(node):
+      return node
+    rest = {key: value for key, value in node.items() if key not in names}
+    layer = lambda s: NamedSharding(s.mesh, P(None, *s.spec))
+    return {**rest, STACKED: jax.tree.map(layer, node[param_paths.block(0)])}
+
+  return jax.tree.map(node_stacked, shardings, is_leaf=_holds_blocks)
+
+
+def layer_ndim(path: tuple, leaf: Any) -> int:
+  """The number of axes of one layer's copy of `leaf`: its own, less the layer axis under a `STACKED` entry."""
+  stacked = any(getattr(key, "key", None) == STACKED for key in path)
+  return jnp.ndim(leaf) - int(stacked)
 
 
 def unstack(stacked: PyTree, L: int) -> list[PyTree]:

@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from tapernorm_jax.cpu_kernels import autotune
 from tapernorm_jax.hf import pretrained
-from tapernorm_jax.model import ModelConfig, Transformer, param_paths, sharding
+from tapernorm_jax.model import ModelConfig, Transformer, layer_scan, param_paths, sharding
 from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
@@ -40,7 +40,7 @@ State = dict[str, Any]  # {"params", "opt_state", "calib", "step"}
 
 def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
   """AdamW with global-norm clipping; weight decay (if any) only on matrices, never on gains or scalars."""
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  decay_mask = lambda params: jax.tree_util.tree_map_with_path(lambda path, p: layer_scan.layer_ndim(path, p) >= 2, params)
   return optax.chain(
     optax.clip_by_global_norm(cfg.opt.clip),
     optax.adamw(lr, b1=cfg.opt.b1, b2=cfg.opt.b2, eps=cfg.opt.eps, weight_decay=cfg.opt.weight_decay, mask=decay_mask),
@@ -48,12 +48,19 @@ def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.
 
 
 def grad_norms_by_type(grads: PyTree, model_cfg: ModelConfig) -> dict[str, jax.Array]:
-  """Gradient norm per weight type (QKV, attention out, MLP in, MLP out): per block, then averaged over blocks."""
+  """Gradient norm per weight type (QKV, attention out, MLP in, MLP out): per block, then averaged over blocks (of the
+per-layer tree, or of the stacked one a scanned step differentiates)."""
   flat = traverse_util.flatten_dict(grads)
-  sq = lambda paths: sum(jnp.sum(jnp.square(flat[p].astype(jnp.float32))) for p in paths)
+  stacked = layer_scan.STACKED in grads
+
+  def squares(paths: tuple) -> jax.Array:  # one block's squared norm; (L,), one per block, in the stacked tree
+    paths = [(layer_scan.STACKED, *path[1:]) for path in paths] if stacked else paths
+    return sum(jnp.sum(jnp.square(flat[p].astype(jnp.float32)), axis=tuple(range(stacked, flat[p].ndim))) for p in paths)
+
+  per_block = lambda blocks: squares(blocks[0]) if stacked else jnp.stack([squares(paths) for paths in blocks])
   return {
-    f"grad_norm/{name}": jnp.mean(jnp.sqrt(jnp.stack([sq(paths) for paths in per_block])))
-    for name, per_block in param_paths.weight_paths(model_cfg).items()
+    f"grad_norm/{name}": jnp.mean(jnp.sqrt(per_block(blocks)))
+    for name, blocks in param_paths.weight_paths(model_cfg).items()
   }
 
 
@@ -246,8 +253,15 @@ class Trainer:
     if self.cfg.mesh.get("gather_dtype", "compute") == "param":
       return params
     dtype = jnp.dtype(model_cfg.compute_dtype)
-    cast = lambda p, s: jax.lax.with_sharding_constraint(p.astype(dtype), s) if p.ndim >= 2 and p.dtype != dtype else p
-    return jax.tree.map(cast, params, self.state_shardings["params"])
+    placement = self.state_shardings["params"]
+    if layer_scan.STACKED in params:
+      placement = layer_scan.stacked_placement(placement, model_cfg.L)
+    cast = lambda path, p, s: (
+      jax.lax.with_sharding_constraint(p.astype(dtype), s)
+      if layer_scan.layer_ndim(path, p) >= 2 and p.dtype != dtype
+      else p
+    )
+    return jax.tree_util.tree_map_with_path(cast, params, placement)
 
   def microbatches(self, batch_BxT1: jax.Array) -> jax.Array:
     """The batch as `train.microbatches` microbatches, k × (B/k) × (T+1): row j of every k rows goes to microbatch j,
@@ -261,19 +275,25 @@ class Trainer:
   ) -> tuple[State, dict]:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run
     (through a `candidate` pair of paths while they are timed, `kernel_choice.py`)."""
-    step, params, calib = state["step"], state["params"], state["calib"]
-    gates = Gates.uniform(0.0, self.model_cfg.L) if fixed else self.method.gates(step)
+    step, params, calib, opt_state = state["step"], state["params"], state["calib"], state["opt_state"]
+    L = self.model_cfg.L
+    gates = Gates.uniform(0.0, L) if fixed else self.method.gates(step)
     if not fixed:
       params, calib = self.method.calibrate(params, calib, step)
+    if self.model_cfg.scanned:  # differentiated and updated stacked: a few leaves, not L copies (layer_scan.py)
+      params, opt_state = layer_scan.stack_blocks((params, opt_state), L)
     model_cfg = self.fixed_cfg if fixed else self.model_cfg
     (loss, (ce, scale_loss, stats)), grads = self._grads(
       params, calib, batch_BxT1, gates, step, model_cfg, not fixed, candidate
     )
     if not fixed:
       calib = calibration.ema_update(calib, stats, self.method.mu, active=self.method.stats_active(step))
-    updates, opt_state = self.tx.update(grads, state["opt_state"], params)
+    updates, opt_state = self.tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if self.model_cfg.scanned:
+      params, opt_state = layer_scan.unstack_blocks((params, opt_state), L)
     new_state = {
-      "params": optax.apply_updates(params, updates),
+      "params": params,
       "opt_state": opt_state,
       "calib": calib,
       "step": step + 1,

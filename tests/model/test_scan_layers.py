@@ -8,13 +8,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec as P
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.inference import forms
-from tapernorm_jax.model import ModelConfig, Transformer, init, param_paths, sharding
+from tapernorm_jax.model import ModelConfig, Transformer, init, layer_scan, param_paths, sharding
 from tapernorm_jax.model.config import REMAT_POLICIES
 from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
@@ -181,16 +182,61 @@ def test_a_bad_remat_policy_is_named_with_the_accepted_ones():
     ModelConfig(remat="fast")
 
 
-def test_one_train_step_is_the_same_scanned_and_unrolled():
-  states = {}
+def test_train_steps_are_the_same_scanned_and_unrolled():
+  """The scanned step differentiates and updates the stacked tree (weight decay on matrices only, gradient norms per
+  weight type): its parameters, optimiser state and metrics after three steps are the unrolled step's."""
+  outs = {}
   for scan in (False, True):
     cfg = run_config.get_config("all_taper", "size=cpu")
     cfg.model.scan_layers = "scanned" if scan else "unrolled"
     cfg.train.batch_size = 8
+    cfg.opt.weight_decay = 0.1
     trainer = Trainer(cfg, sharding.make_mesh(data=2, fsdp=4))
-    batch_BxT1 = jax.random.randint(jax.random.key(5), (8, cfg.model.T + 1), 0, cfg.model.V)
-    state, metrics = trainer.train_step(trainer.init_state(0), jax.device_put(batch_BxT1, trainer.batch_sharding))
-    states[scan] = jax.device_get((state["params"], metrics["loss"]))
-  (params_scanned, loss_scanned), (params_unrolled, loss_unrolled) = states[True], states[False]
-  np.testing.assert_allclose(loss_scanned, loss_unrolled, rtol=1e-6)
-  assert_trees_close(params_scanned, params_unrolled, rtol=1e-5, atol=1e-6)
+    state = trainer.init_state(0)
+    for step in range(3):
+      batch_BxT1 = jax.random.randint(jax.random.key(step), (8, cfg.model.T + 1), 0, cfg.model.V)
+      state, metrics = trainer.train_step(state, jax.device_put(batch_BxT1, trainer.batch_sharding))
+    outs[scan] = jax.device_get((state["params"], state["opt_state"], metrics))
+  (params_s, opt_s, metrics_s), (params_u, opt_u, metrics_u) = outs[True], outs[False]
+  assert jax.tree.structure(opt_s) == jax.tree.structure(opt_u)  # the stored state stays per layer
+  assert set(metrics_s) == set(metrics_u) and any(name.startswith("grad_norm/") for name in metrics_s)
+  for name in metrics_u:
+    np.testing.assert_allclose(metrics_s[name], metrics_u[name], rtol=1e-5, err_msg=name)
+  assert_trees_close(params_s, params_u, rtol=1e-5, atol=1e-6)
+  for got, want in zip(jax.tree.leaves(opt_s), jax.tree.leaves(opt_u)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)
+
+
+def test_stacking_blocks_is_undone_in_any_tree_that_holds_them():
+  """`stack_blocks` puts block i's leaves at index i of the layer axis wherever a dict holds the blocks (here inside
+  an Adam state), leaves the rest alone, and `unstack_blocks` gives back the tree it started from."""
+  L = 3
+  params = {
+    "embed": jnp.ones((5, 2)),
+    **{param_paths.block(i): {"w": jnp.full((2, 2), float(i)), "g": jnp.arange(2.0) + i} for i in range(L)},
+  }
+  opt_state = optax.adam(1e-3).init(params)
+  stacked = layer_scan.stack_blocks((params, opt_state), L)
+  assert set(stacked[0]) == {"embed", layer_scan.STACKED}
+  np.testing.assert_array_equal(stacked[0][layer_scan.STACKED]["g"], [[0, 1], [1, 2], [2, 3]])
+  assert stacked[1][0].mu[layer_scan.STACKED]["w"].shape == (L, 2, 2)
+  back = layer_scan.unstack_blocks(stacked, L)
+  assert jax.tree.structure(back) == jax.tree.structure((params, opt_state))
+  for got, want in zip(jax.tree.leaves(back), jax.tree.leaves((params, opt_state))):
+    np.testing.assert_array_equal(got, want)
+  paths = jax.tree_util.tree_flatten_with_path(stacked[0])[0]
+  assert {jax.tree_util.keystr(p): layer_scan.layer_ndim(p, x) for p, x in paths} == {
+    "['blocks']['g']": 1, "['blocks']['w']": 2, "['embed']": 2
+  }
+
+
+def test_the_stacked_placement_is_block_zeros_behind_an_unsharded_layer_axis():
+  mesh = sharding.make_mesh(data=2, fsdp=4)
+  cfg = ModelConfig(L=2, D=64, H=4, V=128, T=16)
+  placement = sharding.shardings(Transformer(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)), mesh)
+  stacked = layer_scan.stacked_placement(placement, cfg.L)["params"]
+  block0 = traverse_util.flatten_dict(placement["params"][param_paths.block(0)])
+  assert {k: s.spec for k, s in traverse_util.flatten_dict(stacked[layer_scan.STACKED]).items()} == {
+    k: P(None, *s.spec) for k, s in block0.items()
+  }
+  assert param_paths.block(0) not in stacked and stacked["embed"] == placement["params"]["embed"]
