@@ -9,7 +9,9 @@ batch's mean scale alone, (mean s(h) − s_tgt)², which leaves each token's sca
 method's mean over tokens of (s(h) − s_tgt)² (`mean`: taper.scale_loss_form = mean; the two differ by the tokens'
 variance of s(h)). And at `cpu_xl`, where internal_taper (+aux) seed 0 ends 23% above its control, calibrated at
 step 456 while block 0's attention-norm input (the embedding, rms 0.043 then) still grows 3.5×: if that drift is the
-gap, calibrating at step 3000 narrows it (`cal3000`). The study's budget and settings (γ0 = 3), 3 seeds.
+gap, calibrating at step 3000 narrows it (`cal3000`, seed 0). Calibration also starts the scale loss, on a
+pre-logit state grown far from where the step-456 calibration held it, so the baseline (+aux) calibrated at step
+3000 is `cal3000`'s matched control. The study's budget and settings (γ0 = 3), 3 seeds.
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks_tpp20.py --workdir=runs/budget-checks-tpp20
     .venv/bin/python scripts/intervention_table.py runs/budget-checks-tpp20 runs/budgets-tpp20-gain3 baseline:1
@@ -19,8 +21,9 @@ import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """The grid: the plain baseline with weight decay 0.1 at cpu and cpu_m, and its control with the batch-mean
-  scale loss at cpu, 20 tokens per parameter."""
+  """The grid: the plain baseline with weight decay 0.1 at cpu and cpu_m, its control with the batch-mean scale
+  loss at cpu, and internal_taper (+aux) with its control calibrated at step 3000 at cpu_xl, 20 tokens per
+  parameter."""
   c = ml_collections.ConfigDict()
   c.name = "budget-checks-tpp20"
   c.seeds = (0, 1, 2)
@@ -40,9 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
       overrides=dict(taper=dict(scale_loss_form="mean")),
     ),
     dict(
-      variants=["internal_taper:aux=1"],
+      variants=["internal_taper:aux=1", "baseline:aux=1"],
       sizes=["cpu_xl"],
       budgets=["tokens_per_param=20"],
+      seeds=[0],
       tag="cal3000",
       overrides=dict(taper=dict(min_calibration_step=3000)),
     ),
