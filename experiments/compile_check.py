@@ -32,6 +32,12 @@ _TOPOLOGY = flags.DEFINE_string(
 _SLICES = flags.DEFINE_integer("slices", 1, "Slices of that topology joined over DCN (mesh.data crosses them).")
 _DECODE_BATCH = flags.DEFINE_integer("decode_batch", 0, "Rows decoded at once (0: one per chip).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 0, "Prompt length of the prefill (0: half of model.T).")
+_SERVE_TENSOR = flags.DEFINE_integer(
+  "serve_tensor",
+  0,
+  "Chips that share one copy of the served model (serve_ programs, split Megatron-style); 0: whole on every chip "
+  "where its bfloat16 weights take at most half a chip's memory, else the fewest that bring each share under that.",
+)
 _PROGRAMS = flags.DEFINE_list(
   "programs",
   [],
@@ -63,6 +69,7 @@ def check_flags(T: int) -> None:
       f"the decode step needs one after the prompt; use at most {T - 1}, or raise "
       "--config.model.T",
     ),
+    (_SERVE_TENSOR.value >= 0, f"--serve_tensor={_SERVE_TENSOR.value}: must be >= 0 (0: chosen from the chip's memory)"),
     (_SUGGEST_LIMIT.value >= 0, f"--suggest_limit={_SUGGEST_LIMIT.value}: must be >= 0 (0: no extra compiles)"),
   ]
   for ok, message in bad:
@@ -84,8 +91,8 @@ def main(argv: list[str]) -> None:
   check_flags(cfg.model.T)
   target = check.Target(_TOPOLOGY.value, _SLICES.value)
   only = tuple(_PROGRAMS.value)
-  inference = not only or bool(set(only) & {"fold", "prefill", "decode_step"})
-  decoding = check.default_decoding(cfg, target, _DECODE_BATCH.value, _PROMPT_LEN.value) if inference else None
+  inference = not only or bool(set(only) & {"fold", "prefill", "decode_step", "serve_prefill", "serve_decode_step"})
+  decoding = check.default_decoding(cfg, target, _DECODE_BATCH.value, _PROMPT_LEN.value, _SERVE_TENSOR.value) if inference else None
   results = check.check(cfg, target, decoding, only=only)
   fails = check.verdict(results) is not None
   if _SUGGEST.value or (fails and _SUGGEST_LIMIT.value > 0):

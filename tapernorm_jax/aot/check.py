@@ -20,7 +20,7 @@ import ml_collections
 from tapernorm_jax.aot import analysis, chips, programs, suggest, topology
 from tapernorm_jax.aot.programs import Decoding
 from tapernorm_jax.errors import UserError
-from tapernorm_jax.model import sharding
+from tapernorm_jax.model import ModelConfig, abstract_variables, param_count, sharding
 
 RESULTS_SCHEMA = 1
 GIB = 2**30
@@ -96,10 +96,27 @@ def check(
   }
 
 
-def default_decoding(cfg: ml_collections.ConfigDict, target: Target, batch: int = 0, prompt_len: int = 0) -> Decoding:
-  """Decoding `batch` rows (default: one per chip) of `prompt_len`-token prompts (default: half of model.T)."""
+def default_decoding(
+  cfg: ml_collections.ConfigDict, target: Target, batch: int = 0, prompt_len: int = 0, tensor: int = 0
+) -> Decoding:
+  """Decoding `batch` rows (default: one per chip) of `prompt_len`-token prompts (default: half of model.T), the
+  served model split over `tensor` chips (default: `serving_split`)."""
   chips_count = len(topology.devices(target.topology, target.slices))
-  return Decoding(batch=batch or chips_count, prompt_len=prompt_len or max(1, cfg.model.T // 2))
+  model_cfg = ModelConfig.from_config(cfg.model)
+  return Decoding(
+    batch=batch or chips_count,
+    prompt_len=prompt_len or max(1, cfg.model.T // 2),
+    tensor=tensor or serving_split(model_cfg, chips.chip(target.topology), chips_count),
+  )
+
+
+def serving_split(model_cfg: ModelConfig, chip: chips.Chip, chips_count: int) -> int:
+  """Chips per copy of the served model: 1 where its bfloat16 weights take at most half a chip's HBM (the rest for
+  the KV cache and activations), else the fewest over which its heads split evenly that bring each chip's share
+  under that (the most that split, if none does)."""
+  weight_bytes = 2 * param_count(abstract_variables(model_cfg))
+  splits = [t for t in range(1, chips_count + 1) if chips_count % t == 0 and model_cfg.H % t == 0]
+  return next((t for t in splits if weight_bytes / t <= chip.hbm_bytes / 2), splits[-1])
 
 
 def suggestions(

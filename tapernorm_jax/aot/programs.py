@@ -8,14 +8,16 @@
     prefill       `decode_batch` prompts of `prompt_len` tokens into a KV cache of model.T slots
     decode_step   one token per row over that cache
     serve_prefill, serve_decode_step
-                  the same two in the serving layout: the folded weights in bfloat16, whole on every chip
+                  the same two in the serving layout: the folded weights in bfloat16, whole on every chip, or
+                  split over `Decoding.tensor` chips per copy (`inference/tensor_parallel.py`)
 
 Each comes with the analytic FLOPs (per chip) the project counts for MFU, 6·N + 12·L·D·T per trained token and a
 third of that per forward token, N the parameters a token is multiplied by (lookup tables left out), so the
 compiler's count can be read against it. `prefill` and `decode_step` keep the training layout (weights split over
 `fsdp`, so each step gathers them); the `serve_` programs are what a server would run, rows split over the mesh and
-nothing but rows between chips. A model whose bfloat16 weights do not fit on one chip needs them split for tensor
-parallelism, which this project does not do: its `serve_` programs then do not fit, and the check says so.
+nothing but rows between chips. A model whose bfloat16 weights do not fit on one chip is served split for tensor
+parallelism: heads and MLP units over `Decoding.tensor` chips, one all-reduce of the activation after each
+row-split projection, the KV cache split with the heads.
 """
 
 import dataclasses
@@ -27,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tapernorm_jax.runtime import costs
-from tapernorm_jax.inference import decode
+from tapernorm_jax.inference import decode, tensor_parallel
 from tapernorm_jax.model import ModelConfig, abstract_variables, param_count, sharding
 from tapernorm_jax.taper import fold as fold_lib
 from tapernorm_jax.train.trainer import Trainer
@@ -50,10 +53,12 @@ class Program:
 
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-  """The inference programs' shape: rows decoded at once, and the prompt length of a prefill."""
+  """The inference programs' shape: rows decoded at once, the prompt length of a prefill, and the chips that share
+one copy of the served model (1: whole on every chip)."""
 
   batch: int
   prompt_len: int
+  tensor: int = 1
 
 
 def abstract(shape: tuple[int, ...], dtype: Any, placement: NamedSharding) -> jax.ShapeDtypeStruct:
@@ -101,12 +106,18 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
     programs.append(Program("fold", functools.partial(fold.lower, trained), None, 0))
     variables = jax.tree.map(lambda x, s: abstract(x.shape, x.dtype, s), jax.eval_shape(fold, trained), placement)
   serving_cfg = model_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
-  whole = sharding.replicated(mesh)
-  served = jax.tree.map(lambda x: abstract(x.shape, serving_dtype(x.dtype), whole), variables)
+  if decoding.tensor > 1:  # the MLP padded where its width does not divide
+    split = tensor_parallel.make_mesh(list(mesh.devices.flat), decoding.tensor)
+    variables = jax.eval_shape(lambda v: tensor_parallel.pad(v, serving_cfg, decoding.tensor)[0], variables)
+    serving_cfg = tensor_parallel.padded_config(serving_cfg, decoding.tensor)
+    placement = tensor_parallel.variable_shardings(serving_cfg, split)
+  else:
+    split, placement = None, jax.tree.map(lambda _: sharding.replicated(mesh), variables)
+  served = jax.tree.map(lambda x, s: abstract(x.shape, serving_dtype(x.dtype), s), variables, placement)
   return (
     programs
     + decoding_programs(variables, model_cfg, mesh, decoding, "")
-    + decoding_programs(served, serving_cfg, mesh, decoding, "serve_")
+    + decoding_programs(served, serving_cfg, mesh, decoding, "serve_", split)
   )
 
 
@@ -116,21 +127,27 @@ def serving_dtype(dtype: Any) -> Any:
 
 
 def decoding_programs(
-  variables: PyTree, model_cfg: ModelConfig, mesh: Mesh, decoding: Decoding, prefix: str
+  variables: PyTree, model_cfg: ModelConfig, mesh: Mesh, decoding: Decoding, prefix: str, split: Mesh | None = None
 ) -> list[Program]:
-  """Prefill and one decode step of `variables` (abstract, placed) with rows split over the mesh, named with
-  `prefix`."""
+  """Prefill and one decode step of `variables` (abstract, placed) with rows split over the mesh (or over the
+  (rows, tensor) mesh `split`, each chip its share of the model), named with `prefix`."""
   B, P_len, S = decoding.batch, decoding.prompt_len, model_cfg.T
-  rows = rows_sharding(mesh, B)
+  if split is None:
+    rows = cache_placement = rows_sharding(mesh, B)  # B·H cache rows, each device its own B
+    prefill = jax.jit(functools.partial(decode.prefill, cfg=model_cfg, mesh=mesh))
+    step = jax.jit(functools.partial(decode.decode_step, cfg=model_cfg, mesh=mesh))
+  else:
+    tensor_parallel.check(model_cfg, split, B)
+    rows = NamedSharding(split, P(tensor_parallel.ROWS))
+    cache_placement = tensor_parallel.cache_sharding(split)  # each chip its rows' own heads
+    prefill = jax.jit(functools.partial(tensor_parallel.prefill, cfg=model_cfg, mesh=split))
+    step = jax.jit(functools.partial(tensor_parallel.decode_step, cfg=model_cfg, mesh=split))
   cache = jax.tree.map(
-    lambda x: abstract(x.shape, x.dtype, rows),  # B·H cache rows, each device its own B
-    jax.eval_shape(lambda: decode.init_cache(model_cfg, B, S)),
+    lambda x: abstract(x.shape, x.dtype, cache_placement), jax.eval_shape(lambda: decode.init_cache(model_cfg, B, S))
   )
   N, head = matmul_params(variables["params"], model_cfg), model_cfg.V * model_cfg.D
   forward = lambda params, context: costs.forward_flops_per_token(params, model_cfg.L, model_cfg.D, context)
   prefill_flops = B * P_len * forward(N - head, P_len) + B * 2 * head  # logits of each row's last token only
-  prefill = jax.jit(functools.partial(decode.prefill, cfg=model_cfg, mesh=mesh))
-  step = jax.jit(functools.partial(decode.decode_step, cfg=model_cfg, mesh=mesh))
   prompt, lengths = abstract((B, P_len), jnp.int32, rows), abstract((B,), jnp.int32, rows)
   tokens, index = abstract((B,), jnp.int32, rows), abstract((B,), jnp.int32, rows)
   return [

@@ -50,7 +50,7 @@ def same(x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
 
 def split_qkv(w_Dx3D: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   """c_attn (…, 3D), columns q | k | v, each heads-major, → (…, 3, H, K); for the weight and the bias."""
-  return w_Dx3D.reshape(w_Dx3D.shape[:-1] + (3, cfg.H, cfg.D // cfg.H))
+  return w_Dx3D.reshape(w_Dx3D.shape[:-1] + (3, cfg.H, cfg.K))
 
 
 def merge_qkv(w_Dx3xHxK: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -60,7 +60,7 @@ def merge_qkv(w_Dx3xHxK: np.ndarray, cfg: ModelConfig) -> np.ndarray:
 
 def split_heads(w_DxD: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   """attn.c_proj (D, D), rows the merged heads, → (H, K, D)."""
-  return w_DxD.reshape(cfg.H, cfg.D // cfg.H, cfg.D)
+  return w_DxD.reshape(cfg.H, cfg.K, cfg.D)
 
 
 def merge_heads(w_HxKxD: np.ndarray, cfg: ModelConfig) -> np.ndarray:

@@ -117,7 +117,7 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
     "num_hidden_layers": cfg.L,
     "num_attention_heads": cfg.H,
     "num_key_value_heads": cfg.H,
-    "head_dim": cfg.D // cfg.H,
+    "head_dim": cfg.K,
     "hidden_act": "silu",
     "max_position_embeddings": cfg.T,
     "rms_norm_eps": cfg.eps,

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
   """A zeroed cache of `length` slots per row: per layer {"k": BH×K×S, "v": BH×S×K}, BH = B·H (model/kv_cache.py)."""
-  BH, K, dtype = batch * cfg.H, cfg.D // cfg.H, dtype or cfg.compute_dtype
+  BH, K, dtype = batch * cfg.H, cfg.K, dtype or cfg.compute_dtype
   return [{"k": jnp.zeros((BH, K, length), dtype), "v": jnp.zeros((BH, length, K), dtype)} for _ in range(cfg.L)]
 
 

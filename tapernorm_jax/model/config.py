@@ -49,6 +49,7 @@ class ModelConfig:
   L: int = 8
   F: int = 0
   T: int = 512
+  head_dim: int = 0  # K, each head's width; 0: D / H (a tensor-split serving shard holds a share of the heads)
   internal_norm: str = "plain"
   final_norm: str = "plain"
   norm_alpha: tuple[float, ...] = ()  # dyt/derf: α's initial value (attention, MLP, final); (): the authors' (norms.py)
@@ -90,6 +91,11 @@ class ModelConfig:
   def norm_kind(self) -> str:
     """`rms` for llama, `ln` for gpt2."""
     return "rms" if self.family == "llama" else "ln"
+
+  @property
+  def K(self) -> int:
+    """Each head's width: `head_dim`, or D / H."""
+    return self.head_dim or self.D // self.H
 
   @property
   def mlp_dim(self) -> int:
@@ -198,10 +204,12 @@ def validate(cfg: ModelConfig) -> None:
       fail(field, "must be a positive integer")
   if not isinstance(cfg.F, int) or cfg.F < 0:
     fail("F", "must be a non-negative integer (0 picks the family default)")
-  if cfg.D % cfg.H:
+  if cfg.head_dim < 0:
+    fail("head_dim", "a head's width is positive, or 0 for D / H")
+  if not cfg.head_dim and cfg.D % cfg.H:
     fail("H", f"the number of heads must divide model.D={cfg.D}")
-  if cfg.family == "llama" and (cfg.D // cfg.H) % 2:
-    fail("H", f"RoPE needs an even head dimension, but D/H = {cfg.D // cfg.H}")
+  if cfg.family == "llama" and cfg.K % 2:
+    fail("H", f"RoPE needs an even head dimension, but it is {cfg.K}")
   for field in ("internal_norm", "final_norm"):
     if getattr(cfg, field) not in NORM_MODES:
       fail(field, f"unknown norm mode; choose one of {NORM_MODES}")

@@ -103,7 +103,7 @@ class Attention(nn.Module):
     """q, k and v (each B×T×H×K) from the one fused projection, computing only what is used: the values from
     `x_v_BxTxD` where given (the same weights' last third), the query of the last position only with `last_only`."""
     cfg, dt = self.cfg, self.cfg.compute_dtype
-    K = cfg.D // cfg.H
+    K = cfg.K
     w_qkv_Dx3xHxK = param(
       self, param_paths.QKV, (cfg.D, 3, cfg.H, K), ("embed", None, "heads", "kv"), cfg.init_std, cfg.param_dtype
     ).astype(dt)
@@ -143,7 +143,7 @@ class Attention(nn.Module):
       out_BxTxHxK,
       param_paths.ATTN_OUT,
       param_paths.ATTN_OUT_BIAS,
-      (cfg.H, cfg.D // cfg.H),
+      (cfg.H, cfg.K),
       ("heads", "kv"),
       "bthk,hkd->btd",
     )

@@ -68,3 +68,17 @@ def test_a_run_that_does_not_fit_ends_in_one_line_and_keeps_its_report(tmp_path)
   assert last.startswith("error: train_step does not fit: it needs ") and "a v5e chip has 15.75 GiB" in last
   assert "Traceback" not in done.stderr
   assert json.loads((tmp_path / "results.json").read_text())["programs"][0]["fits"] is False
+
+
+def test_serving_programs_alone_compile_split_and_a_split_that_does_not_divide_is_one_line(tmp_path):
+  common = ["--config=configs/all_taper.py:size=cpu", "--config.mesh.fsdp=4"]  # F = 171: padded to 172
+  done = compile_check(*common, "--programs=serve_decode_step", "--serve_tensor=4", f"--out={tmp_path}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert [p["program"] for p in results["programs"]] == ["serve_decode_step"] and results["decoding"]["tensor"] == 4
+  assert "served split over 4 chips a copy" in (tmp_path / "report.md").read_text()
+  done = compile_check(*common, "--config.model.H=2", "--programs=serve_decode_step", "--serve_tensor=4")
+  assert done.returncode != 0 and "Traceback" not in done.stderr
+  assert done.stderr.strip().splitlines()[-1] == (
+    "error: model.H=2 does not split over tensor=4 devices; choose a divisor of it"
+  ), done.stderr[-2000:]

@@ -3,6 +3,7 @@ own choices (bf16 for `auto`, splash attention where the length tiles, no CPU cu
 the state and of the FLOPs, a scanned train step, a mesh across two slices, and a config too big to fit named in one
 line."""
 
+import dataclasses
 import re
 
 import jax
@@ -10,7 +11,7 @@ import pytest
 
 from tapernorm_jax.runtime import costs
 from tapernorm_jax.aot import analysis, check, chips, hlo, programs, topology, traffic
-from tapernorm_jax.model import init, param_count, sharding
+from tapernorm_jax.model import ModelConfig, abstract_variables, init, param_count, sharding
 from tapernorm_jax.taper import fold
 from tapernorm_jax.train.trainer import Trainer
 from aot_helpers import needs_libtpu, small_config, state_bytes_per_device
@@ -174,3 +175,32 @@ def test_a_bad_topology_is_named(name, problem):
 def test_jax_compiles_on_this_host_for_the_cpu_still():
   """Building TPU programs leaves this process's own backend alone."""
   assert sharding.platform_of(None) == "cpu" and jax.devices()[0].platform == "cpu"
+
+
+def test_the_split_serving_layout_holds_a_share_of_each_block_and_moves_activations_only():
+  """Split over the four chips (`Decoding.tensor`), each holds a quarter of every block's heads and MLP units in
+  bfloat16, and a decode step moves the 2·L all-reduces of its rows' activations, a small fraction of the weights."""
+  cfg = small_config(4, 8, T=256, D=256, H=4, V=1024, L=2)
+  trainer = Trainer(cfg, sharding.make_mesh(-1, 4, list(topology.devices("v5e:2x2"))))
+  by_name = {p.name: p for p in programs.inference(trainer, programs.Decoding(batch=4, prompt_len=128, tensor=4))}
+  model_cfg = fold.folded_config(trainer.model_cfg)
+  weights = 2 * param_count(jax.eval_shape(lambda: init(model_cfg, jax.random.key(0)))["params"])  # bf16 bytes
+  figures = analysis.compile_program(by_name["serve_decode_step"], V5E, [0] * 4)
+  assert set(figures.collectives) == {"all-reduce"}, figures.collectives
+  assert 0 < figures.collectives["all-reduce"]["ici_bytes"] <= 0.05 * weights, (figures.collectives, weights)
+  module = hlo.parse(by_name["serve_decode_step"].lower().compile().as_text())
+  parameters = [i.shape for i in module.computations[module.entry] if i.opcode == "parameter"]
+  assert sum(shape.startswith("bf16[256,3,1,64]") for shape in parameters) == 2, parameters  # a head of each qkv
+  assert analysis.compile_program(by_name["serve_prefill"], V5E, [0] * 4).fits
+
+
+def test_the_serving_split_is_chosen_from_the_chips_memory():
+  """Whole on each chip while the bfloat16 weights take at most half its memory; else the fewest chips a copy that
+  bring each share under that, over which heads and MLP units split."""
+  model_cfg = ModelConfig.from_config(small_config(4, 8, T=256, D=256, H=4, V=1024, L=2).model)
+  weights = 2 * param_count(abstract_variables(model_cfg))
+  chip = lambda hbm: dataclasses.replace(V5E, hbm_bytes=hbm)
+  assert check.serving_split(model_cfg, chip(2 * weights), 4) == 1
+  assert check.serving_split(model_cfg, chip(1.9 * weights), 4) == 2
+  assert check.serving_split(model_cfg, chip(0.6 * weights), 4) == 4
+  assert check.serving_split(model_cfg, chip(0.1 * weights), 4) == 4  # the most that split
