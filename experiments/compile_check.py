@@ -69,7 +69,10 @@ def check_flags(T: int) -> None:
       f"the decode step needs one after the prompt; use at most {T - 1}, or raise "
       "--config.model.T",
     ),
-    (_SERVE_TENSOR.value >= 0, f"--serve_tensor={_SERVE_TENSOR.value}: must be >= 0 (0: chosen from the chip's memory)"),
+    (
+      _SERVE_TENSOR.value >= 0,
+      f"--serve_tensor={_SERVE_TENSOR.value}: must be >= 0 (0: chosen from the chip's memory)",
+    ),
     (_SUGGEST_LIMIT.value >= 0, f"--suggest_limit={_SUGGEST_LIMIT.value}: must be >= 0 (0: no extra compiles)"),
   ]
   for ok, message in bad:
@@ -91,8 +94,13 @@ def main(argv: list[str]) -> None:
   check_flags(cfg.model.T)
   target = check.Target(_TOPOLOGY.value, _SLICES.value)
   only = tuple(_PROGRAMS.value)
-  inference = not only or bool(set(only) & {"fold", "prefill", "decode_step", "serve_prefill", "serve_decode_step"})
-  decoding = check.default_decoding(cfg, target, _DECODE_BATCH.value, _PROMPT_LEN.value, _SERVE_TENSOR.value) if inference else None
+  inference_programs = {"fold", "prefill", "decode_step", "serve_prefill", "serve_decode_step"}
+  inference = not only or bool(set(only) & inference_programs)
+  decoding = (
+    check.default_decoding(cfg, target, _DECODE_BATCH.value, _PROMPT_LEN.value, _SERVE_TENSOR.value)
+    if inference
+    else None
+  )
   results = check.check(cfg, target, decoding, only=only)
   fails = check.verdict(results) is not None
   if _SUGGEST.value or (fails and _SUGGEST_LIMIT.value > 0):

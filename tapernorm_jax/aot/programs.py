@@ -54,7 +54,7 @@ class Program:
 @dataclasses.dataclass(frozen=True)
 class Decoding:
   """The inference programs' shape: rows decoded at once, the prompt length of a prefill, and the chips that share
-one copy of the served model (1: whole on every chip)."""
+  one copy of the served model (1: whole on every chip)."""
 
   batch: int
   prompt_len: int

@@ -96,7 +96,6 @@ def unstack_blocks(tree: PyTree, L: int) -> PyTree:
 
 def stacked_placement(shardings: PyTree, L: int) -> PyTree:
   """The NamedShardings of `stack_blocks(tree)` from those of `tree`: block 0's, behind an unsharded layer axis."""
-
   names = [param_paths.block(i) for i in range(L)]
 
   def node_stacked(node: Any) -> Any:

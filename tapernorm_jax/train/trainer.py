@@ -40,7 +40,8 @@ State = dict[str, Any]  # {"params", "opt_state", "calib", "step"}
 
 def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
   """AdamW with global-norm clipping; weight decay (if any) only on matrices, never on gains or scalars."""
-  decay_mask = lambda params: jax.tree_util.tree_map_with_path(lambda path, p: layer_scan.layer_ndim(path, p) >= 2, params)
+  is_matrix = lambda path, p: layer_scan.layer_ndim(path, p) >= 2  # a layer's own axes, in a stacked tree too
+  decay_mask = lambda params: jax.tree_util.tree_map_with_path(is_matrix, params)
   return optax.chain(
     optax.clip_by_global_norm(cfg.opt.clip),
     optax.adamw(lr, b1=cfg.opt.b1, b2=cfg.opt.b2, eps=cfg.opt.eps, weight_decay=cfg.opt.weight_decay, mask=decay_mask),
@@ -48,14 +49,15 @@ def make_optimizer(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.
 
 
 def grad_norms_by_type(grads: PyTree, model_cfg: ModelConfig) -> dict[str, jax.Array]:
-  """Gradient norm per weight type (QKV, attention out, MLP in, MLP out): per block, then averaged over blocks (of the
-per-layer tree, or of the stacked one a scanned step differentiates)."""
+  """Gradient norm per weight type (QKV, attention out, MLP in, MLP out): per block, then averaged over blocks (of
+  the per-layer tree, or of the stacked one a scanned step differentiates)."""
   flat = traverse_util.flatten_dict(grads)
   stacked = layer_scan.STACKED in grads
 
   def squares(paths: tuple) -> jax.Array:  # one block's squared norm; (L,), one per block, in the stacked tree
     paths = [(layer_scan.STACKED, *path[1:]) for path in paths] if stacked else paths
-    return sum(jnp.sum(jnp.square(flat[p].astype(jnp.float32)), axis=tuple(range(stacked, flat[p].ndim))) for p in paths)
+    layer_axes = lambda x: tuple(range(stacked, x.ndim))
+    return sum(jnp.sum(jnp.square(flat[p].astype(jnp.float32)), axis=layer_axes(flat[p])) for p in paths)
 
   per_block = lambda blocks: squares(blocks[0]) if stacked else jnp.stack([squares(paths) for paths in blocks])
   return {

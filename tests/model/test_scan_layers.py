@@ -226,7 +226,9 @@ def test_stacking_blocks_is_undone_in_any_tree_that_holds_them():
     np.testing.assert_array_equal(got, want)
   paths = jax.tree_util.tree_flatten_with_path(stacked[0])[0]
   assert {jax.tree_util.keystr(p): layer_scan.layer_ndim(p, x) for p, x in paths} == {
-    "['blocks']['g']": 1, "['blocks']['w']": 2, "['embed']": 2
+    "['blocks']['g']": 1,
+    "['blocks']['w']": 2,
+    "['embed']": 2,
   }
 
 
