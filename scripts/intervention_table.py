@@ -30,6 +30,7 @@ SETTINGS = {
   "mean": "scale loss on the batch's mean s(h)",
   "bn3": "BatchNorm's weight from 3",
   "cal3000": "calibration at step 3,000",
+  "kernels": "through the kernels CPU path",
 }
 
 

@@ -11,7 +11,10 @@ variance of s(h)). And at `cpu_xl`, where internal_taper (+aux) seed 0 ends 23% 
 step 456 while block 0's attention-norm input (the embedding, rms 0.043 then) still grows 3.5×: if that drift is the
 gap, calibrating at step 3000 narrows it (`cal3000`, seed 0). Calibration also starts the scale loss, on a
 pre-logit state grown far from where the step-456 calibration held it, so the baseline (+aux) calibrated at step
-3000 is `cal3000`'s matched control. The study's budget and settings (γ0 = 3), 3 seeds.
+3000 is `cal3000`'s matched control. Each run times the CPU paths and trains through the fastest, and at `cpu_xl`
+both tapered runs chose `xla` where both controls chose `kernels`: the same computation up to rounding, but a
+difference between the pairs, so `kernels` reruns internal_taper (+aux) seed 0 through its controls' path. The
+study's budget and settings (γ0 = 3), 3 seeds.
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks_tpp20.py --workdir=runs/budget-checks-tpp20
     .venv/bin/python scripts/intervention_table.py runs/budget-checks-tpp20 runs/budgets-tpp20-gain3 baseline:1
@@ -22,8 +25,8 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   """The grid: the plain baseline with weight decay 0.1 at cpu and cpu_m, its control with the batch-mean scale
-  loss at cpu, and internal_taper (+aux) with its control calibrated at step 3000 at cpu_xl, 20 tokens per
-  parameter."""
+  loss at cpu, and internal_taper (+aux) with its control calibrated at step 3000, and through the controls' CPU
+  path, at cpu_xl, 20 tokens per parameter."""
   c = ml_collections.ConfigDict()
   c.name = "budget-checks-tpp20"
   c.seeds = (0, 1, 2)
@@ -49,6 +52,14 @@ def get_config() -> ml_collections.ConfigDict:
       seeds=[0],
       tag="cal3000",
       overrides=dict(taper=dict(min_calibration_step=3000)),
+    ),
+    dict(
+      variants=["internal_taper:aux=1"],
+      sizes=["cpu_xl"],
+      budgets=["tokens_per_param=20"],
+      seeds=[0],
+      tag="kernels",
+      overrides=dict(train=dict(cpu_paths="kernels")),
     ),
   ]
   c.overrides = ml_collections.ConfigDict(dict(train=dict(eval_batches=4), model=dict(norm_gain_init=3.0)))
