@@ -145,7 +145,7 @@ def markdown(results: dict[str, Any], command: str = "") -> str:
     lines[-1] += f" Decoding: {d['batch']} rows, prompts of {d['prompt_len']} tokens, a cache of {run['model']['T']}"
     tensor = d.get("tensor", 1)
     lines[-1] += (
-      f"; served split over {tensor} chips a copy (heads and MLP units; inference/tensor_parallel.py)."
+      f"; served split over {tensor} chips per copy (heads and MLP units; inference/tensor_parallel.py)."
       if tensor > 1
       else "; served whole on every chip."
     )

@@ -76,7 +76,7 @@ def test_serving_programs_alone_compile_split_and_a_split_that_does_not_divide_i
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads((tmp_path / "results.json").read_text())
   assert [p["program"] for p in results["programs"]] == ["serve_decode_step"] and results["decoding"]["tensor"] == 4
-  assert "served split over 4 chips a copy" in (tmp_path / "report.md").read_text()
+  assert "served split over 4 chips per copy" in (tmp_path / "report.md").read_text()
   done = compile_check(*common, "--config.model.H=2", "--programs=serve_decode_step", "--serve_tensor=4")
   assert done.returncode != 0 and "Traceback" not in done.stderr
   assert done.stderr.strip().splitlines()[-1] == (
