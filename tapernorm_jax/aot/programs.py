@@ -105,15 +105,15 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
     fold = jax.jit(functools.partial(fold_variables, model_cfg=trained_cfg), out_shardings=placement)
     programs.append(Program("fold", functools.partial(fold.lower, trained), None, 0))
     variables = jax.tree.map(lambda x, s: abstract(x.shape, x.dtype, s), jax.eval_shape(fold, trained), placement)
-  serving_cfg = model_cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
-  if decoding.tensor > 1:  # the MLP padded where its width does not divide
+  serving_cfg, to_serve = model_cfg.replace(dtype="bfloat16", param_dtype="bfloat16"), variables
+  if decoding.tensor > 1:  # the MLP padded where its width does not divide (the training layout's stays as it is)
     split = tensor_parallel.make_mesh(list(mesh.devices.flat), decoding.tensor)
-    variables = jax.eval_shape(lambda v: tensor_parallel.pad(v, serving_cfg, decoding.tensor)[0], variables)
+    to_serve = jax.eval_shape(lambda v: tensor_parallel.pad(v, serving_cfg, decoding.tensor)[0], variables)
     serving_cfg = tensor_parallel.padded_config(serving_cfg, decoding.tensor)
     placement = tensor_parallel.variable_shardings(serving_cfg, split)
   else:
     split, placement = None, jax.tree.map(lambda _: sharding.replicated(mesh), variables)
-  served = jax.tree.map(lambda x, s: abstract(x.shape, serving_dtype(x.dtype), s), variables, placement)
+  served = jax.tree.map(lambda x, s: abstract(x.shape, serving_dtype(x.dtype), s), to_serve, placement)
   return (
     programs
     + decoding_programs(variables, model_cfg, mesh, decoding, "")

@@ -79,18 +79,10 @@ def local_config(cfg: ModelConfig, tensor: int) -> ModelConfig:
   return cfg.replace(H=cfg.H // tensor, F=cfg.mlp_dim // tensor, head_dim=cfg.K)
 
 
-def variable_specs(cfg: ModelConfig) -> PyTree:
-  """Each variable's PartitionSpec on a (rows, tensor) mesh: its heads or MLP axis split over `tensor`."""
-  logical = nn.get_partition_spec(abstract_variables(cfg))
-  return jax.tree.map(
-    lambda spec: P(*nn.logical_to_mesh_axes(spec, RULES)), logical, is_leaf=lambda x: isinstance(x, P)
-  )
-
-
 def variable_shardings(cfg: ModelConfig, mesh: Mesh) -> PyTree:
-  """`variable_specs` placed on `mesh`."""
+  """Each variable's NamedSharding on a (rows, tensor) mesh: its heads or MLP axis split over `tensor`."""
   check(cfg, mesh)
-  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), variable_specs(cfg), is_leaf=lambda x: isinstance(x, P))
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_variables(cfg)), mesh, RULES)
 
 
 def cache_sharding(mesh: Mesh) -> NamedSharding:
@@ -111,7 +103,7 @@ def _split(fn: Any, cfg: ModelConfig, mesh: Mesh, cache: PyTree) -> Any:
   return jax.shard_map(
     lambda variables, a, b, cache: fn(variables, local, a, b, cache, projection=projection),
     mesh=mesh,
-    in_specs=(variable_specs(cfg), P(ROWS), P(ROWS), cache_spec),
+    in_specs=(jax.tree.map(lambda s: s.spec, variable_shardings(cfg, mesh)), P(ROWS), P(ROWS), cache_spec),
     out_specs=(P(ROWS), cache_spec),
     check_vma=False,
   )
