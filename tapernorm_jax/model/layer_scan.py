@@ -29,8 +29,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from tapernorm_jax.model import param_paths, sharding
 from tapernorm_jax.model.gates import BlockGates, Gates
@@ -102,8 +101,7 @@ def stacked_placement(shardings: PyTree, L: int) -> PyTree:
     if not _holds_blocks(node):
       return node
     rest = {key: value for key, value in node.items() if key not in names}
-    layer = lambda s: NamedSharding(s.mesh, P(None, *s.spec))
-    return {**rest, STACKED: jax.tree.map(layer, node[param_paths.block(0)])}
+    return {**rest, STACKED: jax.tree.map(sharding.behind_layer_axis, node[param_paths.block(0)])}
 
   return jax.tree.map(node_stacked, shardings, is_leaf=_holds_blocks)
 

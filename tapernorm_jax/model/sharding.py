@@ -164,7 +164,12 @@ def shardings(variables: Any, mesh: Mesh) -> Any:
 def stacked_shardings(variables: Any, mesh: Mesh) -> Any:
   """NamedShardings for L copies of a (boxed or abstract) variable tree stacked on a leading layer axis: that axis
   whole, every other as `shardings` places it, so each layer's slice is laid out as the layer itself is."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, P(None, *s.spec)), shardings(variables, mesh))
+  return jax.tree.map(behind_layer_axis, shardings(variables, mesh))
+
+
+def behind_layer_axis(placement: NamedSharding) -> NamedSharding:
+  """`placement` of one layer's array, for L of them stacked on a leading, unsharded layer axis."""
+  return NamedSharding(placement.mesh, P(None, *placement.spec))
 
 
 def shard(variables: Any, mesh: Mesh) -> Any:
