@@ -31,6 +31,7 @@ SETTINGS = {
   "bn3": "BatchNorm's weight from 3",
   "cal3000": "calibration at step 3,000",
   "kernels": "through the kernels CPU path",
+  "xla": "through the xla CPU path",
 }
 
 

@@ -13,7 +13,9 @@ gap, calibrating at step 3000 narrows it (`cal3000`, seed 0). Calibration also s
 pre-logit state grown far from where the step-456 calibration held it, so the baseline (+aux) calibrated at step
 3000 is `cal3000`'s matched control. Each run times the CPU paths and trains through the fastest, and at `cpu_xl`
 both tapered runs chose `xla` where both controls chose `kernels`: the same computation up to rounding, but a
-difference between the pairs, so `kernels` reruns internal_taper (+aux) seed 0 through its controls' path. The
+difference between the pairs, so `kernels` reruns internal_taper (+aux) seed 0 through its controls' path. And
+the same cell on two hosts differs by up to 5% a seed at `cpu` but not at `cpu_xs`: the plain baseline at `cpu`,
+seed 0, through each path on one host (`kernels`, `xla`) says how far the path alone moves a run. The
 study's budget and settings (γ0 = 3), 3 seeds.
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks_tpp20.py --workdir=runs/budget-checks-tpp20
@@ -60,6 +62,17 @@ def get_config() -> ml_collections.ConfigDict:
       seeds=[0],
       tag="kernels",
       overrides=dict(train=dict(cpu_paths="kernels")),
+    ),
+    *(
+      dict(
+        variants=["baseline"],
+        sizes=["cpu"],
+        budgets=["tokens_per_param=20"],
+        seeds=[0],
+        tag=path,
+        overrides=dict(train=dict(cpu_paths=path)),
+      )
+      for path in ("kernels", "xla")
     ),
   ]
   c.overrides = ml_collections.ConfigDict(dict(train=dict(eval_batches=4), model=dict(norm_gain_init=3.0)))
