@@ -96,7 +96,7 @@ def inference(trainer: Trainer, decoding: Decoding) -> list[Program]:
   """The fold (for models whose norms fold), prefill and one decode step on the mesh and layout of `trainer`'s run,
   and the two again in the serving layout."""
   mesh, trained_cfg = trainer.mesh, trainer.model_cfg
-  state = trainer.abstract_state()
+  state = trainer.abstract_state(per_layer=True)  # what the fold reads
   trained = {"params": state["params"], "calib": state["calib"]}
   programs, variables, model_cfg = [], trained, trained_cfg
   if trained_cfg.foldable:

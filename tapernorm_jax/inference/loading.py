@@ -8,12 +8,14 @@ import json
 import os
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from tapernorm_jax import config_fields
 from tapernorm_jax.storage import unreadable, run_files
+from tapernorm_jax.storage.saved_keys import saved_keys
 from tapernorm_jax.inference import export
-from tapernorm_jax.model import ModelConfig
+from tapernorm_jax.model import ModelConfig, layer_scan
 
 PyTree = Any
 
@@ -45,6 +47,10 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tupl
         f"no checkpoint {'at step ' + str(step) if step is not None else ''} in {directory} (steps: {steps})"
       )
     target = export.restore_target(model_cfg)
+    keys = saved_keys(directory / str(step) / "state")
+    stacked = keys is not None and any(key[:2] == ("params", layer_scan.STACKED) for key in keys)
+    if stacked:  # saved by a scanned run (train/state_layout.py): restored stacked, read per layer
+      target = {**target, "params": stacked_target(target["params"], model_cfg.L)}
     unreadable.quiet_aborted_reads()
     try:
       restored = manager.restore(
@@ -62,7 +68,16 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tupl
       raise unreadable.DamagedCheckpointError(
         f"the checkpoint at step {step} in {directory} is damaged: {reason}; {fix}", step, reason
       ) from e
-  return dict(restored["state"]), {**run_cfg, "restored_step": step}
+  variables = dict(restored["state"])
+  variables["params"] = layer_scan.unstack_blocks(variables["params"], model_cfg.L)
+  return variables, {**run_cfg, "restored_step": step}
+
+
+def stacked_target(params: PyTree, L: int) -> PyTree:
+  """A restore target of per-layer `params` (each leaf on one device) with its blocks stacked, on that device."""
+  placement = jax.tree.leaves(params)[0].sharding
+  shapes = jax.eval_shape(lambda p: layer_scan.stack_blocks(p, L), params)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), shapes)
 
 
 def run_tokenizer(run_cfg: dict) -> Any | None:

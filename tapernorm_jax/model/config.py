@@ -68,7 +68,7 @@ class ModelConfig:
   attention_impl: str = "auto"
   remat: str = "none"  # none, full (recompute each block in the backward pass) or save_matmuls (keep the products)
   scan_layers: str = (
-    "auto"  # scanned: the L blocks as one block under a scan (one compiled body); the tree stays per layer
+    "auto"  # scanned: the L blocks as one block under a scan (one compiled body); a scanned run keeps its state stacked
   )
   platform: str = ""
 

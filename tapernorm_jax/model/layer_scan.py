@@ -5,8 +5,8 @@ Unrolled, a program holds L copies of the block, and the compiler works through 
 blocks) took 4–6 minutes to compile for a TPU slice (docs/tpu.md). Scanned, it holds one. Inside the call the
 blocks' variables are stacked on a leading layer axis, one `Block` is applied per trip of `jax.lax.scan` to that
 layer's slice and gates, and the batch statistics its norms record come back as the loop's outputs, to be written
-per block where the unrolled blocks write theirs. The stored tree stays per layer (`block_0`, `block_1`, …), so
-checkpoints, the fold, the Hugging Face conversion and decoding read it as they always have.
+per block where the unrolled blocks write theirs. The model takes either tree: per layer (`block_0`, `block_1`, …),
+stacked inside the call, or already stacked under `STACKED`.
 
 Why `jax.lax.scan` over the functional `Block.apply` and not `nn.scan`: `nn.scan` keeps its variables stacked
 under one name in its own scope, so the per-layer tree would need `nn.map_variables` around it to stack and
@@ -17,10 +17,14 @@ loop is the same `lax.scan` that `nn.scan` lowers to.
 The stack keeps each weight's own mesh axes behind an unsharded layer axis (`sharding.stacked_shardings`), so FSDP
 gathers one layer's weights per trip, as the unrolled program gathers them per block.
 
-A scanned train step also differentiates and updates the stacked tree (`stack_blocks`, `unstack_blocks`): on the
-per-layer tree, each of L × (a block's weights) leaves gets its own clip, Adam and gradient-norm arithmetic, which
-was 64,554 of the 80,883 instructions of GPT-2 XL's scanned step and most of the compile time that grew with depth
-(docs/tpu.md). The state keeps the per-layer tree; only the step works on the stack.
+A scanned run also keeps its train state stacked (`stack_blocks`): the parameters and Adam's moments hold one
+`STACKED` entry in place of `block_0` … `block_{L−1}`, so the step differentiates and updates a few stacked leaves.
+On the per-layer tree, each of L × (a block's weights) leaves got its own clip, Adam and gradient-norm arithmetic
+(64,554 of the 80,883 instructions of GPT-2 XL's scanned step), and stacking and splitting the tree inside the step
+cost about 6,900 more (docs/tpu.md). The calibration constants stay per layer, and a calibration sees each block's
+norms as their own entries (`with_blocks_unstacked`). Whatever reads a model — the fold, the Hugging Face conversion,
+decoding, an export — reads the per-layer tree: `unstack_blocks` gives it, and a checkpoint in either layout restores
+into the other (`train/checkpoint.py`, `inference/loading.py`).
 """
 
 from collections.abc import Callable
@@ -104,6 +108,44 @@ def stacked_placement(shardings: PyTree, L: int) -> PyTree:
     return {**rest, STACKED: jax.tree.map(sharding.behind_layer_axis, node[param_paths.block(0)])}
 
   return jax.tree.map(node_stacked, shardings, is_leaf=_holds_blocks)
+
+
+def unstacked_placement(shardings: PyTree, L: int) -> PyTree:
+  """The NamedShardings of `unstack_blocks(tree)` from those of a stacked `tree`: each block the stack's, less its
+  layer axis."""
+  holds_stack = lambda node: isinstance(node, dict) and STACKED in node
+  layer = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:]))
+
+  def node_unstacked(node: Any) -> Any:
+    if not holds_stack(node):
+      return node
+    rest = {key: value for key, value in node.items() if key != STACKED}
+    return {**rest, **{param_paths.block(i): jax.tree.map(layer, node[STACKED]) for i in range(L)}}
+
+  return jax.tree.map(node_unstacked, shardings, is_leaf=holds_stack)
+
+
+def depth(params: PyTree) -> int:
+  """L of a parameter tree in either layout: its `STACKED` leaves' leading axis, or its number of blocks."""
+  if STACKED in params:
+    return jax.tree.leaves(params[STACKED])[0].shape[0]
+  L = 0
+  while param_paths.block(L) in params:
+    L += 1
+  return L
+
+
+def with_blocks_unstacked(
+  fn: Callable[..., tuple[PyTree, ...]], params: PyTree, names: set[str], *args: Any
+) -> tuple[PyTree, ...]:
+  """`fn(params, *args)` → (params, …) on a stacked `params`, `fn` seeing the entries `names` of each block as
+  `block_i`'s own (what a calibration writes per norm); every other stacked leaf passes through untouched."""
+  stack, L = params[STACKED], depth(params)
+  unstacked = unstack_blocks({STACKED: {n: stack[n] for n in names if n in stack}}, L)
+  view = {**{k: v for k, v in params.items() if k != STACKED}, **unstacked}
+  out, *rest = fn(view, *args)
+  restacked = stack_blocks(out, L)
+  return ({**restacked, STACKED: {**stack, **restacked[STACKED]}}, *rest)
 
 
 def layer_ndim(path: tuple, leaf: Any) -> int:

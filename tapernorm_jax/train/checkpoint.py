@@ -12,7 +12,6 @@ The directory may be local or a URL (`gs://bucket/run/checkpoints`): every path 
 Orbax takes as it is.
 """
 
-import json
 import os
 import time
 from typing import Any, NamedTuple
@@ -22,14 +21,22 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from tapernorm_jax.model import layer_scan
 from tapernorm_jax.storage import run_files, integrity
+from tapernorm_jax.storage.saved_keys import saved_keys
+from tapernorm_jax.train import state_layout
 from tapernorm_jax.storage.unreadable import DamagedCheckpointError, quiet_aborted_reads, read_error
 
 PyTree = Any
-LEGACY_KEY = "('rng',)"  # every 0.1 train state carried an (unused) RNG; later ones do not
+LEGACY_KEY = ("rng",)  # every 0.1 train state carried an (unused) RNG; later ones do not
 ON_DAMAGED = ("stop", "fallback")  # checkpoint.on_damaged: what a resume does when the latest checkpoint is damaged
 REQUIRED_FILES = ("state/_METADATA", "state/manifest.ocdbt", "data/metadata")  # what every restore reads first
 SAVE_SPARE_BYTES = 1 << 20  # free space a save leaves beyond the state's bytes: metrics, events, Orbax's metadata
+
+
+def abstract_array(x: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
+  """`x`'s shape and dtype placed by `sharding` (a restore target's leaf)."""
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
 def every_process(ok: bool) -> bool:
@@ -97,7 +104,14 @@ class Checkpointer:
     """Restores (state, data state) at `step` onto `target`'s shapes, dtypes and shardings; a checkpoint that cannot
     be read raises DamagedCheckpointError."""
     self.check_layout(step)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
+    shardings = jax.tree.map(lambda x: x.sharding, target)
+    abstract = jax.tree.map(abstract_array, target, shardings)
+    saved_stacked, stacked = self.saved_stacked(step), state_layout.is_stacked(target)
+    converted = saved_stacked is not None and saved_stacked != stacked  # saved by a run that scanned otherwise
+    if converted:
+      L = layer_scan.depth(target["params"])
+      saved_shapes = jax.eval_shape(lambda t: state_layout.convert(t, L, saved_stacked), abstract)
+      abstract = jax.tree.map(abstract_array, saved_shapes, state_layout.placement(shardings, L, saved_stacked))
     step_dir = self.directory / str(step)
     missing = [name for name in REQUIRED_FILES if not (step_dir / name).exists()]
     problem = (
@@ -112,6 +126,9 @@ class Checkpointer:
       )
     except Exception as e:  # TensorStore, JSON and Orbax errors: the files of this step are not what was written
       raise self.damaged(step, read_error(e, os.fspath(step_dir))) from e
+    if converted:
+      to_target = jax.jit(lambda state: state_layout.convert(state, L, stacked), out_shardings=shardings)
+      return to_target(restored["state"]), restored["data"]
     return restored["state"], restored["data"]
 
   def restore_latest(self, target: PyTree, fallback: bool = False) -> Restored | None:
@@ -162,14 +179,15 @@ class Checkpointer:
     self._manager.reload()
     return os.fspath(target)
 
+  def saved_stacked(self, step: int) -> bool | None:
+    """Whether the state at `step` was saved with its blocks stacked (`state_layout.py`); None where unknown."""
+    keys = saved_keys(self.directory / str(step) / "state")
+    return None if keys is None else any(key[:2] == ("params", layer_scan.STACKED) for key in keys)
+
   def check_layout(self, step: int) -> None:
     """Raises ValueError for a checkpoint written before the norm parameters were renamed (tapernorm_jax 0.1)."""
-    path = self.directory / str(step) / "state" / "_METADATA"
-    if path.exists():
-      try:
-        keys = json.loads(path.read_text()).get("tree_metadata", {})
-      except ValueError:  # truncated: restore() reports it as damage
-        return
+    keys = saved_keys(self.directory / str(step) / "state")
+    if keys is not None:  # unreadable: restore() reports it as damage
       if LEGACY_KEY in keys:
         raise ValueError(
           f"the checkpoint at step {step} in {self.directory} was written by tapernorm_jax 0.1, whose "

@@ -30,7 +30,7 @@ from tapernorm_jax.model import ModelConfig, Transformer, layer_scan, param_path
 from tapernorm_jax.model.gates import Gates
 from tapernorm_jax.model.norms import CALIB, CALIB_STATS
 from tapernorm_jax.taper import calibration, losses, methods, schedules
-from tapernorm_jax.train import run_config
+from tapernorm_jax.train import run_config, state_layout
 from tapernorm_jax.train import kernel_choice
 from tapernorm_jax.train.kernel_choice import Paths
 
@@ -86,7 +86,8 @@ class Trainer:
     self.lr = schedules.learning_rate(cfg.opt.lr, self.phases)
     self.tx = make_optimizer(cfg, self.lr)
     boxed = jax.eval_shape(self._boxed_state, jax.random.key(0))
-    self.state_shardings = sharding.shardings(boxed, self.mesh)
+    self.layer_shardings = sharding.shardings(boxed, self.mesh)  # of the state with its blocks per layer
+    self.state_shardings = state_layout.placement(self.layer_shardings, self.model_cfg.L, self.model_cfg.scanned)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     # the target's products and attention (candidates beyond the model's own for CPU only): nothing is timed until
     # `choose_paths` is asked
@@ -172,21 +173,33 @@ class Trainer:
 
   def init_state(self, seed: int) -> State:
     """A fresh, sharded state."""
-    fn = jax.jit(lambda rng: nn.unbox(self._boxed_state(rng)), out_shardings=self.state_shardings)
+    fn = jax.jit(lambda rng: self.in_state_layout(nn.unbox(self._boxed_state(rng))), out_shardings=self.state_shardings)
     return fn(jax.random.key(seed))
+
+  def in_state_layout(self, state: State) -> State:
+    """A state with its blocks per layer in the layout this run keeps: stacked when the blocks are scanned
+    (`state_layout.py`)."""
+    return state_layout.convert(state, self.model_cfg.L, self.model_cfg.scanned)
+
+  def per_layer(self, state: State) -> State:
+    """`state` with its blocks per layer (`block_0` … `block_{L−1}`), what the fold, exports and decoding read."""
+    return state_layout.convert(state, self.model_cfg.L, False)
 
   def state_from_params(self, params: PyTree) -> State:
     """A fresh, sharded state whose parameters come from a model with plain norms (a pretrained checkpoint): each
     tapered norm starts with γ̃ = γ, calibration state and optimiser at their initial values."""
-    fresh = jax.device_get(self.init_state(0))
+    fresh = self.per_layer(jax.device_get(self.init_state(0)))
     params = pretrained.merge(fresh["params"], params)
-    state = {**fresh, "params": params, "opt_state": self.tx.init(params)}
+    state = self.in_state_layout({**fresh, "params": params, "opt_state": self.tx.init(params)})
     return jax.device_put(state, self.state_shardings)
 
-  def abstract_state(self) -> State:
-    """Shapes, dtypes and shardings of the state (the restore target)."""
+  def abstract_state(self, per_layer: bool = False) -> State:
+    """Shapes, dtypes and shardings of the state (the restore target), or of its `per_layer` form."""
     shapes = jax.eval_shape(lambda rng: nn.unbox(self._boxed_state(rng)), jax.random.key(0))
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, self.state_shardings)
+    if not per_layer:
+      shapes = jax.eval_shape(self.in_state_layout, shapes)
+    placement = self.layer_shardings if per_layer else self.state_shardings
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, placement)
 
   def model(self, model_cfg: ModelConfig, candidate: Paths | None = None) -> Transformer:
     """The model the steps apply: `model_cfg` with the chosen projection and attention (or a `candidate` pair being
@@ -256,8 +269,6 @@ class Trainer:
       return params
     dtype = jnp.dtype(model_cfg.compute_dtype)
     placement = self.state_shardings["params"]
-    if layer_scan.STACKED in params:
-      placement = layer_scan.stacked_placement(placement, model_cfg.L)
     cast = lambda path, p, s: (
       jax.lax.with_sharding_constraint(p.astype(dtype), s)
       if layer_scan.layer_ndim(path, p) >= 2 and p.dtype != dtype
@@ -278,12 +289,9 @@ class Trainer:
     """One optimiser step; the method sets the gates, calibrates at its events and decides which EMAs still run
     (through a `candidate` pair of paths while they are timed, `kernel_choice.py`)."""
     step, params, calib, opt_state = state["step"], state["params"], state["calib"], state["opt_state"]
-    L = self.model_cfg.L
-    gates = Gates.uniform(0.0, L) if fixed else self.method.gates(step)
+    gates = Gates.uniform(0.0, self.model_cfg.L) if fixed else self.method.gates(step)
     if not fixed:
-      params, calib = self.method.calibrate(params, calib, step)
-    if self.model_cfg.scanned:  # differentiated and updated stacked: a few leaves, not L copies (layer_scan.py)
-      params, opt_state = layer_scan.stack_blocks((params, opt_state), L)
+      params, calib = self.calibrate(params, calib, step)
     model_cfg = self.fixed_cfg if fixed else self.model_cfg
     (loss, (ce, scale_loss, stats)), grads = self._grads(
       params, calib, batch_BxT1, gates, step, model_cfg, not fixed, candidate
@@ -292,8 +300,6 @@ class Trainer:
       calib = calibration.ema_update(calib, stats, self.method.mu, active=self.method.stats_active(step))
     updates, opt_state = self.tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    if self.model_cfg.scanned:
-      params, opt_state = layer_scan.unstack_blocks((params, opt_state), L)
     new_state = {
       "params": params,
       "opt_state": opt_state,
@@ -310,6 +316,13 @@ class Trainer:
       **grad_norms_by_type(grads, self.model_cfg),
     }
     return new_state, metrics
+
+  def calibrate(self, params: PyTree, calib: PyTree, step: jax.Array) -> tuple[PyTree, PyTree]:
+    """The method's calibration at `step`; on stacked parameters it sees each block's norms as that block's own."""
+    if layer_scan.STACKED not in params:
+      return self.method.calibrate(params, calib, step)
+    names = {site.norm[1] for site in param_paths.norm_sites(self.model_cfg) if site.norm[0] == param_paths.block(0)}
+    return layer_scan.with_blocks_unstacked(self.method.calibrate, params, names, calib, step)
 
   def _eval_step(self, state: State, batch_BxT1: jax.Array) -> jax.Array:
     """Cross-entropy at g = 0 (the paper evaluates every TaperNorm model there), one microbatch at a time."""

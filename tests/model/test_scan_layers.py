@@ -182,29 +182,42 @@ def test_a_bad_remat_policy_is_named_with_the_accepted_ones():
     ModelConfig(remat="fast")
 
 
-def test_train_steps_are_the_same_scanned_and_unrolled():
-  """The scanned step differentiates and updates the stacked tree (weight decay on matrices only, gradient norms per
-  weight type): its parameters, optimiser state and metrics after three steps are the unrolled step's."""
+@pytest.mark.parametrize("variant", ["all_taper", "fakeln"])
+def test_train_steps_are_the_same_scanned_and_unrolled(variant):
+  """A scanned run keeps its parameters and Adam's moments stacked (weight decay on matrices only, gradient norms per
+  weight type, the calibration writing each block's norms): three steps across its first calibration leave the
+  parameters, optimiser state, calibration constants and metrics of the unrolled run."""
   outs = {}
   for scan in (False, True):
-    cfg = run_config.get_config("all_taper", "size=cpu")
+    cfg = run_config.get_config(variant, "size=cpu")
     cfg.model.scan_layers = "scanned" if scan else "unrolled"
     cfg.train.batch_size = 8
     cfg.opt.weight_decay = 0.1
     trainer = Trainer(cfg, sharding.make_mesh(data=2, fsdp=4))
     state = trainer.init_state(0)
+    assert (layer_scan.STACKED in state["params"]) == scan
+    first = min(trainer.method.removal.values()) if variant == "fakeln" else trainer.phases.taper_start
+    state["step"] = jax.device_put(np.int32(first - 1), state["step"].sharding)  # steps first − 1, first, first + 1
     for step in range(3):
       batch_BxT1 = jax.random.randint(jax.random.key(step), (8, cfg.model.T + 1), 0, cfg.model.V)
       state, metrics = trainer.train_step(state, jax.device_put(batch_BxT1, trainer.batch_sharding))
-    outs[scan] = jax.device_get((state["params"], state["opt_state"], metrics))
-  (params_s, opt_s, metrics_s), (params_u, opt_u, metrics_u) = outs[True], outs[False]
-  assert jax.tree.structure(opt_s) == jax.tree.structure(opt_u)  # the stored state stays per layer
+    outs[scan] = jax.device_get((trainer.per_layer(state), metrics))
+  fresh_c = c_values(jax.device_get(trainer.init_state(0)["calib"]))
+  (state_s, metrics_s), (state_u, metrics_u) = outs[True], outs[False]
+  assert jax.tree.structure(state_s) == jax.tree.structure(state_u)
   assert set(metrics_s) == set(metrics_u) and any(name.startswith("grad_norm/") for name in metrics_s)
   for name in metrics_u:
     np.testing.assert_allclose(metrics_s[name], metrics_u[name], rtol=1e-5, err_msg=name)
-  assert_trees_close(params_s, params_u, rtol=1e-5, atol=1e-6)
-  for got, want in zip(jax.tree.leaves(opt_s), jax.tree.leaves(opt_u)):
+  assert_trees_close(state_s["params"], state_u["params"], rtol=1e-5, atol=1e-6)
+  assert_trees_close(state_s["calib"], state_u["calib"], rtol=1e-5, atol=1e-6)
+  assert any(np.any(a != b) for a, b in zip(c_values(state_u["calib"]), fresh_c))  # a calibration happened
+  for got, want in zip(jax.tree.leaves(state_s["opt_state"]), jax.tree.leaves(state_u["opt_state"])):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)
+
+
+def c_values(calib) -> list[np.ndarray]:
+  """Every norm's calibration constant c in `calib`."""
+  return [np.asarray(x) for path, x in traverse_util.flatten_dict(calib).items() if path[-1] == param_paths.C]
 
 
 def test_stacking_blocks_is_undone_in_any_tree_that_holds_them():

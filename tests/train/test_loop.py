@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from configs import base
 from tapernorm_jax import data
+from tapernorm_jax.inference import loading
 from tapernorm_jax.model import sharding
 from tapernorm_jax.train import loop, run_dir
 from tapernorm_jax.storage.unreadable import DamagedCheckpointError
@@ -294,6 +295,22 @@ def test_a_run_saved_unrolled_resumes_scanned_with_remat(uninterrupted, data_dir
   assert "resuming with model.scan_layers='scanned' (saved with 'unrolled')" in capsys.readouterr().out
   np.testing.assert_allclose(losses(workdir), losses(uninterrupted[0]), rtol=1e-4)
   assert json.load(open(os.path.join(workdir, "config.json")))["model"]["scan_layers"] == "scanned"
+
+
+@pytest.mark.slow  # a second training run
+def test_a_run_saved_scanned_resumes_unrolled_and_loads_per_layer(uninterrupted, data_dir, tmp_path):
+  """A scanned run's checkpoints hold its blocks stacked (train/state_layout.py); resumed unrolled, the run goes on
+  as if uninterrupted, and a scanned checkpoint loads for inference as the per-layer tree."""
+  workdir, unrolled = str(tmp_path), {"model.scan_layers": "unrolled"}
+  loop.run(config(data_dir, **{"model.scan_layers": "scanned"}), workdir, stop_after=12)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert ckpt.saved_stacked(12)
+  loaded, _ = loading.load_checkpoint(workdir)  # two paths to the per-layer tree: inference's and a resume's
+  restored, _ = ckpt.restore(12, Trainer(config(data_dir, **unrolled), sharding.make_mesh()).abstract_state())
+  assert "block_0" in loaded["params"]
+  jax.tree.map(np.testing.assert_array_equal, loaded["params"], jax.device_get(restored["params"]))
+  loop.run(config(data_dir, **unrolled), workdir)
+  np.testing.assert_allclose(losses(workdir), losses(uninterrupted[0]), rtol=1e-4)
 
 
 def test_resuming_with_a_different_model_is_refused(uninterrupted, data_dir):

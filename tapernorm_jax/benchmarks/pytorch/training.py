@@ -94,7 +94,9 @@ class OurStep:
     if self.name == "baseline":
       _, B, T = parse_cell(spec["cell"])
       llama.save_llama(
-        {"params": state["params"], "calib": state["calib"]}, tr.model_cfg, os.path.join(directory, "llama")
+        {"params": tr.per_layer(state)["params"], "calib": state["calib"]},
+        tr.model_cfg,
+        os.path.join(directory, "llama"),
       )
       batch_BxT1 = np.random.default_rng(spec["seed"]).integers(0, tr.model_cfg.V, (B, T + 1), dtype=np.int32)
       np.save(os.path.join(directory, "batch.npy"), batch_BxT1)
@@ -133,7 +135,10 @@ class OurStep:
     self.state, metrics = self.trainer.train_step(self.state, self.batch_BxT1)
     out = {"loss": float(metrics["loss"]), "gate": float(metrics["gate"]), "lr": float(metrics["lr"])}
     if self.name == "baseline":
-      np.savez(self.params_path, **llama.llama_tensors({"params": self.state["params"]}, self.trainer.model_cfg))
+      np.savez(
+        self.params_path,
+        **llama.llama_tensors({"params": self.trainer.per_layer(self.state)["params"]}, self.trainer.model_cfg),
+      )
       out["params"] = self.params_path
     return out
 
