@@ -82,17 +82,19 @@ def test_fakeln_presets_are_its_authors_schedules(size, aux):
   assert removal[("final_norm",)] == start_lnf < cfg.train.steps
 
 
-@pytest.mark.parametrize("variant", ["all_taper", "prepbn"])
-def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one(variant):
+@pytest.mark.parametrize("variant, scan", [("all_taper", "unrolled"), ("prepbn", "unrolled"), ("all_taper", "scanned")])
+def test_a_pretrained_start_reproduces_the_checkpoints_logits_at_gate_one(variant, scan):
+  """A pretrained GPT-2 starts a run (a scanned one holding it stacked) with the checkpoint's logits at g = 1."""
   variables, pretrained_cfg = hf_gpt2.load_gpt2(str(FIXTURE))
   cfg = base.override(
     gpt2.get_config(f"model=demo,variant={variant}"),
     {"model.V": 128, "model.D": 64, "model.H": 4, "model.L": 3, "model.T": 32, "train.batch_size": 2},
   )
+  cfg.model.scan_layers = scan
   trainer = Trainer(cfg, sharding.make_mesh(devices=jax.devices()[:1]))
   pretrained.check_fits(trainer.model_cfg, pretrained_cfg, str(FIXTURE))
   state = trainer.state_from_params(variables["params"])
-  norm = state["params"]["block_1"]["mlp_norm"]
+  norm = trainer.per_layer(state)["params"]["block_1"]["mlp_norm"]
   if variant == "all_taper":
     np.testing.assert_array_equal(norm["gamma_tilde"], norm["gamma"])
   else:  # PRepBN's λ is 1 until the paper's taper start, then linear to 0 at its end; RepBN starts at zero
