@@ -48,8 +48,7 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None) -> tupl
       )
     target = export.restore_target(model_cfg)
     keys = saved_keys(directory / str(step) / "state")
-    stacked = keys is not None and any(key[:2] == ("params", layer_scan.STACKED) for key in keys)
-    if stacked:  # saved by a scanned run (train/state_layout.py): restored stacked, read per layer
+    if keys is not None and layer_scan.stacked_in(keys):  # a scanned run's (train/state_layout.py): read per layer
       target = {**target, "params": stacked_target(target["params"], model_cfg.L)}
     unreadable.quiet_aborted_reads()
     try:

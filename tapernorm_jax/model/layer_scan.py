@@ -125,6 +125,11 @@ def unstacked_placement(shardings: PyTree, L: int) -> PyTree:
   return jax.tree.map(node_unstacked, shardings, is_leaf=holds_stack)
 
 
+def stacked_in(saved_keys: list[tuple[str, ...]]) -> bool:
+  """Whether a saved state whose leaves have the paths `saved_keys` holds its parameters stacked."""
+  return any(key[:2] == ("params", STACKED) for key in saved_keys)
+
+
 def depth(params: PyTree) -> int:
   """L of a parameter tree in either layout: its `STACKED` leaves' leading axis, or its number of blocks."""
   if STACKED in params:

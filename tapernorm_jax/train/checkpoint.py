@@ -182,7 +182,7 @@ class Checkpointer:
   def saved_stacked(self, step: int) -> bool | None:
     """Whether the state at `step` was saved with its blocks stacked (`state_layout.py`); None where unknown."""
     keys = saved_keys(self.directory / str(step) / "state")
-    return None if keys is None else any(key[:2] == ("params", layer_scan.STACKED) for key in keys)
+    return None if keys is None else layer_scan.stacked_in(keys)
 
   def check_layout(self, step: int) -> None:
     """Raises ValueError for a checkpoint written before the norm parameters were renamed (tapernorm_jax 0.1)."""

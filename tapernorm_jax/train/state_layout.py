@@ -13,7 +13,7 @@ STACKABLE = ("params", "opt_state")  # what a scanned run keeps stacked
 
 
 def is_stacked(state: State) -> bool:
-  """Whether `state` (or its shardings, or its saved keys' tree) keeps its blocks stacked."""
+  """Whether `state` (or a tree of its shardings or shapes) keeps its blocks stacked."""
   return layer_scan.STACKED in state.get("params", {})
 
 
