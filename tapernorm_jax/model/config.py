@@ -15,7 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 REMAT_POLICIES = ("none", "full", "save_matmuls")  # model.remat: what a block keeps for its backward (layer_scan.py)
 SCAN_CHOICES = ("auto", "scanned", "unrolled")  # model.scan_layers; auto: scanned on accelerators from SCAN_FROM_L
 # Layers deep, from which `auto` scans the blocks on an accelerator target: compile time grows with unrolled depth
-# (GPT-2 XL on v5e:4x4 compiles in 129-175 s scanned against 287-368 s unrolled, docs/tpu_results/scan). Never on a
+# (GPT-2 XL on v5e:4x4 compiles in 56-59 s scanned against 234-368 s unrolled, docs/tpu.md). Never on a
 # CPU target, where the unrolled 8-layer `1m` train step ran 1.44-1.58 s against 1.64-1.75 s scanned (docs/tpu.md).
 SCAN_FROM_L = 12
 
