@@ -15,8 +15,11 @@ pre-logit state grown far from where the step-456 calibration held it, so the ba
 both tapered runs chose `xla` where both controls chose `kernels`: the same computation up to rounding, but a
 difference between the pairs, so `kernels` reruns internal_taper (+aux) seed 0 through its controls' path. And
 the same cell on two hosts differs by up to 5% a seed at `cpu` but not at `cpu_xs`: the plain baseline at `cpu`,
-seed 0, through each path on one host (`kernels`, `xla`) says how far the path alone moves a run. The
-study's budget and settings (γ0 = 3), 3 seeds.
+seed 0, through each path on one host (`kernels`, `xla`) says how far the path alone moves a run. And at `cpu_xl`
+the residual stream grows far more after calibration than at the smaller sizes (block 0's MLP input 42× in the tapered
+run, 28× in its control: docs/budgets/tpp20/norm_swap.md), growth a norm absorbs and a fixed map passes on; if that is
+the gap, weight decay 0.1, which held the stream 2–3× smaller at `cpu` and `cpu_m`, narrows it (`wd0.1` at `cpu_xl`,
+seed 0, both runs through `kernels`). The study's budget and settings (γ0 = 3), 3 seeds.
 
     python -m experiments.sweep --sweep=configs/sweeps/budget_checks_tpp20.py --workdir=runs/budget-checks-tpp20
     .venv/bin/python scripts/intervention_table.py runs/budget-checks-tpp20 runs/budgets-tpp20-gain3 baseline:1
@@ -27,8 +30,8 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   """The grid: the plain baseline with weight decay 0.1 at cpu and cpu_m, its control with the batch-mean scale
-  loss at cpu, and internal_taper (+aux) with its control calibrated at step 3000, and through the controls' CPU
-  path, at cpu_xl, 20 tokens per parameter."""
+  loss at cpu, and internal_taper (+aux) with its control calibrated at step 3000, through the controls' CPU path,
+  and with weight decay 0.1 beside its control, at cpu_xl, 20 tokens per parameter."""
   c = ml_collections.ConfigDict()
   c.name = "budget-checks-tpp20"
   c.seeds = (0, 1, 2)
@@ -62,6 +65,14 @@ def get_config() -> ml_collections.ConfigDict:
       seeds=[0],
       tag="kernels",
       overrides=dict(train=dict(cpu_paths="kernels")),
+    ),
+    dict(
+      variants=["internal_taper:aux=1", "baseline:aux=1"],
+      sizes=["cpu_xl"],
+      budgets=["tokens_per_param=20"],
+      seeds=[0],
+      tag="wd0.1",
+      overrides=dict(opt=dict(weight_decay=0.1), train=dict(cpu_paths="kernels")),
     ),
     *(
       dict(
