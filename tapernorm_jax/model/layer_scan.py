@@ -114,13 +114,12 @@ def unstacked_placement(shardings: PyTree, L: int) -> PyTree:
   """The NamedShardings of `unstack_blocks(tree)` from those of a stacked `tree`: each block the stack's, less its
   layer axis."""
   holds_stack = lambda node: isinstance(node, dict) and STACKED in node
-  layer = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:]))
 
   def node_unstacked(node: Any) -> Any:
     if not holds_stack(node):
       return node
     rest = {key: value for key, value in node.items() if key != STACKED}
-    return {**rest, **{param_paths.block(i): jax.tree.map(layer, node[STACKED]) for i in range(L)}}
+    return {**rest, **{param_paths.block(i): jax.tree.map(sharding.within_layer, node[STACKED]) for i in range(L)}}
 
   return jax.tree.map(node_unstacked, shardings, is_leaf=holds_stack)
 

@@ -172,6 +172,11 @@ def behind_layer_axis(placement: NamedSharding) -> NamedSharding:
   return NamedSharding(placement.mesh, P(None, *placement.spec))
 
 
+def within_layer(placement: NamedSharding) -> NamedSharding:
+  """`placement` of L arrays stacked on a leading layer axis, for one layer's: the inverse of `behind_layer_axis`."""
+  return NamedSharding(placement.mesh, P(*placement.spec[1:]))
+
+
 def shard(variables: Any, mesh: Mesh) -> Any:
   """Unboxes `variables` and places every leaf with its mesh sharding."""
   return jax.device_put(nn.unbox(variables), shardings(variables, mesh))

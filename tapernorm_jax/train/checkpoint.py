@@ -103,10 +103,11 @@ class Checkpointer:
   def restore(self, step: int, target: PyTree) -> tuple[PyTree, Any]:
     """Restores (state, data state) at `step` onto `target`'s shapes, dtypes and shardings; a checkpoint that cannot
     be read raises DamagedCheckpointError."""
-    self.check_layout(step)
+    keys = self.check_layout(step)
     shardings = jax.tree.map(lambda x: x.sharding, target)
     abstract = jax.tree.map(abstract_array, target, shardings)
-    saved_stacked, stacked = self.saved_stacked(step), state_layout.is_stacked(target)
+    saved_stacked = None if keys is None else layer_scan.stacked_in(keys)
+    stacked = state_layout.is_stacked(target)
     converted = saved_stacked is not None and saved_stacked != stacked  # saved by a run that scanned otherwise
     if converted:
       L = layer_scan.depth(target["params"])
@@ -184,16 +185,17 @@ class Checkpointer:
     keys = saved_keys(self.directory / str(step) / "state")
     return None if keys is None else layer_scan.stacked_in(keys)
 
-  def check_layout(self, step: int) -> None:
-    """Raises ValueError for a checkpoint written before the norm parameters were renamed (tapernorm_jax 0.1)."""
+  def check_layout(self, step: int) -> list[tuple[str, ...]] | None:
+    """The paths the state at `step` holds (None where its metadata cannot be read: restore() reports the damage);
+    ValueError for a checkpoint written before the norm parameters were renamed (tapernorm_jax 0.1)."""
     keys = saved_keys(self.directory / str(step) / "state")
-    if keys is not None:  # unreadable: restore() reports it as damage
-      if LEGACY_KEY in keys:
-        raise ValueError(
-          f"the checkpoint at step {step} in {self.directory} was written by tapernorm_jax 0.1, whose "
-          "norm parameters were named scale/scale_tilde/bias (now gamma/gamma_tilde/beta); this "
-          "version cannot resume it. Start the run in a new --workdir."
-        )
+    if keys is not None and LEGACY_KEY in keys:
+      raise ValueError(
+        f"the checkpoint at step {step} in {self.directory} was written by tapernorm_jax 0.1, whose "
+        "norm parameters were named scale/scale_tilde/bias (now gamma/gamma_tilde/beta); this "
+        "version cannot resume it. Start the run in a new --workdir."
+      )
+    return keys
 
   def record_complete(self) -> None:
     """Waits for pending saves; then process 0 writes `<step>/manifest.json` (every file's size and SHA-256) for each
